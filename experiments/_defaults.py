@@ -1,0 +1,78 @@
+"""Defaults shared by every experiment; an experiment file overrides what differs."""
+
+import ml_collections
+
+from transformer_mt.config import TransformerConfig
+
+
+def model_defaults() -> ml_collections.ConfigDict:
+  """The model section: every field of `TransformerConfig` except the vocabulary sizes,
+  which come from the tokenizer section. Defaults are the paper's Base model."""
+  fields = TransformerConfig().to_dict()
+  for derived in ("vocab_size", "target_vocab_size", "deterministic", "decode"):
+    fields.pop(derived)
+  return ml_collections.ConfigDict(fields)
+
+
+def base_config() -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  # One line shown by `run.py list`.
+  config.description = ""
+  config.model = model_defaults()
+
+  config.data = ml_collections.ConfigDict()
+  # Where training pairs come from: "synthetic" (generated offline, see transformer_mt.synthetic).
+  config.data.source = "synthetic"
+  # Synthetic corpus: number of training / held-out pairs and the generator's seed.
+  config.data.num_train = 50_000
+  config.data.num_eval = 500
+  config.data.seed = 0
+  # Pairs whose source or target exceeds this many tokens are dropped from training.
+  config.data.max_len = 64
+
+  config.tokenizer = ml_collections.ConfigDict()
+  # SentencePiece vocabulary shared by source and target (pad=0, eos=1, bos=2, unk=3).
+  config.tokenizer.vocab_size = 37_000
+  # "unigram" or "bpe".
+  config.tokenizer.model_type = "unigram"
+  # Sentences sampled from the training pairs to train the tokenizer.
+  config.tokenizer.sample_size = 1_000_000
+
+  config.train = ml_collections.ConfigDict()
+  config.train.seed = 0
+  # Optimizer updates.
+  config.train.num_steps = 100_000
+  # Sentence pairs per optimizer update, summed over all devices and accumulation steps.
+  config.train.batch_size = 64
+  # Split each update into this many sequential micro-batches (gradient accumulation).
+  config.train.grad_accum_steps = 1
+  # LR = lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5).
+  config.train.lr_scale = 1.0
+  config.train.warmup_steps = 4000
+  # Adam hyperparameters of the paper.
+  config.train.adam_b1 = 0.9
+  config.train.adam_b2 = 0.98
+  config.train.adam_eps = 1e-9
+  # Global gradient-norm clip; 0 disables clipping.
+  config.train.grad_clip_norm = 0.0
+  # Label smoothing epsilon: q(k) = (1 - eps) 1[k = y] + eps / |V|.
+  config.train.label_smoothing = 0.1
+  # Steps between metric log lines.
+  config.train.log_every = 50
+  # Steps between checkpoints (a checkpoint is always written at the end).
+  config.train.checkpoint_every = 1000
+  # Checkpoints kept on disk.
+  config.train.keep_checkpoints = 3
+
+  config.mesh = ml_collections.ConfigDict()
+  # Device mesh shape; -1 takes all remaining devices. data x fsdp x tensor = #devices.
+  config.mesh.data = -1
+  config.mesh.fsdp = 1
+  config.mesh.tensor = 1
+
+  config.decode = ml_collections.ConfigDict()
+  # Target tokens generated at most per sentence.
+  config.decode.max_len = 128
+  # Sentences translated per decode batch.
+  config.decode.batch_size = 64
+  return config

@@ -1,0 +1,212 @@
+"""Multi-head scaled dot-product attention, with a KV cache for incremental decoding.
+
+Self-attention during decoding appends one key/value per step to a cache of fixed
+length (so the decode loop has static shapes). Cross-attention during decoding
+projects the encoder output to keys/values once, when the cache is created, and
+only reads them afterwards: the per-step cost is then independent of the source
+projection, which is what beam search needs.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_mt.config import TransformerConfig
+
+
+def dense_init(logical_axes: tuple[str, ...]):
+  return nn.with_logical_partitioning(nn.initializers.xavier_uniform(), logical_axes)
+
+
+def bias_init(logical_axes: tuple[str, ...]):
+  return nn.with_logical_partitioning(nn.initializers.zeros_init(), logical_axes)
+
+
+def padding_mask(query_valid: jax.Array, key_valid: jax.Array) -> jax.Array:
+  """[batch, q] and [batch, k] booleans -> [batch, 1, q, k]: True where both are real tokens."""
+  return query_valid[:, None, :, None] & key_valid[:, None, None, :]
+
+
+def causal_mask(length: int) -> jax.Array:
+  """[1, 1, length, length]: position i may attend to positions <= i."""
+  return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
+
+
+def segment_mask(query_segments: jax.Array, key_segments: jax.Array) -> jax.Array:
+  """[batch, 1, q, k]: True where query and key belong to the same packed sentence."""
+  return query_segments[:, None, :, None] == key_segments[:, None, None, :]
+
+
+def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
+  masks = [m for m in masks if m is not None]
+  if not masks:
+    return None
+  return functools.reduce(jnp.logical_and, masks)
+
+
+def _flat_xavier_uniform(in_ndim: int):
+  """Glorot init of the equivalent 2-D matrix [prod(in dims), prod(out dims)], reshaped."""
+  def init(key, shape, dtype=jnp.float32):
+    fan_in, fan_out = math.prod(shape[:in_ndim]), math.prod(shape[in_ndim:])
+    return nn.initializers.xavier_uniform()(key, (fan_in, fan_out), dtype).reshape(shape)
+  return init
+
+
+class HeadsProjection(nn.Module):
+  """y = x W + b contracting the trailing `in_shape` dims of x into `out_shape` dims.
+
+  Used for Q/K/V ([d_model] -> [heads, head_dim]) and the output projection W^O
+  ([heads, head_dim] -> [d_model]); `axes` names the kernel's dims for sharding.
+  """
+
+  config: TransformerConfig
+  in_shape: tuple[int, ...]
+  out_shape: tuple[int, ...]
+  axes: tuple[str, ...]
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    cfg = self.config
+    n_in = len(self.in_shape)
+    kernel = self.param(
+        "kernel", nn.with_logical_partitioning(_flat_xavier_uniform(n_in), self.axes),
+        self.in_shape + self.out_shape, cfg.weight_dtype)
+    letters = "abcdefgh"
+    x_dims, in_dims, out_dims = "xyz"[:x.ndim - n_in], letters[:n_in], letters[n_in:n_in + len(self.out_shape)]
+    y = jnp.einsum(f"{x_dims}{in_dims},{in_dims}{out_dims}->{x_dims}{out_dims}",
+                   x.astype(cfg.compute_dtype), kernel.astype(cfg.compute_dtype))
+    if cfg.use_bias:
+      bias = self.param("bias", bias_init(self.axes[n_in:]), self.out_shape, cfg.weight_dtype)
+      y = y + bias.astype(cfg.compute_dtype)
+    return y
+
+
+class MultiHeadAttention(nn.Module):
+  """Attention(Q, K, V) = softmax(QK^T / sqrt(d_k)) V over `num_heads` heads.
+
+  Attributes:
+    config: model hyperparameters.
+    is_cross_attention: keys/values come from the encoder; when decoding they are
+      projected once into the cache and reused at every step.
+  """
+
+  config: TransformerConfig
+  is_cross_attention: bool = False
+
+  def _projection(self, name: str) -> "HeadsProjection":
+    cfg = self.config
+    return HeadsProjection(cfg, in_shape=(cfg.d_model,), out_shape=(cfg.num_heads, cfg.per_head_dim),
+                           axes=("embed", "heads", "kv"), name=name)
+
+  @nn.compact
+  def __call__(
+      self,
+      queries: jax.Array,
+      key_value_inputs: jax.Array | None,
+      mask: jax.Array | None,
+      cache_length: int | None = None,
+  ) -> jax.Array:
+    """Attends from `queries` [batch, q, d_model] to `key_value_inputs` [batch, k, d_model].
+
+    Args:
+      queries: [batch, q_len, d_model].
+      key_value_inputs: [batch, kv_len, d_model]; the encoder output for cross-attention.
+        May be None for cross-attention once the decode cache holds the keys/values.
+      mask: boolean, broadcastable to [batch, heads, q_len, kv_len]; True = attend.
+        While decoding self-attention, the mask over the cache is built here.
+      cache_length: while decoding, the number of target positions the self-attention
+        cache holds (only read when the cache is created).
+
+    Returns:
+      [batch, q_len, d_model].
+    """
+    cfg = self.config
+    query = self._projection("query")(queries)  # [batch, q, heads, head_dim]
+
+    if cfg.decode and self.is_cross_attention:
+      key, value = self._cached_cross_key_value(key_value_inputs)
+    else:
+      key = self._projection("key")(key_value_inputs)  # [batch, k, heads, head_dim]
+      value = self._projection("value")(key_value_inputs)
+      if cfg.decode:
+        key, value, mask = self._append_to_self_attention_cache(key, value, mask, cache_length)
+
+    query = nn.with_logical_constraint(query, ("batch", "length", "heads", "kv"))
+    depth = query.shape[-1]
+    query = query / jnp.sqrt(depth).astype(query.dtype)
+    logits = jnp.einsum("bqhd,bkhd->bhqk", query, key)  # [batch, heads, q, k]
+    if mask is not None:
+      logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
+    weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(cfg.compute_dtype)
+    if cfg.attention_dropout_rate > 0:
+      weights = nn.Dropout(cfg.attention_dropout_rate)(weights, deterministic=cfg.deterministic)
+    context = jnp.einsum("bhqk,bkhd->bqhd", weights, value)  # [batch, q, heads, head_dim]
+
+    if cfg.attention_output_projection:
+      out = HeadsProjection(cfg, in_shape=(cfg.num_heads, cfg.per_head_dim),
+                            out_shape=(cfg.d_model,), axes=("heads", "kv", "embed"),
+                            name="out")(context)
+    else:
+      if cfg.num_heads * cfg.per_head_dim != cfg.d_model:
+        raise ValueError("attention_output_projection=False needs num_heads * head_dim == d_model, "
+                         f"got {cfg.num_heads} * {cfg.per_head_dim} != {cfg.d_model}")
+      out = context.reshape(context.shape[:2] + (cfg.d_model,))
+    return out  # [batch, q, d_model]
+
+  def _cached_cross_key_value(self, encoded: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+    """Encoder keys/values, projected when the cache is created and read back afterwards."""
+    if not self.has_variable("cache", "cross_key") and encoded is None:
+      raise ValueError("Cross-attention cache is empty: create it with the encoder output first.")
+    key_proj, value_proj = self._projection("key"), self._projection("value")
+    # Initializers run only when the variable does not exist yet, i.e. once per sentence batch.
+    key = self.variable("cache", "cross_key", lambda: key_proj(encoded))
+    value = self.variable("cache", "cross_value", lambda: value_proj(encoded))
+    return key.value, value.value
+
+  def _append_to_self_attention_cache(self, key, value, mask, cache_length):
+    """Writes this step's key/value at `cache_index`; returns the whole cache and its mask."""
+    is_initialized = self.has_variable("cache", "cached_key")
+    batch, _, heads, depth = key.shape
+    if not is_initialized and cache_length is None:
+      raise ValueError("cache_length is required to create the decoder self-attention cache.")
+    shape = (batch, cache_length or 0, heads, depth)
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, shape, key.dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros, shape, value.dtype)
+    cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+    if not is_initialized:
+      # Cache creation: nothing is written; the step that follows starts at index 0.
+      return key, value, mask
+    if key.shape[1] != 1:
+      raise ValueError(f"Incremental decoding takes one token per step, got {key.shape[1]}.")
+    index = cache_index.value
+    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (0, index, 0, 0))
+    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, index, 0, 0))
+    cache_index.value = index + 1
+    total = cached_key.value.shape[1]
+    # The new token sees every cached position up to and including itself.
+    step_mask = (jnp.arange(total) <= index)[None, None, None, :]  # [1, 1, 1, cache_len]
+    return cached_key.value, cached_value.value, combine_masks(mask, step_mask)
+
+
+def sinusoidal_encoding(positions: jax.Array, d_model: int) -> jax.Array:
+  """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)).
+
+  Computed from the positions themselves, so packed rows (positions restart at each
+  sentence) and decode steps need no table of maximum length.
+
+  Args:
+    positions: integer [batch, length].
+  Returns:
+    float32 [batch, length, d_model], sine and cosine interleaved as in the paper.
+  """
+  two_i = np.arange(0, d_model, 2, dtype=np.float32)  # [ceil(d/2)]
+  inverse_frequency = jnp.asarray(1.0 / (10000.0 ** (two_i / d_model)))
+  angles = positions[..., None].astype(jnp.float32) * inverse_frequency  # [b, l, ceil(d/2)]
+  encoding = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # [b, l, ceil(d/2), 2]
+  return encoding.reshape(positions.shape + (-1,))[..., :d_model]

@@ -1,0 +1,138 @@
+"""Self-contained Orbax checkpoints: train state, data iterator, config and tokenizer.
+
+Layout of `WORKDIR/checkpoints/<step>/`:
+  state/       params, optimizer state, step and dropout RNG (Orbax StandardSave,
+               sharded arrays written by every process, restored straight into the
+               target sharding)
+  data_iter/   the Grain iterator state, one JSON file per process
+  config/      the experiment config as JSON
+  tokenizer/   the SentencePiece model file, loadable by SentencePiece itself
+
+Saving is asynchronous (training continues while arrays are written); Orbax
+writes each step into a temporary directory and renames it only when complete,
+so a crash never leaves a half-written checkpoint that looks finished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from typing import Any
+
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+from etils import epath
+
+import grain
+from transformer_mt.tokenizer import MODEL_FILENAME, Tokenizer
+
+
+class TokenizerCheckpointHandler(ocp.CheckpointHandler):
+  """Stores the serialized SentencePiece model as a plain file in the checkpoint."""
+
+  def save(self, directory: epath.Path, args: "TokenizerSave"):
+    if jax.process_index() == 0:
+      (directory / MODEL_FILENAME).write_bytes(args.tokenizer.model_proto)
+
+  def restore(self, directory: epath.Path, args: "TokenizerRestore | None" = None) -> Tokenizer:
+    path = directory / MODEL_FILENAME
+    if not path.exists():
+      raise FileNotFoundError(f"Checkpoint has no tokenizer: {path} is missing.")
+    return Tokenizer(path.read_bytes())
+
+  def metadata(self, directory: epath.Path):
+    return None
+
+  def structure(self, directory: epath.Path):
+    return None
+
+  def finalize(self, directory: epath.Path):
+    pass
+
+  def close(self):
+    pass
+
+
+@ocp.args.register_with_handler(TokenizerCheckpointHandler, for_save=True)
+@dataclasses.dataclass
+class TokenizerSave(ocp.args.CheckpointArgs):
+  tokenizer: Tokenizer
+
+
+@ocp.args.register_with_handler(TokenizerCheckpointHandler, for_restore=True)
+@dataclasses.dataclass
+class TokenizerRestore(ocp.args.CheckpointArgs):
+  pass
+
+
+def checkpoint_dir(workdir: str) -> str:
+  return str(epath.Path(workdir) / "checkpoints")
+
+
+def make_manager(workdir: str, keep: int | None = None, save_every: int = 1,
+                 read_only: bool = False) -> ocp.CheckpointManager:
+  options = ocp.CheckpointManagerOptions(
+      max_to_keep=keep, save_interval_steps=save_every, create=not read_only,
+      read_only=read_only, enable_async_checkpointing=not read_only)
+  return ocp.CheckpointManager(checkpoint_dir(workdir), options=options,
+                               item_names=("state", "data_iter", "config", "tokenizer"))
+
+
+def save(manager: ocp.CheckpointManager, step: int, state: Any, data_iterator,
+         config: ml_collections.ConfigDict, tokenizer: Tokenizer, force: bool = False) -> bool:
+  """Starts an asynchronous save of everything needed to resume or translate."""
+  return manager.save(step, force=force, args=ocp.args.Composite(
+      state=ocp.args.StandardSave(state),
+      data_iter=grain.checkpoint.CheckpointSave(data_iterator),
+      config=ocp.args.JsonSave(json.loads(config.to_json())),
+      tokenizer=TokenizerSave(tokenizer)))
+
+
+def restore_training(manager: ocp.CheckpointManager, step: int, abstract_state: Any,
+                     data_iterator) -> tuple[Any, Any]:
+  """Restores the train state into the shardings of `abstract_state` and the iterator in place.
+
+  Args:
+    abstract_state: a tree of jax.ShapeDtypeStruct with `.sharding` set (built from the
+      current config, so restoring never depends on how the checkpoint was sharded).
+  """
+  restored = manager.restore(step, args=ocp.args.Composite(
+      state=ocp.args.StandardRestore(abstract_state),
+      data_iter=grain.checkpoint.CheckpointRestore(data_iterator)))
+  return restored["state"], restored["data_iter"]
+
+
+def read_config(workdir_or_checkpoints: str, step: int | None = None
+                ) -> tuple[ml_collections.ConfigDict, Tokenizer, int]:
+  """Config, tokenizer and step of a checkpoint (default: the latest), without any arrays."""
+  manager = make_manager(_workdir_of(workdir_or_checkpoints), read_only=True)
+  step = manager.latest_step() if step is None else step
+  if step is None:
+    raise FileNotFoundError(f"No checkpoint found under {checkpoint_dir(_workdir_of(workdir_or_checkpoints))}. "
+                            "Train first, or pass the workdir of a finished run.")
+  restored = manager.restore(step, args=ocp.args.Composite(
+      config=ocp.args.JsonRestore(), tokenizer=TokenizerRestore()))
+  return ml_collections.ConfigDict(restored["config"]), restored["tokenizer"], step
+
+
+def restore_params(workdir: str, step: int, abstract_state: Any) -> Any:
+  """Only the train state of a checkpoint (for translation), into the given shardings."""
+  manager = make_manager(workdir, read_only=True)
+  restored = manager.restore(step, args=ocp.args.Composite(
+      state=ocp.args.StandardRestore(abstract_state)))
+  return restored["state"]
+
+
+def _workdir_of(path: str) -> str:
+  """Accepts either a workdir or its `checkpoints/` subdirectory."""
+  p = epath.Path(path)
+  if not p.exists():
+    raise FileNotFoundError(f"{path} does not exist.")
+  return str(p.parent) if p.name == "checkpoints" else str(p)
+
+
+def wait(manager: ocp.CheckpointManager) -> None:
+  manager.wait_until_finished()
+  logging.info("Checkpoints on disk: %s", manager.all_steps())

@@ -1,0 +1,111 @@
+"""The model's hyperparameters as one frozen dataclass.
+
+Training, evaluation and decoding use the same `TransformerConfig`; the variants
+differ only by `.replace(deterministic=True)` / `.replace(decode=True)`, never by
+extra flags threaded through call sites (the flax `examples/wmt` convention).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import jax.numpy as jnp
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  """Hyperparameters of the encoder-decoder (defaults: the paper's Base model)."""
+
+  vocab_size: int = 37000
+  # Separate target vocabulary size; None means source and target share one vocabulary.
+  target_vocab_size: int | None = None
+  d_model: int = 512
+  num_heads: int = 8
+  # Per-head width; None means d_model // num_heads as in the paper.
+  head_dim: int | None = None
+  d_ff: int = 2048
+  num_encoder_layers: int = 6
+  num_decoder_layers: int = 6
+  # Dropout on each sub-layer output before the residual add (P_drop in the paper).
+  dropout_rate: float = 0.1
+  # Dropout on the attention probabilities.
+  attention_dropout_rate: float = 0.0
+  # Dropout on the FFN's hidden ReLU activations.
+  relu_dropout_rate: float = 0.0
+  # "post": x = LN(x + sublayer(x)) as in the paper; "pre": x = x + sublayer(LN(x)).
+  layer_norm_position: str = "post"
+  use_residual: bool = True
+  use_layer_norm: bool = True
+  use_bias: bool = True
+  # Project the concatenated heads with W^O; off only for single-head toy models.
+  attention_output_projection: bool = True
+  # "sinusoidal" (the paper) or "learned".
+  position_encoding: str = "sinusoidal"
+  # Longest sequence learned position embeddings can address.
+  max_len: int = 512
+  # Multiply token embeddings by sqrt(d_model) (section 3.4 of the paper).
+  scale_embeddings: bool = True
+  # Tie source embedding, target embedding and pre-softmax projection (needs a shared vocab).
+  share_embeddings: bool = True
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+  # Set by .replace(): no dropout.
+  deterministic: bool = False
+  # Set by .replace(): the decoder runs one token at a time against a KV cache.
+  decode: bool = False
+
+  def __post_init__(self):
+    errors = []
+    if self.head_dim is None and self.d_model % self.num_heads:
+      errors.append(f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
+                    "set head_dim explicitly")
+    if self.layer_norm_position not in ("pre", "post"):
+      errors.append(f"layer_norm_position={self.layer_norm_position!r} must be 'pre' or 'post'")
+    if self.position_encoding not in ("sinusoidal", "learned"):
+      errors.append(f"position_encoding={self.position_encoding!r} must be 'sinusoidal' or 'learned'")
+    if self.share_embeddings and self.target_vocab_size not in (None, self.vocab_size):
+      errors.append("share_embeddings=True needs one shared vocabulary; "
+                    f"got vocab_size={self.vocab_size}, target_vocab_size={self.target_vocab_size}")
+    for name in ("dtype", "param_dtype"):
+      if getattr(self, name) not in _DTYPES:
+        errors.append(f"{name}={getattr(self, name)!r} must be one of {sorted(_DTYPES)}")
+    for name in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate"):
+      if not 0.0 <= getattr(self, name) < 1.0:
+        errors.append(f"{name}={getattr(self, name)} must be in [0, 1)")
+    if errors:
+      raise ValueError("Invalid model config: " + "; ".join(errors))
+
+  def replace(self, **changes) -> "TransformerConfig":
+    return dataclasses.replace(self, **changes)
+
+  @property
+  def per_head_dim(self) -> int:
+    return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
+
+  @property
+  def output_vocab_size(self) -> int:
+    return self.target_vocab_size or self.vocab_size
+
+  @property
+  def compute_dtype(self) -> Any:
+    return _DTYPES[self.dtype]
+
+  @property
+  def weight_dtype(self) -> Any:
+    return _DTYPES[self.param_dtype]
+
+  @classmethod
+  def from_mapping(cls, values: Mapping[str, Any], **overrides) -> "TransformerConfig":
+    """Builds a config from an ml_collections `config.model` section (or any mapping)."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    values = dict(values, **overrides)
+    unknown = sorted(set(values) - fields)
+    if unknown:
+      raise ValueError(f"Unknown model config keys {unknown}; valid keys: {sorted(fields)}")
+    return cls(**values)
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)

@@ -1,0 +1,91 @@
+"""Jitted incremental decoding against the KV cache.
+
+The pieces are split so beam search can reuse them: `init_cache` runs the encoder
+once and creates the cache (cross-attention keys/values included), and
+`decode_step` maps one token per row to next-token logits. Greedy decoding is a
+`lax.while_loop` over `decode_step` that stops early once every row has emitted EOS.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from transformer_mt.config import TransformerConfig
+from transformer_mt.model import Transformer
+from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+
+def init_cache(params: Any, inputs: jax.Array, config: TransformerConfig, max_len: int) -> Any:
+  """Encodes `inputs` [batch, src_len] and returns a decode cache for `max_len` target steps."""
+  eval_model = Transformer(config.replace(deterministic=True, decode=False))
+  encoded = eval_model.apply({"params": params}, inputs, method=Transformer.encode)
+  decode_model = Transformer(config.replace(deterministic=True, decode=True))
+  batch = inputs.shape[0]
+  _, variables = decode_model.apply(
+      {"params": params}, encoded, inputs != PAD_ID, jnp.full((batch, 1), BOS_ID, jnp.int32),
+      jnp.zeros((batch, 1), jnp.int32), cache_length=max_len, method=Transformer.decode,
+      mutable=["cache"])
+  return variables["cache"]
+
+
+def decode_step(params: Any, cache: Any, inputs_valid: jax.Array, tokens: jax.Array,
+                position: jax.Array, config: TransformerConfig) -> tuple[jax.Array, Any]:
+  """Logits for the next token.
+
+  Args:
+    inputs_valid: bool [batch, src_len], False at source padding.
+    tokens: int [batch], the previous token of each row (BOS at step 0).
+    position: int [], the target position being fed (0 at step 0).
+
+  Returns:
+    float32 logits [batch, vocab] and the updated cache.
+  """
+  model = Transformer(config.replace(deterministic=True, decode=True))
+  positions = jnp.full((tokens.shape[0], 1), position, jnp.int32)
+  logits, variables = model.apply({"params": params, "cache": cache}, None, inputs_valid,
+                                  tokens[:, None], positions, method=Transformer.decode,
+                                  mutable=["cache"])
+  return logits[:, 0], variables["cache"]
+
+
+@flax.struct.dataclass
+class GreedyState:
+  step: jax.Array  # int32 []: target positions generated so far.
+  last_tokens: jax.Array  # int32 [batch]: the token fed at this step.
+  outputs: jax.Array  # int32 [batch, max_len]: generated ids, PAD after EOS.
+  finished: jax.Array  # bool [batch]: the row has emitted EOS.
+  cache: Any  # the decoder's KV cache.
+
+
+@functools.partial(jax.jit, static_argnames=("config", "max_len"))
+def greedy_decode(params: Any, inputs: jax.Array, config: TransformerConfig,
+                  max_len: int) -> jax.Array:
+  """Argmax decoding: int32 [batch, max_len] target ids, EOS included, PAD afterwards."""
+  batch = inputs.shape[0]
+  inputs_valid = inputs != PAD_ID
+  initial = GreedyState(
+      step=jnp.array(0, jnp.int32),
+      last_tokens=jnp.full((batch,), BOS_ID, jnp.int32),
+      outputs=jnp.full((batch, max_len), PAD_ID, jnp.int32),
+      # Empty rows (all padding) count as finished from the start.
+      finished=~jnp.any(inputs_valid, axis=1),
+      cache=init_cache(params, inputs, config, max_len))
+
+  def not_done(state: GreedyState) -> jax.Array:
+    return (state.step < max_len) & ~jnp.all(state.finished)
+
+  def body(state: GreedyState) -> GreedyState:
+    logits, cache = decode_step(params, state.cache, inputs_valid, state.last_tokens,
+                                state.step, config)
+    next_tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    next_tokens = jnp.where(state.finished, PAD_ID, next_tokens)
+    outputs = jax.lax.dynamic_update_slice(state.outputs, next_tokens[:, None], (0, state.step))
+    return GreedyState(step=state.step + 1, last_tokens=next_tokens, outputs=outputs,
+                       finished=state.finished | (next_tokens == EOS_ID), cache=cache)
+
+  return jax.lax.while_loop(not_done, body, initial).outputs

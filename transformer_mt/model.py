@@ -1,0 +1,225 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
+
+Every parameter carries logical axis names ("vocab", "embed", "heads", "kv", "mlp")
+that `transformer_mt.sharding` maps onto the device mesh, so the same module runs
+on one CPU or a pod. Packed batches (several sentences per row) are supported via
+segment ids and per-sentence positions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer_mt.attention import (MultiHeadAttention, bias_init, causal_mask, combine_masks,
+                                      dense_init, padding_mask, segment_mask, sinusoidal_encoding)
+from transformer_mt.config import TransformerConfig
+
+PAD_ID = 0
+
+
+class FeedForward(nn.Module):
+  """FFN(x) = max(0, x W1 + b1) W2 + b2, applied at every position."""
+
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    cfg = self.config
+    dense = lambda features, axes, name: nn.Dense(  # noqa: E731
+        features, use_bias=cfg.use_bias, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
+        kernel_init=dense_init(axes), bias_init=bias_init(axes[-1:]), name=name)
+    hidden = nn.relu(dense(cfg.d_ff, ("embed", "mlp"), "wi")(x))  # [batch, len, d_ff]
+    hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
+    if cfg.relu_dropout_rate > 0:
+      hidden = nn.Dropout(cfg.relu_dropout_rate)(hidden, deterministic=cfg.deterministic)
+    return dense(cfg.d_model, ("mlp", "embed"), "wo")(hidden)  # [batch, len, d_model]
+
+
+class SublayerConnection(nn.Module):
+  """Wraps a sub-layer with dropout, the residual and LayerNorm (post- or pre-LN)."""
+
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array, sublayer) -> jax.Array:
+    cfg = self.config
+    norm = lambda: nn.LayerNorm(  # noqa: E731
+        epsilon=1e-6, use_bias=cfg.use_bias, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+        bias_init=bias_init(("embed",)), name="norm")
+    pre_ln = cfg.use_layer_norm and cfg.layer_norm_position == "pre"
+    y = sublayer(norm()(x) if pre_ln else x)
+    y = nn.Dropout(cfg.dropout_rate)(y, deterministic=cfg.deterministic)
+    if cfg.use_residual:
+      y = x + y
+    if cfg.use_layer_norm and cfg.layer_norm_position == "post":
+      y = norm()(y)
+    return nn.with_logical_constraint(y, ("batch", "length", "embed"))
+
+
+class EncoderLayer(nn.Module):
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array, mask: jax.Array | None) -> jax.Array:
+    attention = MultiHeadAttention(self.config, name="self_attention")
+    x = SublayerConnection(self.config, name="attention_block")(x, lambda h: attention(h, h, mask))
+    return SublayerConnection(self.config, name="ffn_block")(x, FeedForward(self.config, name="ffn"))
+
+
+class DecoderLayer(nn.Module):
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, y, encoded, self_mask, cross_mask, cache_length=None):
+    cfg = self.config
+    self_attention = MultiHeadAttention(cfg, name="self_attention")
+    cross_attention = MultiHeadAttention(cfg, is_cross_attention=True, name="cross_attention")
+    y = SublayerConnection(cfg, name="self_attention_block")(
+        y, lambda h: self_attention(h, h, self_mask, cache_length))
+    y = SublayerConnection(cfg, name="cross_attention_block")(
+        y, lambda h: cross_attention(h, encoded, cross_mask))
+    return SublayerConnection(cfg, name="ffn_block")(y, FeedForward(cfg, name="ffn"))
+
+
+class Embedder(nn.Module):
+  """Token embedding (scaled by sqrt(d_model)) + position encoding + dropout."""
+
+  config: TransformerConfig
+  vocab_size: int
+
+  def setup(self):
+    cfg = self.config
+    self.embedding = nn.Embed(
+        self.vocab_size, cfg.d_model, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
+        embedding_init=nn.with_logical_partitioning(
+            nn.initializers.normal(stddev=cfg.d_model**-0.5), ("vocab", "embed")))
+    if cfg.position_encoding == "learned":
+      self.position_embedding = nn.Embed(
+          cfg.max_len, cfg.d_model, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
+          embedding_init=nn.with_logical_partitioning(
+              nn.initializers.normal(stddev=0.02), (None, "embed")))
+    self.dropout = nn.Dropout(cfg.dropout_rate)
+
+  def __call__(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
+    cfg = self.config
+    x = self.embedding(tokens)  # [batch, len, d_model]
+    if cfg.scale_embeddings:
+      x = x * jnp.sqrt(cfg.d_model).astype(x.dtype)
+    if cfg.position_encoding == "learned":
+      x = x + self.position_embedding(positions)
+    else:
+      x = x + sinusoidal_encoding(positions, cfg.d_model).astype(x.dtype)
+    x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+    return self.dropout(x, deterministic=cfg.deterministic)
+
+  def attend(self, x: jax.Array) -> jax.Array:
+    """Pre-softmax projection with the (tied) embedding matrix: x E^T."""
+    return self.embedding.attend(x)
+
+
+def _default_positions(tokens: jax.Array) -> jax.Array:
+  return jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+
+
+class Transformer(nn.Module):
+  """Encoder-decoder. `__call__` is teacher-forced training; `encode`/`decode` serve decoding."""
+
+  config: TransformerConfig
+
+  def setup(self):
+    cfg = self.config
+    self.source_embedder = Embedder(cfg, cfg.vocab_size)
+    if not cfg.share_embeddings:
+      self.target_embedder = Embedder(cfg, cfg.output_vocab_size)
+      self.output_projection = nn.Dense(
+          cfg.output_vocab_size, use_bias=cfg.use_bias, dtype=cfg.compute_dtype,
+          param_dtype=cfg.weight_dtype, kernel_init=dense_init(("embed", "vocab")),
+          bias_init=bias_init(("vocab",)))
+    self.encoder_layers = [EncoderLayer(cfg) for _ in range(cfg.num_encoder_layers)]
+    self.decoder_layers = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
+    # Pre-LN stacks end with a LayerNorm: their residual stream is never normalized otherwise.
+    if cfg.use_layer_norm and cfg.layer_norm_position == "pre":
+      make_norm = lambda: nn.LayerNorm(  # noqa: E731
+          epsilon=1e-6, use_bias=cfg.use_bias, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
+          scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+          bias_init=bias_init(("embed",)))
+      self.encoder_norm, self.decoder_norm = make_norm(), make_norm()
+
+  def encode(self, inputs, inputs_positions=None, inputs_segmentation=None):
+    """inputs: int [batch, src_len] (0 = pad) -> encoded [batch, src_len, d_model]."""
+    cfg = self.config
+    positions = _default_positions(inputs) if inputs_positions is None else inputs_positions
+    mask = padding_mask(inputs != PAD_ID, inputs != PAD_ID)
+    if inputs_segmentation is not None:
+      mask = combine_masks(mask, segment_mask(inputs_segmentation, inputs_segmentation))
+    x = self.source_embedder(inputs, positions)
+    for layer in self.encoder_layers:
+      x = layer(x, mask)
+    if cfg.use_layer_norm and cfg.layer_norm_position == "pre":
+      x = self.encoder_norm(x)
+    return x
+
+  def decode(self, encoded, inputs_valid, targets_in, targets_positions=None,
+             inputs_segmentation=None, targets_segmentation=None, cache_length=None):
+    """Decoder logits.
+
+    Args:
+      encoded: [batch, src_len, d_model]; may be None while decoding once the cache
+        holds the cross-attention keys/values.
+      inputs_valid: bool [batch, src_len], False at source padding.
+      targets_in: int [batch, tgt_len], the target shifted right (BOS first); [batch, 1]
+        when decoding step by step.
+      targets_positions: int [batch, tgt_len]; required when decoding (the step index).
+      cache_length: target positions the decode cache holds (only when creating it).
+
+    Returns:
+      float32 logits [batch, tgt_len, target_vocab].
+    """
+    cfg = self.config
+    if targets_positions is None:
+      if cfg.decode:
+        raise ValueError("decode=True needs targets_positions (the current step).")
+      targets_positions = _default_positions(targets_in)
+    targets_valid = targets_in != PAD_ID
+    if cfg.decode:
+      self_mask = None  # the attention cache masks not-yet-written positions itself.
+      cross_mask = inputs_valid[:, None, None, :]  # [batch, 1, 1, src_len]
+    else:
+      self_mask = combine_masks(padding_mask(targets_valid, targets_valid),
+                                causal_mask(targets_in.shape[1]))
+      cross_mask = padding_mask(targets_valid, inputs_valid)
+      if targets_segmentation is not None:
+        self_mask = combine_masks(self_mask, segment_mask(targets_segmentation, targets_segmentation))
+        cross_mask = combine_masks(cross_mask,
+                                   segment_mask(targets_segmentation, inputs_segmentation))
+    embedder = self.source_embedder if cfg.share_embeddings else self.target_embedder
+    y = embedder(targets_in, targets_positions)
+    for layer in self.decoder_layers:
+      y = layer(y, encoded, self_mask, cross_mask, cache_length)
+    if cfg.use_layer_norm and cfg.layer_norm_position == "pre":
+      y = self.decoder_norm(y)
+    if cfg.share_embeddings:
+      logits = embedder.attend(y)
+    else:
+      logits = self.output_projection(y)
+    return logits.astype(jnp.float32)  # [batch, tgt_len, vocab]
+
+  def __call__(self, inputs, targets_in, inputs_positions=None, targets_positions=None,
+               inputs_segmentation=None, targets_segmentation=None):
+    """Teacher-forced logits [batch, tgt_len, vocab] for source `inputs` and shifted targets."""
+    encoded = self.encode(inputs, inputs_positions, inputs_segmentation)
+    return self.decode(encoded, inputs != PAD_ID, targets_in, targets_positions,
+                       inputs_segmentation, targets_segmentation)
+
+
+def count_parameters(config: TransformerConfig) -> int:
+  """Number of parameters; a tied embedding matrix is counted once (it is one array)."""
+  model = Transformer(config.replace(deterministic=True))
+  dummy = jnp.ones((1, 2), jnp.int32)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy, dummy))
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(nn.unbox(shapes["params"])))

@@ -1,0 +1,34 @@
+"""The paper's optimizer: Adam(0.9, 0.98, 1e-9) with inverse-square-root warmup (eq. 3)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+
+def paper_learning_rate(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax.Schedule:
+  """lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), step counted from 1.
+
+  Optax passes the number of updates already applied (0 for the first update), so
+  the schedule evaluates the formula at count + 1: the first update uses step 1.
+  """
+  if warmup_steps <= 0:
+    raise ValueError(f"warmup_steps must be positive, got {warmup_steps}")
+
+  def schedule(count):
+    step = jnp.asarray(count, jnp.float32) + 1.0
+    return scale * d_model**-0.5 * jnp.minimum(step**-0.5, step * warmup_steps**-1.5)
+
+  return schedule
+
+
+def make_optimizer(train_config: ml_collections.ConfigDict, d_model: int
+                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """Adam with the paper's schedule, optionally preceded by global-norm clipping."""
+  schedule = paper_learning_rate(d_model, train_config.warmup_steps, train_config.lr_scale)
+  adam = optax.adam(schedule, b1=train_config.adam_b1, b2=train_config.adam_b2,
+                    eps=train_config.adam_eps)
+  if train_config.grad_clip_norm and train_config.grad_clip_norm > 0:
+    return optax.chain(optax.clip_by_global_norm(train_config.grad_clip_norm), adam), schedule
+  return adam, schedule

@@ -1,0 +1,123 @@
+"""The device mesh (data, fsdp, tensor) and the map from logical axis names to it.
+
+The model tags every parameter with logical names ("embed", "mlp", ...); the rules
+below say which mesh axis shards each name. Data parallelism shards the batch over
+"data" and "fsdp"; FSDP additionally shards parameters and optimizer state along
+"embed" over "fsdp"; tensor parallelism shards heads / FFN width / vocabulary over
+"tensor". The same code then runs on 1 CPU, 8 simulated devices or a pod.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import ml_collections
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# Logical axis -> mesh axes. Flax uses the first rule whose mesh axes are still free,
+# so an activation's "embed" falls back to unsharded once "batch" has taken "fsdp".
+LOGICAL_AXIS_RULES = (
+    ("batch", ("data", "fsdp")),
+    ("vocab", "tensor"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("embed", "fsdp"),
+    ("embed", None),
+    ("kv", None),
+    ("length", None),
+)
+
+
+def mesh_shape(mesh_config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, int, int]:
+  """Resolves the one -1 entry of (data, fsdp, tensor) so the product is `num_devices`."""
+  sizes = [int(mesh_config[axis]) for axis in MESH_AXES]
+  free = [i for i, s in enumerate(sizes) if s == -1]
+  if len(free) > 1 or any(s == 0 or s < -1 for s in sizes):
+    raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))}: each size must be positive, "
+                     "and at most one may be -1 (fill with the remaining devices)")
+  fixed = math.prod(s for s in sizes if s != -1)
+  if free:
+    if num_devices % fixed:
+      raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))}: {num_devices} devices are not "
+                       f"divisible by the fixed axes' product {fixed}")
+    sizes[free[0]] = num_devices // fixed
+  if math.prod(sizes) != num_devices:
+    raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices "
+                     f"but {num_devices} are available; set mesh.data=-1 to use them all")
+  return tuple(sizes)
+
+
+def make_mesh(mesh_config: ml_collections.ConfigDict,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A mesh over `devices` (default: every device of every process)."""
+  devices = list(jax.devices() if devices is None else devices)
+  shape = mesh_shape(mesh_config, len(devices))
+  return jax.make_mesh(shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3,
+                       devices=devices)
+
+
+def _fit_spec_to_shape(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
+  """Drops the sharding of dimensions the mesh axes do not divide (e.g. an odd vocab)."""
+  fitted = []
+  for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+    names = (axes,) if isinstance(axes, str) else (axes or ())
+    size = math.prod(mesh.shape[name] for name in names)
+    if size > 1 and dim % size:
+      logging.warning("Replicating a dimension of size %d: mesh axes %s (size %d) do not "
+                      "divide it.", dim, names, size)
+      axes = None
+    fitted.append(axes)
+  return PartitionSpec(*fitted)
+
+
+def logical_shardings(abstract_tree: Any, mesh: Mesh,
+                      rules: Sequence[tuple[str, Any]] = LOGICAL_AXIS_RULES) -> Any:
+  """NamedShardings for a tree of (boxed) abstract arrays from `jax.eval_shape`.
+
+  Leaves boxed with logical names are sharded by `rules`; other leaves (step
+  counters, RNG keys, optimizer scalars) are replicated.
+  """
+  logical_specs = nn.get_partition_spec(abstract_tree)
+  mesh_specs = nn.logical_to_mesh(logical_specs, rules)
+  shapes = nn.unbox(abstract_tree)
+
+  def to_sharding(spec, leaf):
+    spec = spec if isinstance(spec, PartitionSpec) else PartitionSpec()
+    return NamedSharding(mesh, _fit_spec_to_shape(spec, leaf.shape, mesh))
+
+  return jax.tree.map(to_sharding, mesh_specs, shapes,
+                      is_leaf=lambda x: isinstance(x, PartitionSpec) or x is None)
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2, batch_dim: int = 0) -> NamedSharding:
+  """Shards dimension `batch_dim` of an input array over (data, fsdp)."""
+  spec = [None] * ndim
+  spec[batch_dim] = ("data", "fsdp")
+  return NamedSharding(mesh, PartitionSpec(*spec))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, PartitionSpec())
+
+
+def global_batch_from_local(local_batch: dict[str, np.ndarray], mesh: Mesh,
+                            batch_dim: int = 0) -> dict[str, jax.Array]:
+  """Assembles each process's slice of the batch into global sharded arrays.
+
+  With one process this is a sharded device_put; with several, each process
+  passes only the rows it read and the result spans all of them.
+  """
+  def put(array):
+    sharding = batch_sharding(mesh, array.ndim, batch_dim)
+    if jax.process_count() == 1:
+      return jax.device_put(array, sharding)
+    return jax.make_array_from_process_local_data(sharding, array)
+
+  return {name: put(np.asarray(array)) for name, array in local_batch.items()}

@@ -1,0 +1,135 @@
+"""The train state, born sharded, and the jitted train step over a device mesh.
+
+State creation follows big_vision: `jax.eval_shape(init)` gives the shapes and the
+logical axis names, `sharding.logical_shardings` turns those into NamedShardings,
+and `jax.jit(init, out_shardings=...)` materializes every parameter and optimizer
+slot directly on its shard (no full copy on one device first).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh
+
+from transformer_mt import losses, sharding
+from transformer_mt.model import Transformer
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array  # int32 []: optimizer updates applied so far.
+  params: Any  # the model's parameters (unboxed).
+  opt_state: Any  # optax state, sharded like the params.
+  rng: jax.Array  # uint32 [2]: raw key data; step k's dropout key is fold_in(rng, k).
+
+
+def _create_state(key: jax.Array, model: Transformer, tx: optax.GradientTransformation,
+                  boxed: bool) -> TrainState:
+  param_key, dropout_key = jax.random.split(key)
+  dummy = jnp.ones((1, 2), jnp.int32)
+  params = model.init(param_key, dummy, dummy)["params"]  # boxed with logical axis names
+  state = TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params),
+                     rng=jax.random.key_data(dropout_key))
+  return state if boxed else nn.unbox(state)
+
+
+def state_shardings(model: Transformer, tx: optax.GradientTransformation, mesh: Mesh) -> Any:
+  """NamedShardings for every leaf of the train state, from its logical axis names."""
+  abstract = jax.eval_shape(functools.partial(_create_state, model=model, tx=tx, boxed=True),
+                            jax.random.key(0))
+  return sharding.logical_shardings(abstract, mesh)
+
+
+def abstract_state(model: Transformer, tx: optax.GradientTransformation, mesh: Mesh) -> Any:
+  """ShapeDtypeStructs with shardings: the target for restoring a checkpoint."""
+  shapes = jax.eval_shape(functools.partial(_create_state, model=model, tx=tx, boxed=False),
+                          jax.random.key(0))
+  return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                      shapes, state_shardings(model, tx, mesh))
+
+
+def create_sharded_state(seed: int, model: Transformer, tx: optax.GradientTransformation,
+                         mesh: Mesh) -> TrainState:
+  """Initializes the train state directly in its sharded layout."""
+  init = jax.jit(functools.partial(_create_state, model=model, tx=tx, boxed=False),
+                 out_shardings=state_shardings(model, tx, mesh))
+  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
+    return init(jax.random.key(seed))
+
+
+def _micro_batch_sums(params, micro_batch, dropout_key, model, label_smoothing):
+  logits = model.apply(
+      {"params": params}, micro_batch["inputs"], micro_batch["targets_in"],
+      inputs_positions=micro_batch.get("inputs_position"),
+      targets_positions=micro_batch.get("targets_position"),
+      inputs_segmentation=micro_batch.get("inputs_segmentation"),
+      targets_segmentation=micro_batch.get("targets_segmentation"),
+      rngs={"dropout": dropout_key})
+  weights = (micro_batch["targets"] > 0).astype(jnp.float32)
+  sums = losses.cross_entropy_sums(logits, micro_batch["targets"], weights, label_smoothing)
+  return sums["loss"], sums
+
+
+def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: Transformer,
+               tx: optax.GradientTransformation, schedule: optax.Schedule,
+               label_smoothing: float) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One optimizer update from a batch of [accum_steps, micro_batch, len] arrays.
+
+  Gradients of the summed loss are accumulated over the micro-batches with
+  `lax.scan` and divided once by the batch's total number of target tokens, so
+  k micro-batches give exactly the gradient of one k-times larger batch.
+  """
+  step_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+  grad_fn = jax.grad(_micro_batch_sums, has_aux=True)
+
+  def accumulate(carry, micro):
+    grads_sum, sums_total = carry
+    micro_batch, index = micro
+    grads, sums = grad_fn(state.params, micro_batch, jax.random.fold_in(step_key, index),
+                          model, label_smoothing)
+    return (jax.tree.map(jnp.add, grads_sum, grads),
+            jax.tree.map(jnp.add, sums_total, sums)), None
+
+  zero_sums = {k: jnp.zeros((), jnp.float32) for k in ("loss", "nll", "correct", "num_tokens")}
+  zero_grads = jax.tree.map(jnp.zeros_like, state.params)
+  num_micro = jax.tree.leaves(batch)[0].shape[0]
+  (grads, sums), _ = jax.lax.scan(accumulate, (zero_grads, zero_sums),
+                                  (batch, jnp.arange(num_micro)))
+  num_tokens = jnp.maximum(sums["num_tokens"], 1.0)
+  grads = jax.tree.map(lambda g: g / num_tokens, grads)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics = {
+      "loss": sums["loss"] / num_tokens,
+      "nll": sums["nll"] / num_tokens,
+      "accuracy": sums["correct"] / num_tokens,
+      "num_tokens": sums["num_tokens"],
+      "grad_norm": optax.global_norm(grads),
+      "param_norm": optax.global_norm(params),
+      "learning_rate": schedule(state.step),
+  }
+  return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def jit_train_step(model: Transformer, tx: optax.GradientTransformation,
+                   schedule: optax.Schedule, label_smoothing: float, mesh: Mesh,
+                   shardings: Any) -> Callable:
+  """`train_step` compiled with sharded inputs/outputs and the state buffers donated."""
+  step = functools.partial(train_step, model=model, tx=tx, schedule=schedule,
+                           label_smoothing=label_smoothing)
+  batch_sharding = sharding.batch_sharding(mesh, ndim=3, batch_dim=1)
+  compiled = jax.jit(step, in_shardings=(shardings, batch_sharding),
+                     out_shardings=(shardings, sharding.replicated(mesh)), donate_argnums=0)
+
+  def run(state, batch):
+    with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
+      return compiled(state, batch)
+
+  return run

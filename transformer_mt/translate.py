@@ -1,0 +1,110 @@
+"""Lines of text in, the same number of translated lines out.
+
+Sentences are sorted by length and decoded in fixed-size batches padded to a few
+length buckets (so the decoder compiles a handful of times, not once per batch),
+then put back in input order. An empty line gives an empty line; an overlong line
+is truncated with a warning, never dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Iterable, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from transformer_mt import checkpointing, decode, optimizer, sharding, train_step
+from transformer_mt.config import TransformerConfig
+from transformer_mt.model import Transformer
+from transformer_mt.tokenizer import EOS_ID, PAD_ID, Tokenizer
+
+
+def _bucket(length: int, multiple: int = 16) -> int:
+  return max(multiple, -(-length // multiple) * multiple)
+
+
+@dataclasses.dataclass
+class Translator:
+  """Holds trained parameters and the tokenizer; `translate` is the whole job."""
+
+  params: Any
+  model_config: TransformerConfig
+  tokenizer: Tokenizer
+  mesh: Mesh
+  batch_size: int = 64
+  # Longest source accepted (tokens, EOS included); longer lines are truncated.
+  max_source_len: int = 256
+  # Target tokens generated at most: source length + `extra_len` (the paper's +50),
+  # capped at `max_target_len`.
+  extra_len: int = 50
+  max_target_len: int = 256
+
+  def translate(self, lines: Sequence[str], progress: bool = False) -> list[str]:
+    encoded = self.tokenizer.encode([line.strip() for line in lines])
+    outputs = [""] * len(lines)
+    todo = []
+    for index, (line, ids) in enumerate(zip(lines, encoded)):
+      if not line.strip():
+        continue
+      if len(ids) > self.max_source_len:
+        logging.warning("Line %d has %d tokens; translating only its first %d.", index + 1,
+                        len(ids), self.max_source_len)
+        ids = ids[:self.max_source_len - 1] + [EOS_ID]
+      todo.append((index, ids))
+    todo.sort(key=lambda item: len(item[1]))
+    batches = [todo[i:i + self.batch_size] for i in range(0, len(todo), self.batch_size)]
+    if progress:
+      from tqdm import tqdm
+      batches = tqdm(batches, desc="translate", unit="batch")
+    for batch in batches:
+      for (index, _), ids in zip(batch, self._decode_batch([ids for _, ids in batch])):
+        outputs[index] = self.tokenizer.decode(ids)
+    return outputs
+
+  def _decode_batch(self, sources: list[list[int]]) -> list[np.ndarray]:
+    src_len = _bucket(max(len(s) for s in sources))
+    # Pad the batch to a fixed number of rows (a multiple of the device count) with empty rows.
+    rows = _bucket(self.batch_size, self.mesh.devices.size)
+    inputs = np.full((rows, src_len), PAD_ID, np.int32)
+    for row, ids in enumerate(sources):
+      inputs[row, :len(ids)] = ids
+    max_len = min(self.max_target_len, src_len + self.extra_len)
+    with jax.set_mesh(self.mesh):
+      inputs = jax.device_put(inputs, sharding.batch_sharding(self.mesh))
+      outputs = decode.greedy_decode(self.params, inputs, self.model_config, max_len)
+    return list(np.asarray(jax.device_get(outputs))[:len(sources)])
+
+
+def model_config_for(config, tokenizer: Tokenizer) -> TransformerConfig:
+  """The experiment's model section with the vocabulary size of its tokenizer."""
+  return TransformerConfig.from_mapping(config.model.to_dict(), vocab_size=tokenizer.vocab_size)
+
+
+def load_translator(workdir: str, step: int | None = None, mesh: Mesh | None = None
+                    ) -> Translator:
+  """A Translator from a checkpoint directory alone (its config and tokenizer are inside)."""
+  config, tokenizer, step = checkpointing.read_config(workdir, step)
+  model_config = model_config_for(config, tokenizer)
+  mesh = mesh or sharding.make_mesh(config.mesh)
+  tx, _ = optimizer.make_optimizer(config.train, model_config.d_model)
+  target = train_step.abstract_state(Transformer(model_config), tx, mesh)
+  state = checkpointing.restore_params(workdir, step, target)
+  logging.info("Loaded step %d from %s.", step, workdir)
+  return Translator(params=state.params, model_config=model_config, tokenizer=tokenizer, mesh=mesh,
+                    batch_size=config.decode.batch_size, max_target_len=config.decode.max_len)
+
+
+def read_lines(stream: Iterable[bytes | str]) -> list[str]:
+  """Lines without their newline; undecodable bytes become U+FFFD (with a warning)."""
+  lines = []
+  for number, line in enumerate(stream, start=1):
+    if isinstance(line, bytes):
+      text = line.decode("utf-8", errors="replace")
+      if "\ufffd" in text and b"\xef\xbf\xbd" not in line:
+        logging.warning("Line %d is not valid UTF-8; undecodable bytes were replaced.", number)
+      line = text
+    lines.append(line.rstrip("\r\n"))
+  return lines
