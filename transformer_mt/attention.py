@@ -69,6 +69,7 @@ class HeadsProjection(nn.Module):
   in_shape: tuple[int, ...]
   out_shape: tuple[int, ...]
   axes: tuple[str, ...]
+  use_bias: bool = True
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -81,7 +82,7 @@ class HeadsProjection(nn.Module):
     x_dims, in_dims, out_dims = "xyz"[:x.ndim - n_in], letters[:n_in], letters[n_in:n_in + len(self.out_shape)]
     y = jnp.einsum(f"{x_dims}{in_dims},{in_dims}{out_dims}->{x_dims}{out_dims}",
                    x.astype(cfg.compute_dtype), kernel.astype(cfg.compute_dtype))
-    if cfg.use_bias:
+    if self.use_bias:
       bias = self.param("bias", bias_init(self.axes[n_in:]), self.out_shape, cfg.weight_dtype)
       y = y + bias.astype(cfg.compute_dtype)
     return y
@@ -101,8 +102,12 @@ class MultiHeadAttention(nn.Module):
 
   def _projection(self, name: str) -> "HeadsProjection":
     cfg = self.config
+    # Keys get no bias: a key bias b_k shifts every logit of a query by the same q.b_k,
+    # which softmax cancels. Its gradient is exactly zero, and Adam (eps 1e-9) would
+    # turn the rounding noise in it into full-size random updates.
     return HeadsProjection(cfg, in_shape=(cfg.d_model,), out_shape=(cfg.num_heads, cfg.per_head_dim),
-                           axes=("embed", "heads", "kv"), name=name)
+                           axes=("embed", "heads", "kv"), use_bias=cfg.use_bias and name != "key",
+                           name=name)
 
   @nn.compact
   def __call__(
@@ -151,7 +156,7 @@ class MultiHeadAttention(nn.Module):
     if cfg.attention_output_projection:
       out = HeadsProjection(cfg, in_shape=(cfg.num_heads, cfg.per_head_dim),
                             out_shape=(cfg.d_model,), axes=("heads", "kv", "embed"),
-                            name="out")(context)
+                            use_bias=cfg.use_bias, name="out")(context)
     else:
       if cfg.num_heads * cfg.per_head_dim != cfg.d_model:
         raise ValueError("attention_output_projection=False needs num_heads * head_dim == d_model, "

@@ -67,10 +67,10 @@ def create_sharded_state(seed: int, model: Transformer, tx: optax.GradientTransf
 def _micro_batch_sums(params, micro_batch, dropout_key, model, label_smoothing):
   logits = model.apply(
       {"params": params}, micro_batch["inputs"], micro_batch["targets_in"],
-      inputs_positions=micro_batch.get("inputs_position"),
-      targets_positions=micro_batch.get("targets_position"),
-      inputs_segmentation=micro_batch.get("inputs_segmentation"),
-      targets_segmentation=micro_batch.get("targets_segmentation"),
+      inputs_positions=micro_batch.get("inputs_positions"),
+      targets_positions=micro_batch.get("targets_positions"),
+      inputs_segmentation=micro_batch.get("inputs_segment_ids"),
+      targets_segmentation=micro_batch.get("targets_segment_ids"),
       rngs={"dropout": dropout_key})
   weights = (micro_batch["targets"] > 0).astype(jnp.float32)
   sums = losses.cross_entropy_sums(logits, micro_batch["targets"], weights, label_smoothing)

@@ -1,0 +1,388 @@
+"""Tests of the Transformer model: shapes, masks, packing, the seed_minimal equations,
+hand-computed golden numbers, parameter counts and config validation.
+
+Everything runs in float32 on small models; each test takes well under a second
+once JAX has compiled its kernels.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_mt.attention import MultiHeadAttention, causal_mask
+from transformer_mt.config import TransformerConfig
+from transformer_mt.model import Embedder, FeedForward, Transformer, count_parameters
+
+
+@pytest.fixture(autouse=True)
+def _full_precision_matmuls():
+  """Exact float32 matmuls (no TF32/bf16 passes on accelerators) so tight tolerances hold."""
+  with jax.default_matmul_precision("highest"):
+    yield
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+VOCAB = 13
+
+
+def small_config(**overrides) -> TransformerConfig:
+  """A tiny but complete Transformer (residuals, LayerNorm, biases, 2 heads, 2+2 layers)."""
+  values = dict(vocab_size=VOCAB, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=2,
+                num_decoder_layers=2, dropout_rate=0.0, max_len=32, deterministic=True)
+  values.update(overrides)
+  return TransformerConfig(**values)
+
+
+def seed_minimal_config(**overrides) -> TransformerConfig:
+  """The settings of experiments/seed_minimal.py, at d_model=8 (built here: no experiments.demo)."""
+  values = dict(vocab_size=11, target_vocab_size=13, d_model=8, num_heads=1, head_dim=8, d_ff=8,
+                num_encoder_layers=1, num_decoder_layers=1, dropout_rate=0.0, use_residual=False,
+                use_layer_norm=False, use_bias=False, attention_output_projection=False,
+                scale_embeddings=False, share_embeddings=False, position_encoding="sinusoidal",
+                deterministic=True)
+  values.update(overrides)
+  return TransformerConfig(**values)
+
+
+def init_model(config: TransformerConfig, src_len: int = 5, tgt_len: int = 4, seed: int = 0):
+  """Returns (model.apply, variables) of a freshly initialized model."""
+  model = Transformer(config)
+  src = jnp.ones((1, src_len), jnp.int32)
+  tgt = jnp.ones((1, tgt_len), jnp.int32)
+  variables = model.init(jax.random.key(seed), src, tgt)
+  return model.apply, variables
+
+
+def random_tokens(rng: np.random.Generator, shape, vocab: int = VOCAB) -> jnp.ndarray:
+  """Token ids in [1, vocab): never the pad id 0."""
+  return jnp.asarray(rng.integers(1, vocab, size=shape), jnp.int32)
+
+
+def apply_with(module: nn.Module, params: dict, *args, **kwargs):
+  """Runs `module` with hand-built `params`, after checking they match what `init` creates.
+
+  The shape check guards against a hand-built tree that the module would silently
+  ignore or reject (wrong names, kernel layouts, missing biases).
+  """
+  expected = nn.unbox(module.init(jax.random.key(0), *args, **kwargs)["params"])
+  got = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params,
+                     is_leaf=lambda x: isinstance(x, (list, np.ndarray)))
+  assert jax.tree.structure(got) == jax.tree.structure(expected)
+  for g, e in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
+    assert g.shape == e.shape
+  return module.apply({"params": got}, *args, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Shapes
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("share_embeddings", [True, False], ids=["shared", "untied"])
+@pytest.mark.parametrize("layer_norm_position", ["post", "pre"])
+@pytest.mark.parametrize("position_encoding", ["sinusoidal", "learned"])
+def test_output_shapes(share_embeddings, layer_norm_position, position_encoding):
+  """Logits are [batch, tgt_len, target_vocab]; encode gives [batch, src_len, d_model]."""
+  target_vocab = None if share_embeddings else 17
+  cfg = small_config(share_embeddings=share_embeddings, target_vocab_size=target_vocab,
+                     layer_norm_position=layer_norm_position, position_encoding=position_encoding)
+  apply, variables = init_model(cfg)
+  rng = np.random.default_rng(0)
+  src, tgt = random_tokens(rng, (2, 5)), random_tokens(rng, (2, 4))
+
+  logits = apply(variables, src, tgt)
+  encoded = apply(variables, src, method=Transformer.encode)
+
+  assert logits.shape == (2, 4, cfg.output_vocab_size)
+  assert logits.dtype == jnp.float32
+  assert encoded.shape == (2, 5, cfg.d_model)
+  assert np.all(np.isfinite(logits))
+  params = variables["params"]
+  assert ("target_embedder" in params) == (not share_embeddings)
+  assert ("output_projection" in params) == (not share_embeddings)
+  assert ("encoder_norm" in params) == (layer_norm_position == "pre")
+
+
+# ---------------------------------------------------------------------------------------------
+# 2-4. Masks and packing
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layer_norm_position", ["post", "pre"])
+def test_causal_mask_hides_future_targets(layer_norm_position):
+  """Changing target token k changes no logits at positions < k (but does change position k)."""
+  cfg = small_config(layer_norm_position=layer_norm_position)
+  apply, variables = init_model(cfg)
+  rng = np.random.default_rng(1)
+  src, tgt = random_tokens(rng, (2, 5)), np.asarray(random_tokens(rng, (2, 4)))
+  base = apply(variables, src, jnp.asarray(tgt))
+  for k in range(1, tgt.shape[1]):
+    changed = tgt.copy()
+    changed[:, k] = changed[:, k] % (VOCAB - 1) + 1  # a different non-pad token
+    logits = apply(variables, src, jnp.asarray(changed))
+    np.testing.assert_allclose(logits[:, :k], base[:, :k], atol=1e-6, rtol=0)
+    assert np.max(np.abs(logits[:, k] - base[:, k])) > 1e-4, "the change did not reach position k"
+
+
+@pytest.mark.parametrize("layer_norm_position", ["post", "pre"])
+def test_padding_is_ignored(layer_norm_position):
+  """Appending pad tokens (id 0) to source and target leaves the real positions' logits unchanged."""
+  cfg = small_config(layer_norm_position=layer_norm_position)
+  apply, variables = init_model(cfg)
+  rng = np.random.default_rng(2)
+  src, tgt = random_tokens(rng, (2, 5)), random_tokens(rng, (2, 4))
+  padded_src = jnp.pad(src, ((0, 0), (0, 3)))
+  padded_tgt = jnp.pad(tgt, ((0, 0), (0, 2)))
+
+  base = apply(variables, src, tgt)
+  np.testing.assert_allclose(apply(variables, padded_src, tgt), base, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(apply(variables, src, padded_tgt)[:, :4], base, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(apply(variables, padded_src, padded_tgt)[:, :4], base,
+                             atol=1e-5, rtol=0)
+  encoded = apply(variables, src, method=Transformer.encode)
+  padded_encoded = apply(variables, padded_src, method=Transformer.encode)
+  np.testing.assert_allclose(padded_encoded[:, :5], encoded, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("position_encoding", ["sinusoidal", "learned"])
+@pytest.mark.parametrize("layer_norm_position", ["post", "pre"])
+def test_packed_sentences_match_unpacked(position_encoding, layer_norm_position):
+  """Two sentences packed in one row (segment ids + per-segment positions) give each one's own logits."""
+  cfg = small_config(position_encoding=position_encoding, layer_norm_position=layer_norm_position)
+  apply, variables = init_model(cfg)
+  rng = np.random.default_rng(3)
+  src_a, tgt_a = random_tokens(rng, (1, 3)), random_tokens(rng, (1, 4))
+  src_b, tgt_b = random_tokens(rng, (1, 4)), random_tokens(rng, (1, 2))
+
+  # Row layout: sentence a, sentence b, then padding (segment 0, id 0).
+  src = jnp.concatenate([src_a, src_b, jnp.zeros((1, 2), jnp.int32)], axis=1)
+  src_seg = jnp.array([[1, 1, 1, 2, 2, 2, 2, 0, 0]], jnp.int32)
+  src_pos = jnp.array([[0, 1, 2, 0, 1, 2, 3, 0, 0]], jnp.int32)
+  tgt = jnp.concatenate([tgt_a, tgt_b, jnp.zeros((1, 1), jnp.int32)], axis=1)
+  tgt_seg = jnp.array([[1, 1, 1, 1, 2, 2, 0]], jnp.int32)
+  tgt_pos = jnp.array([[0, 1, 2, 3, 0, 1, 0]], jnp.int32)
+
+  packed = apply(variables, src, tgt, inputs_positions=src_pos, targets_positions=tgt_pos,
+                       inputs_segmentation=src_seg, targets_segmentation=tgt_seg)
+  alone_a = apply(variables, src_a, tgt_a)
+  alone_b = apply(variables, src_b, tgt_b)
+  np.testing.assert_allclose(packed[:, 0:4], alone_a, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(packed[:, 4:6], alone_b, atol=1e-5, rtol=0)
+
+  encoded = apply(variables, src, src_pos, src_seg, method=Transformer.encode)
+  np.testing.assert_allclose(encoded[:, 0:3], apply(variables, src_a, method=Transformer.encode),
+                             atol=1e-5, rtol=0)
+  np.testing.assert_allclose(encoded[:, 3:7], apply(variables, src_b, method=Transformer.encode),
+                             atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. seed_minimal against a NumPy transcription of the worked example's equations
+# ---------------------------------------------------------------------------------------------
+
+
+def _np_sinusoidal(length: int, d: int) -> np.ndarray:
+  """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d))."""
+  pe = np.zeros((length, d))
+  for pos in range(length):
+    for i in range(0, d, 2):
+      angle = pos / 10000 ** (i / d)
+      pe[pos, i] = np.sin(angle)
+      if i + 1 < d:
+        pe[pos, i + 1] = np.cos(angle)
+  return pe
+
+
+def _np_softmax(z: np.ndarray) -> np.ndarray:
+  z = z - z.max(axis=-1, keepdims=True)
+  e = np.exp(z)
+  return e / e.sum(axis=-1, keepdims=True)
+
+
+def _relu(z: np.ndarray) -> np.ndarray:
+  return np.maximum(z, 0.0)
+
+
+def _np_seed_minimal(p: dict, src_ids: np.ndarray, tgt_in_ids: np.ndarray, d: int) -> np.ndarray:
+  """Logits H_D W_O of one sentence pair, straight from the worked example's equations."""
+  w = lambda x: np.asarray(x, np.float64)  # noqa: E731
+  sq = lambda k: w(k).reshape(d, d)  # [d, 1 head, d] attention kernels as d x d  # noqa: E731
+  enc, dec = p["encoder_layers_0"], p["decoder_layers_0"]
+  W_E = w(p["source_embedder"]["embedding"]["embedding"])
+  W_EY = w(p["target_embedder"]["embedding"]["embedding"])
+  W_O = w(p["output_projection"]["kernel"])
+
+  # Encoder: H~ = X W_E + P; A = softmax(Q K^T / sqrt(d)) V; H_E = ReLU(A W1) W2.
+  X = np.eye(W_E.shape[0])[src_ids]
+  H = X @ W_E + _np_sinusoidal(len(src_ids), d)
+  Q, K, V = (H @ sq(enc["self_attention"][n]["kernel"]) for n in ("query", "key", "value"))
+  A = _np_softmax(Q @ K.T / np.sqrt(d)) @ V
+  H_E = _relu(A @ w(enc["ffn"]["wi"]["kernel"])) @ w(enc["ffn"]["wo"]["kernel"])
+
+  # Decoder: G = Y W_E^Y + P; A_D = softmax((Q_D K_D^T + M) / sqrt(d)) V_D, M causal.
+  n = len(tgt_in_ids)
+  Y = np.eye(W_EY.shape[0])[tgt_in_ids]
+  G = Y @ W_EY + _np_sinusoidal(n, d)
+  Q_D, K_D, V_D = (G @ sq(dec["self_attention"][k]["kernel"]) for k in ("query", "key", "value"))
+  M = np.triu(np.full((n, n), -np.inf), k=1)
+  A_D = _np_softmax((Q_D @ K_D.T + M) / np.sqrt(d)) @ V_D
+  # Cross-attention: queries from A_D, keys and values from H_E.
+  Q_C = A_D @ sq(dec["cross_attention"]["query"]["kernel"])
+  K_C = H_E @ sq(dec["cross_attention"]["key"]["kernel"])
+  V_C = H_E @ sq(dec["cross_attention"]["value"]["kernel"])
+  A_C = _np_softmax(Q_C @ K_C.T / np.sqrt(d)) @ V_C
+  H_D = _relu(A_C @ w(dec["ffn"]["wi"]["kernel"])) @ w(dec["ffn"]["wo"]["kernel"])
+  return H_D @ W_O
+
+
+def test_seed_minimal_matches_numpy_equations():
+  """seed_minimal's logits and loss equal a NumPy transcription of the worked example (1e-5)."""
+  cfg = seed_minimal_config()
+  apply, variables = init_model(cfg, seed=42)
+  params = nn.unbox(variables["params"])
+  # Exactly the parameters the equations use: no biases, no LayerNorm, no W^O in attention.
+  assert set(params) == {"source_embedder", "target_embedder", "output_projection",
+                         "encoder_layers_0", "decoder_layers_0"}
+  assert set(params["encoder_layers_0"]) == {"self_attention", "ffn"}
+  assert set(params["decoder_layers_0"]) == {"self_attention", "cross_attention", "ffn"}
+  assert all(path[-1].key in ("kernel", "embedding")
+             for path, _ in jax.tree_util.tree_flatten_with_path(params)[0])
+
+  rng = np.random.default_rng(4)
+  src = np.asarray(random_tokens(rng, (2, 5), cfg.vocab_size))
+  tgt = np.asarray(random_tokens(rng, (2, 5), cfg.output_vocab_size))  # BOS y1 ... y4 y5
+  tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]  # teacher forcing: predict y_{j} from y_{<j}
+
+  logits = apply(variables, jnp.asarray(src), jnp.asarray(tgt_in))
+  expected = np.stack([_np_seed_minimal(params, s, t, cfg.d_model) for s, t in zip(src, tgt_in)])
+  np.testing.assert_allclose(logits, expected, atol=1e-5, rtol=0)
+
+  # Y^ = softmax(H_D W_O); loss = -(1/N) sum_j log y^_j[y_j].
+  expected_probs = _np_softmax(expected)
+  expected_loss = -np.mean(np.log(np.take_along_axis(expected_probs, tgt_out[..., None], -1)))
+  log_probs = jax.nn.log_softmax(logits, axis=-1)
+  loss = -jnp.mean(jnp.take_along_axis(log_probs, jnp.asarray(tgt_out)[..., None], axis=-1))
+  np.testing.assert_allclose(np.exp(log_probs), expected_probs, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(float(loss), expected_loss, atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. Golden numbers of the worked example, computed through the project's modules
+# ---------------------------------------------------------------------------------------------
+
+
+def toy_config(**overrides) -> TransformerConfig:
+  values = dict(vocab_size=3, d_model=2, num_heads=1, head_dim=2, d_ff=4,
+                attention_output_projection=False, use_bias=False, dropout_rate=0.0,
+                deterministic=True)
+  values.update(overrides)
+  return TransformerConfig(**values)
+
+
+def attention_params(w_q, w_k, w_v) -> dict:
+  """Single-head projection kernels [d_model, d_model] -> DenseGeneral's [d_model, 1, head_dim]."""
+  as_kernel = lambda m: {"kernel": np.asarray(m, np.float32).reshape(2, 1, 2)}  # noqa: E731
+  return {"query": as_kernel(w_q), "key": as_kernel(w_k), "value": as_kernel(w_v)}
+
+
+def test_golden_numbers_of_worked_example():
+  """Encoder FFN, decoder self/cross-attention, decoder FFN and output softmax give the worked
+  example's numbers (1e-3) when its weights are loaded into MultiHeadAttention, FeedForward,
+  nn.Dense and Embedder.attend."""
+  atol = 1e-3
+  cfg = toy_config()
+  identity = np.eye(2)
+
+  # Encoder FFN (no bias) on the attention outputs, then the residual.
+  attention_out = np.array([[1.563, 0.635], [1.606, 0.803], [1.804, 0.825]], np.float32)
+  encoder_ffn = {"wi": {"kernel": [[1, 0, 1, 0], [0, 1, 0, 1]]},
+                 "wo": {"kernel": [[1, 0], [0, 1], [1, 0], [0, 1]]}}
+  ffn_out = apply_with(FeedForward(cfg), encoder_ffn, attention_out[None])[0]
+  np.testing.assert_allclose(ffn_out, [[3.126, 1.270], [3.212, 1.606], [3.608, 1.650]], atol=atol)
+  H = attention_out + np.asarray(ffn_out)
+  np.testing.assert_allclose(H, [[4.689, 1.905], [4.818, 2.409], [5.412, 2.475]], atol=atol)
+
+  # Decoder step 1: self-attention over the single token x, then the residual.
+  x = np.array([[0.5, 0.5]], np.float32)
+  self_attention = apply_with(MultiHeadAttention(cfg), attention_params(identity, identity, 1.1 * identity),
+                              x[None], x[None], causal_mask(1))[0]
+  np.testing.assert_allclose(self_attention, [[0.55, 0.55]], atol=atol)
+  s = x + np.asarray(self_attention)
+  np.testing.assert_allclose(s, [[1.05, 1.05]], atol=atol)
+
+  # Cross-attention: query s, keys = values = H (identity projections).
+  cross = MultiHeadAttention(cfg, is_cross_attention=True)
+  context, state = apply_with(cross, attention_params(identity, identity, identity),
+                              s[None], H[None], None, capture_intermediates=True)
+  projected = state["intermediates"]
+  q = np.asarray(projected["query"]["__call__"][0])[0, :, 0]  # [1, d]
+  k = np.asarray(projected["key"]["__call__"][0])[0, :, 0]  # [3, d]
+  scores = q @ k.T
+  np.testing.assert_allclose(scores, [[6.9237, 7.58835, 8.28135]], atol=atol)
+  np.testing.assert_allclose(scores / np.sqrt(2), [[4.8958, 5.3658, 5.8558]], atol=atol)
+  weights = _np_softmax(scores / np.sqrt(2))
+  np.testing.assert_allclose(weights, [[0.1919, 0.3070, 0.5011]], atol=atol)
+  context = np.asarray(context[0])
+  np.testing.assert_allclose(context, weights @ H, atol=1e-5)
+  np.testing.assert_allclose(context, [[5.0909, 2.3454]], atol=atol)
+
+  # Decoder FFN, with biases.
+  decoder_ffn = {
+      "wi": {"kernel": [[0.2, 0.3, 0.5, -0.4], [0.6, -0.1, 0.2, 0.3]], "bias": [0.1, 0.1, 0.1, 0.1]},
+      "wo": {"kernel": [[0.4, -0.2], [0.3, 0.5], [-0.1, 0.2], [0.6, 0.3]], "bias": [0.05, -0.05]},
+  }
+  h = apply_with(FeedForward(cfg.replace(use_bias=True)), decoder_ffn, context[None])[0]
+  np.testing.assert_allclose(h, [[1.1665, 0.7642]], atol=atol)
+
+  # Output projection over the vocabulary ["Le", "chat", "mange"]: untied Dense and tied attend.
+  vocab = ["Le", "chat", "mange"]
+  rows = np.array([[0.8, 0.2], [0.1, 0.5], [-0.2, 0.4]], np.float32)  # one row per word
+  dense_logits = apply_with(nn.Dense(3, use_bias=False), {"kernel": rows.T}, h)
+  tied_logits = apply_with(Embedder(cfg, vocab_size=3), {"embedding": {"embedding": rows}}, h,
+                           method=Embedder.attend)
+  for logits in (dense_logits, tied_logits):
+    np.testing.assert_allclose(logits, [[1.0861, 0.4988, 0.0724]], atol=atol)
+    probs = jax.nn.softmax(logits, axis=-1)
+    np.testing.assert_allclose(probs, [[0.521, 0.290, 0.189]], atol=atol)
+    assert vocab[int(jnp.argmax(probs[0]))] == "Le"
+
+
+# ---------------------------------------------------------------------------------------------
+# 7-8. Parameter counts and config validation
+# ---------------------------------------------------------------------------------------------
+
+
+def test_parameter_count_base():
+  """The paper's Base model (shared 37k vocabulary) has about 65M parameters (within 5%)."""
+  cfg = TransformerConfig(vocab_size=37000, d_model=512, num_encoder_layers=6, num_decoder_layers=6,
+                          d_ff=2048, num_heads=8, share_embeddings=True)
+  n = count_parameters(cfg)
+  assert abs(n - 65e6) / 65e6 < 0.05, n
+
+
+def test_parameter_count_big():
+  """The paper's Big model (d 1024, d_ff 4096, 16 heads) has about 213M parameters (within 2%)."""
+  cfg = TransformerConfig(vocab_size=37000, d_model=1024, num_encoder_layers=6, num_decoder_layers=6,
+                          d_ff=4096, num_heads=16, share_embeddings=True)
+  n = count_parameters(cfg)
+  assert abs(n - 213e6) / 213e6 < 0.02, n
+
+
+def test_config_rejects_indivisible_heads():
+  """d_model not divisible by num_heads (and no head_dim) is a ValueError naming both fields."""
+  with pytest.raises(ValueError, match=r"d_model=10.*num_heads=3"):
+    TransformerConfig(d_model=10, num_heads=3)
+  assert TransformerConfig(d_model=10, num_heads=3, head_dim=4).per_head_dim == 4
+
+
+def test_config_rejects_unknown_layer_norm_position():
+  """layer_norm_position other than 'pre'/'post' is a ValueError naming the field."""
+  with pytest.raises(ValueError, match="layer_norm_position"):
+    TransformerConfig(layer_norm_position="mid")
