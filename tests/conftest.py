@@ -1,7 +1,13 @@
-"""Makes the repository root importable (`transformer_mt`, `experiments`) without installing it."""
+"""Test setup: 8 simulated CPU devices (unless XLA_FLAGS already asks for a count) and the
+repository root on sys.path, so the tests also run from a checkout that is not installed."""
 
+import os
 import pathlib
 import sys
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             " --xla_force_host_platform_device_count=8").strip()
 
 _ROOT = str(pathlib.Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:

@@ -73,9 +73,18 @@ def checkpoint_dir(workdir: str) -> str:
 
 def make_manager(workdir: str, keep: int | None = None, save_every: int = 1,
                  read_only: bool = False) -> ocp.CheckpointManager:
-  options = ocp.CheckpointManagerOptions(
-      max_to_keep=keep, save_interval_steps=save_every, create=not read_only,
-      read_only=read_only, enable_async_checkpointing=not read_only)
+  """A manager saving every `save_every` steps (plus forced saves) and keeping the last `keep`.
+
+  `read_only` managers (translation, inspection) never create or delete anything.
+  """
+  if read_only:
+    options = ocp.CheckpointManagerOptions(read_only=True, create=False,
+                                           enable_async_checkpointing=False)
+  else:
+    # Only the fixed interval: Orbax's default policy would also save the very first step.
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=keep, create=True, enable_async_checkpointing=True,
+        save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(save_every))
   return ocp.CheckpointManager(checkpoint_dir(workdir), options=options,
                                item_names=("state", "data_iter", "config", "tokenizer"))
 

@@ -1,0 +1,91 @@
+"""Train a tiny model on the synthetic task, resume it, translate with the CLI, check metrics."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from transformer_mt import cli, metrics, registry, train
+
+pytestmark = pytest.mark.slow
+
+TINY = ["model.d_model=32", "model.num_heads=2", "model.d_ff=64", "model.num_encoder_layers=1",
+        "model.num_decoder_layers=1", "model.dropout_rate=0.1", "data.num_train=2000",
+        "data.num_eval=20", "tokenizer.vocab_size=300", "tokenizer.sample_size=2000",
+        "train.batch_size=8", "train.log_every=5", "train.checkpoint_every=10",
+        "decode.max_len=24", "decode.batch_size=8", "mesh.data=-1"]
+
+
+def tiny_config(num_steps):
+  return registry.load_experiment("demo", TINY + [f"train.num_steps={num_steps}"])
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """One uninterrupted 20-step run, and one stopped at 10 and resumed to 20."""
+  straight = str(tmp_path_factory.mktemp("straight"))
+  resumed = str(tmp_path_factory.mktemp("resumed"))
+  full = train.train(tiny_config(20), straight, progress=False)
+  train.train(tiny_config(10), resumed, progress=False)
+  again = train.train(tiny_config(20), resumed, progress=False)
+  return straight, resumed, full, again
+
+
+def test_resumed_run_equals_uninterrupted_run(trained):
+  straight, resumed, full, again = trained
+  assert full["step"] == again["step"] == 20
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+               jax.device_get(again["state"].params), jax.device_get(full["state"].params))
+  straight_log = {r["step"]: r["loss"] for r in metrics.read_metrics(straight)}
+  resumed_log = {r["step"]: r["loss"] for r in metrics.read_metrics(resumed)}
+  assert sorted(resumed_log) == list(range(1, 21))
+  for step in range(11, 21):  # the steps after the restart saw the same batches
+    assert resumed_log[step] == straight_log[step]
+
+
+def test_metrics_are_logged_every_step(trained):
+  straight = trained[0]
+  records = metrics.read_metrics(straight)
+  assert [r["step"] for r in records] == list(range(1, 21))
+  for key in ("loss", "accuracy", "learning_rate", "grad_norm", "tokens_per_second", "num_tokens"):
+    assert all(np.isfinite(r[key]) for r in records), key
+  assert os.listdir(os.path.join(straight, "tensorboard"))
+  assert trained[2]["bleu"] is not None and 0.0 <= trained[2]["bleu"] <= 100.0
+
+
+def test_checkpoint_is_self_contained(trained):
+  step_dir = os.path.join(trained[0], "checkpoints", "20")
+  assert sorted(os.listdir(step_dir)) >= ["config", "data_iter", "state", "tokenizer"]
+  with open(os.path.join(step_dir, "config", "metadata")) as f:
+    assert json.load(f)["model"]["d_model"] == 32
+
+
+def test_translate_cli_keeps_every_line(trained, tmp_path, capsys):
+  source = tmp_path / "source.txt"
+  source.write_bytes(b"the old dog watched these big red apples\n\nmy cats saw a bird\n"
+                     b"\xff\xfe broken bytes\n" + ("word " * 300).encode() + b"\n")
+  output = tmp_path / "out.txt"
+  assert cli.main(["translate", "--workdir", trained[0], "--input", str(source),
+                   "--output", str(output)]) == 0
+  lines = output.read_text(encoding="utf-8").split("\n")
+  assert len(lines) == 6 and lines[-1] == ""  # 5 lines, each newline-terminated
+  assert lines[1] == "" and lines[0]
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+  assert cli.main(["translate", "--workdir", str(tmp_path / "missing")]) == 2
+  assert cli.main(["train", "--experiment", "nope", "--workdir", str(tmp_path)]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 2 and all(line.startswith("error: ") for line in err)
+
+
+def test_run_py_list_prints_parameter_counts():
+  out = subprocess.run([sys.executable, "run.py", "list"], capture_output=True, text=True,
+                       check=True, cwd=os.path.dirname(os.path.dirname(__file__))).stdout
+  rows = {line.split()[0]: line.split()[1] for line in out.splitlines()[1:] if "M " in line}
+  assert rows["transformer_base"] == "63.08M" and rows["transformer_big"] == "214.25M"
+  assert "counted once" in out
