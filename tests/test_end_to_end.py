@@ -59,7 +59,7 @@ def test_metrics_are_logged_every_step(trained):
 
 def test_checkpoint_is_self_contained(trained):
   step_dir = os.path.join(trained[0], "checkpoints", "20")
-  assert sorted(os.listdir(step_dir)) >= ["config", "data_iter", "state", "tokenizer"]
+  assert {"config", "data_iter", "state", "tokenizer"} <= set(os.listdir(step_dir))
   with open(os.path.join(step_dir, "config", "metadata")) as f:
     assert json.load(f)["model"]["d_model"] == 32
 
@@ -86,6 +86,8 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
 def test_run_py_list_prints_parameter_counts():
   out = subprocess.run([sys.executable, "run.py", "list"], capture_output=True, text=True,
                        check=True, cwd=os.path.dirname(os.path.dirname(__file__))).stdout
-  rows = {line.split()[0]: line.split()[1] for line in out.splitlines()[1:] if "M " in line}
-  assert rows["transformer_base"] == "63.08M" and rows["transformer_big"] == "214.25M"
+  rows = {line.split()[0]: float(line.split()[1].rstrip("M")) for line in out.splitlines()[1:]
+          if "M " in line}
+  assert abs(rows["transformer_base"] - 65) / 65 < 0.05  # paper: 65M
+  assert abs(rows["transformer_big"] - 213) / 213 < 0.02  # paper: 213M
   assert "counted once" in out

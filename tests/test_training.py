@@ -11,9 +11,14 @@ from transformer_mt import checkpointing, losses, optimizer, sharding, train_ste
 from transformer_mt.config import TransformerConfig
 from transformer_mt.model import Transformer
 
-# Sharded vs single-device reductions run in a different order; after 3 Adam updates
-# parameters agree to this absolute tolerance (Adam normalizes updates, so a relative
-# gradient error of ~1e-7 moves a parameter by at most ~lr * 1e-7 per step).
+# Sharded and single-device runs sum gradients in a different order (float32 rounding).
+# With the paper's Adam eps of 1e-9 the update g / (sqrt(v) + eps) of an element whose
+# gradient is ~0 is the sign of that rounding noise, i.e. +-lr: one dead ReLU unit makes
+# runs differ by O(lr) however correct the sharding is. The equivalence tests therefore
+# use eps = 1e-4, which makes the update a smooth function of the gradient (Adam is
+# elementwise, so its sharding is exercised the same way), and then require parameters
+# to agree to 1e-5 absolute after 3 steps (lr at step 3 is 1.7e-2) and losses to 1e-5.
+EQUIVALENCE_ADAM_EPS = 1e-4
 SHARDED_ATOL = 1e-5
 LOSS_RTOL = 1e-5
 
@@ -48,7 +53,8 @@ def run_steps(mesh_axes: dict, devices, num_steps=3, accum=1, micro=8, model_con
               seed=0):
   mesh = sharding.make_mesh(ml_collections.ConfigDict(mesh_axes), devices)
   model = Transformer(model_config)
-  tx, schedule = optimizer.make_optimizer(tiny_train_config(), model_config.d_model)
+  tx, schedule = optimizer.make_optimizer(tiny_train_config(adam_eps=EQUIVALENCE_ADAM_EPS),
+                                          model_config.d_model)
   state = train_step.create_sharded_state(seed, model, tx, mesh)
   step = train_step.jit_train_step(model, tx, schedule, 0.1, mesh,
                                    train_step.state_shardings(model, tx, mesh))
@@ -137,7 +143,7 @@ def test_checkpoint_restores_into_state_from_another_seed(tmp_path):
   other = train_step.create_sharded_state(2, model, tx, mesh)
   assert not np.allclose(saved.params["encoder_layers_0"]["ffn"]["wi"]["kernel"],
                          other.params["encoder_layers_0"]["ffn"]["wi"]["kernel"])
-  tokenizer = train_tokenizer([("a b c d", "e f g h")] * 50, vocab_size=12)
+  tokenizer = train_tokenizer([("a b c d", "e f g h")] * 50, vocab_size=14)
   iterator = iter(grain.MapDataset.range(10).to_iter_dataset())
   next(iterator)
   config = _defaults.base_config()

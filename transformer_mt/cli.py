@@ -84,7 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
   args = build_parser().parse_args(argv)
   logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-  for noisy in ("absl", "jax._src", "orbax", "etils"):
+  # Orbax reports routine facts (e.g. "directory is read only") as absl warnings.
+  logging.getLogger("absl").setLevel(logging.ERROR)
+  for noisy in ("jax._src", "orbax", "etils"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
   try:
     args.func(args)

@@ -75,11 +75,12 @@ def train_tokenizer(pairs: Sequence[tuple[str, str]], vocab_size: int, model_typ
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
         model_type=model_type, character_coverage=1.0, pad_id=PAD_ID, eos_id=EOS_ID,
-        bos_id=BOS_ID, unk_id=UNK_ID, input_sentence_size=len(sentences),
+        bos_id=BOS_ID, unk_id=UNK_ID, input_sentence_size=0,
         shuffle_input_sentence=False, num_threads=os.cpu_count() or 1, minloglevel=2)
   except RuntimeError as e:
     raise ValueError(f"Could not train a SentencePiece vocabulary of size {vocab_size} on "
-                     f"{len(sentences)} sentences: {e}. Lower tokenizer.vocab_size.") from e
+                     f"{len(sentences)} sentences; change tokenizer.vocab_size as SentencePiece "
+                     f"says: {e}") from e
   return Tokenizer(model.getvalue())
 
 
