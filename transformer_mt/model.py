@@ -39,6 +39,13 @@ class FeedForward(nn.Module):
     return dense(cfg.d_model, ("mlp", "embed"), "wo")(hidden)  # [batch, len, d_model]
 
 
+def layer_norm(cfg: TransformerConfig, name: str | None = None) -> nn.LayerNorm:
+  return nn.LayerNorm(
+      epsilon=1e-6, use_bias=cfg.use_bias, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+      bias_init=bias_init(("embed",)), name=name)
+
+
 class SublayerConnection(nn.Module):
   """Wraps a sub-layer with dropout, the residual and LayerNorm (post- or pre-LN)."""
 
@@ -47,10 +54,7 @@ class SublayerConnection(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, sublayer) -> jax.Array:
     cfg = self.config
-    norm = lambda: nn.LayerNorm(  # noqa: E731
-        epsilon=1e-6, use_bias=cfg.use_bias, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
-        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
-        bias_init=bias_init(("embed",)), name="norm")
+    norm = lambda: layer_norm(cfg, name="norm")  # noqa: E731  (one LayerNorm per sub-layer)
     pre_ln = cfg.use_layer_norm and cfg.layer_norm_position == "pre"
     y = sublayer(norm()(x) if pre_ln else x)
     y = nn.Dropout(cfg.dropout_rate)(y, deterministic=cfg.deterministic)
@@ -144,11 +148,7 @@ class Transformer(nn.Module):
     self.decoder_layers = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
     # Pre-LN stacks end with a LayerNorm: their residual stream is never normalized otherwise.
     if cfg.use_layer_norm and cfg.layer_norm_position == "pre":
-      make_norm = lambda: nn.LayerNorm(  # noqa: E731
-          epsilon=1e-6, use_bias=cfg.use_bias, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
-          scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
-          bias_init=bias_init(("embed",)))
-      self.encoder_norm, self.decoder_norm = make_norm(), make_norm()
+      self.encoder_norm, self.decoder_norm = layer_norm(cfg), layer_norm(cfg)
 
   def encode(self, inputs, inputs_positions=None, inputs_segmentation=None):
     """inputs: int [batch, src_len] (0 = pad) -> encoded [batch, src_len, d_model]."""
