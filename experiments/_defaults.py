@@ -21,13 +21,28 @@ def base_config() -> ml_collections.ConfigDict:
   config.model = model_defaults()
 
   config.data = ml_collections.ConfigDict()
-  # Where training pairs come from: "synthetic" (generated offline, see transformer_mt.synthetic).
+  # Where pairs come from: "synthetic" (generated offline), "tfds" (WMT via TFDS) or "local" (text files).
   config.data.source = "synthetic"
+  # Translation direction, as language codes (file suffixes for "local"; TFDS feature names for "tfds").
+  config.data.source_lang = "en"
+  config.data.target_lang = "de"
   # Synthetic corpus: number of training / held-out pairs and the generator's seed.
   config.data.num_train = 50_000
   config.data.num_eval = 500
   config.data.seed = 0
-  # Pairs whose source or target exceeds this many tokens are dropped from training.
+  # TFDS builder: wmt14_translate, wmt17_translate or wmt_t2t_translate.
+  config.data.tfds_name = "wmt14_translate"
+  # An already-prepared TFDS data directory ("" = TFDS's default, ~/tensorflow_datasets).
+  config.data.tfds_data_dir = ""
+  # Where manually downloaded WMT archives are, for builders that need them ("" = none).
+  config.data.tfds_manual_dir = ""
+  # Local text: the folder prefixes are relative to ("" = ../shared/data beside the repository).
+  config.data.root = ""
+  # Local text: file prefixes (globs allowed) of each split, read as PREFIX.<source_lang>/<target_lang>.
+  config.data.train_prefixes = []
+  config.data.validation_prefixes = []
+  config.data.test_prefixes = []
+  # Training pairs with a side longer than this many tokens are dropped (and counted); also the packed row length.
   config.data.max_len = 64
 
   config.tokenizer = ml_collections.ConfigDict()
@@ -42,8 +57,9 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.seed = 0
   # Optimizer updates.
   config.train.num_steps = 100_000
-  # Sentence pairs per optimizer update, summed over all devices and accumulation steps.
-  config.train.batch_size = 64
+  # Target-token capacity per optimizer update, over all devices and accumulation steps:
+  # batch_tokens / data.max_len packed rows (the paper: ~25000 source + ~25000 target tokens).
+  config.train.batch_tokens = 4096
   # Split each update into this many sequential micro-batches (gradient accumulation).
   config.train.grad_accum_steps = 1
   # LR = lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5).
@@ -59,6 +75,8 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.label_smoothing = 0.1
   # Steps between metric log lines.
   config.train.log_every = 50
+  # Steps between validation-loss evaluations (0: never).
+  config.train.eval_every = 1000
   # Steps between checkpoints (a checkpoint is always written at the end).
   config.train.checkpoint_every = 1000
   # Checkpoints kept on disk.

@@ -22,7 +22,7 @@ def get_config():
   # BPE with 2000 pieces keeps nearly every synthetic word whole (~10.5 tokens a sentence).
   config.tokenizer.update(vocab_size=2000, model_type="bpe", sample_size=100_000)
   # 32 packed rows of 32 tokens: ~95 sentence pairs per update.
-  config.train.update(num_steps=2000, batch_size=32, warmup_steps=500, lr_scale=0.5,
+  config.train.update(num_steps=2000, batch_tokens=1024, eval_every=0, warmup_steps=500, lr_scale=0.5,
                       label_smoothing=0.1, log_every=100, checkpoint_every=500, keep_checkpoints=2)
   config.decode.update(max_len=64, batch_size=128)
   return config

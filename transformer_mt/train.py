@@ -31,18 +31,22 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
     {"step", "bleu", "bleu_signature", "state", "translator"}; BLEU is None when the
     data source has no held-out split.
   """
-  os.makedirs(workdir, exist_ok=True)
+  # Read (and validate) the data before writing anything: bad input leaves no half-made workdir.
   pairs = data_sources.load_pairs(config.data)
+  batch_rows = input_pipeline.rows_per_batch(config.train.batch_tokens, config.data.max_len,
+                                             config.train.grad_accum_steps, jax.process_count())
+  os.makedirs(workdir, exist_ok=True)
   tokenizer = load_or_train(workdir, pairs["train"], config.tokenizer)
   model_config = model_config_for(config, tokenizer)
   model = Transformer(model_config)
   tx, schedule = optimizer.make_optimizer(config.train, model_config.d_model)
   mesh = sharding.make_mesh(config.mesh)
-  logging.info("Mesh %s over %d devices.", dict(mesh.shape), mesh.devices.size)
+  logging.info("Mesh %s over %d devices; %d training pairs; %d packed rows of %d tokens per step.",
+               dict(mesh.shape), mesh.devices.size, len(pairs["train"]), batch_rows,
+               config.data.max_len)
 
-  examples = input_pipeline.tokenize_pairs(tokenizer, pairs["train"], config.data.max_len)
-  batches = input_pipeline.training_batches(
-      examples, config.train.batch_size, config.train.grad_accum_steps, config.data.max_len,
+  batches, filter_counts = input_pipeline.training_batches(
+      pairs["train"], tokenizer, batch_rows, config.train.grad_accum_steps, config.data.max_len,
       seed=config.train.seed, process_index=jax.process_index(),
       process_count=jax.process_count())
 
@@ -58,6 +62,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
     state = train_step.create_sharded_state(config.train.seed, model, tx, mesh)
   step_fn = train_step.jit_train_step(model, tx, schedule, config.train.label_smoothing, mesh,
                                       shardings)
+  validate = _validation_fn(pairs.get("validation"), tokenizer, model, mesh, shardings, config)
 
   writer = metrics.MetricWriter(workdir)
   start = int(state.step)
@@ -76,16 +81,27 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
       tokens_per_second = interval_tokens / max(elapsed, 1e-9)
       for (logged_step, _), values in zip(pending, fetched):
         writer.write(logged_step, dict(values, tokens_per_second=tokens_per_second))
+      writer.write(step, {"data/pairs_seen": filter_counts.seen,
+                          "data/dropped_empty": filter_counts.empty,
+                          "data/dropped_too_long": filter_counts.too_long})
       writer.flush()
       last = fetched[-1]
       bar.set_postfix(loss=f"{last['loss']:.3f}", acc=f"{last['accuracy']:.3f}",
                       tok_s=f"{tokens_per_second:,.0f}")
       bar.update(len(pending))
       pending, interval_start = [], time.perf_counter()
+    if validate and config.train.eval_every and (step % config.train.eval_every == 0
+                                                 or step == num_steps):
+      writer.write(step, validate(state.params))
+      writer.flush()
     checkpointing.save(manager, step, state, batches, config, tokenizer,
                        force=step == num_steps)
   bar.update(len(pending))
   bar.close()
+  if filter_counts.empty or filter_counts.too_long:
+    logging.info("Training pairs read by this process: %d; dropped %d empty and %d longer than "
+                 "data.max_len=%d tokens.", filter_counts.seen, filter_counts.empty,
+                 filter_counts.too_long, config.data.max_len)
   if latest is not None and latest >= num_steps:
     logging.info("Checkpoint step %d already reached train.num_steps=%d.", latest, num_steps)
   checkpointing.wait(manager)
@@ -96,9 +112,27 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
                           max_target_len=config.decode.max_len)
   result = {"step": int(state.step), "state": state, "translator": translator,
             "bleu": None, "bleu_signature": None}
-  if pairs.get("eval"):
-    result.update(evaluate_held_out(translator, pairs["eval"], config.get("num_samples", 3)))
+  if pairs.get("test"):
+    result.update(evaluate_held_out(translator, pairs["test"], config.get("num_samples", 3)))
   return result
+
+
+def _validation_fn(pairs, tokenizer, model, mesh, shardings, config):
+  """A function params -> validation metrics (loss, nll, accuracy), or None without pairs."""
+  if not pairs:
+    return None
+  eval_step = train_step.jit_eval_step(model, mesh, shardings)
+  rows = input_pipeline.bucket_length(config.decode.batch_size, mesh.devices.size)
+  batches = list(input_pipeline.evaluation_batches(pairs, tokenizer, rows))
+
+  def validate(params):
+    totals = [eval_step(params, sharding.global_batch_from_local(b, mesh, batch_dim=1))
+              for b in batches]
+    sums = {k: sum(float(t[k]) for t in totals) for k in totals[0]}
+    tokens = max(sums["num_tokens"], 1.0)
+    return {"validation/loss": sums["nll"] / tokens, "validation/accuracy": sums["correct"] / tokens}
+
+  return validate
 
 
 def evaluate_held_out(translator: Translator, pairs: list[tuple[str, str]],

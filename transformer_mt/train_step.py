@@ -71,7 +71,7 @@ def _micro_batch_sums(params, micro_batch, dropout_key, model, label_smoothing):
       targets_positions=micro_batch.get("targets_positions"),
       inputs_segmentation=micro_batch.get("inputs_segment_ids"),
       targets_segmentation=micro_batch.get("targets_segment_ids"),
-      rngs={"dropout": dropout_key})
+      rngs=None if dropout_key is None else {"dropout": dropout_key})
   weights = (micro_batch["targets"] > 0).astype(jnp.float32)
   sums = losses.cross_entropy_sums(logits, micro_batch["targets"], weights, label_smoothing)
   return sums["loss"], sums
@@ -131,5 +131,29 @@ def jit_train_step(model: Transformer, tx: optax.GradientTransformation,
   def run(state, batch):
     with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
       return compiled(state, batch)
+
+  return run
+
+
+def jit_eval_step(model: Transformer, mesh: Mesh, shardings: Any) -> Callable:
+  """Summed loss/accuracy of a padded [1, batch, len] batch, dropout off.
+
+  Sums (not means) so that batches of different fill add up exactly; the caller
+  divides by the total token count.
+  """
+  eval_model = model.clone(config=model.config.replace(deterministic=True))
+
+  def eval_step(params, batch):
+    micro = jax.tree.map(lambda x: x[0], batch)
+    _, sums = _micro_batch_sums(params, micro, None, eval_model, 0.0)
+    return sums
+
+  compiled = jax.jit(eval_step, in_shardings=(shardings.params,
+                                              sharding.batch_sharding(mesh, ndim=3, batch_dim=1)),
+                     out_shardings=sharding.replicated(mesh))
+
+  def run(params, batch):
+    with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
+      return compiled(params, batch)
 
   return run

@@ -18,12 +18,9 @@ from jax.sharding import Mesh
 
 from transformer_mt import checkpointing, decode, optimizer, sharding, train_step
 from transformer_mt.config import TransformerConfig
+from transformer_mt.input_pipeline import bucket_length
 from transformer_mt.model import Transformer
 from transformer_mt.tokenizer import EOS_ID, PAD_ID, Tokenizer
-
-
-def _bucket(length: int, multiple: int = 16) -> int:
-  return max(multiple, -(-length // multiple) * multiple)
 
 
 @dataclasses.dataclass
@@ -36,7 +33,7 @@ class Translator:
   mesh: Mesh
   batch_size: int = 64
   # Longest source accepted (tokens, EOS included); longer lines are truncated.
-  max_source_len: int = 256
+  max_source_len: int = 1024
   # Target tokens generated at most: source length + `extra_len` (the paper's +50),
   # capped at `max_target_len`.
   extra_len: int = 50
@@ -65,9 +62,9 @@ class Translator:
     return outputs
 
   def _decode_batch(self, sources: list[list[int]]) -> list[np.ndarray]:
-    src_len = _bucket(max(len(s) for s in sources))
+    src_len = bucket_length(max(len(s) for s in sources))
     # Pad the batch to a fixed number of rows (a multiple of the device count) with empty rows.
-    rows = _bucket(self.batch_size, self.mesh.devices.size)
+    rows = bucket_length(self.batch_size, self.mesh.devices.size)
     inputs = np.full((rows, src_len), PAD_ID, np.int32)
     for row, ids in enumerate(sources):
       inputs[row, :len(ids)] = ids
