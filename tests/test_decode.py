@@ -42,7 +42,8 @@ def test_cached_greedy_equals_argmax_of_full_forward(layer_norm_position):
       if t > 0 and outputs[row, t - 1] in (EOS_ID, PAD_ID):
         assert outputs[row, t] == PAD_ID  # nothing is generated after EOS
         continue
-      assert outputs[row, t] == int(jnp.argmax(logits[row, t])), (row, t)
+      assert outputs[row, t] == int(jnp.argmax(decode.never_generated(logits[row, t]))), (row, t)
+      assert outputs[row, t] not in (PAD_ID, BOS_ID)
 
 
 def test_cached_step_logits_equal_full_forward():

@@ -53,6 +53,12 @@ def decode_step(params: Any, cache: Any, inputs_valid: jax.Array, tokens: jax.Ar
   return logits[:, 0], variables["cache"]
 
 
+def never_generated(logits: jax.Array) -> jax.Array:
+  """Masks PAD and BOS: the decoder must never emit them (a PAD mid-sentence would be read
+  as padding by the teacher-forced model but attended to by the cache)."""
+  return logits.at[..., PAD_ID].set(-jnp.inf).at[..., BOS_ID].set(-jnp.inf)
+
+
 @flax.struct.dataclass
 class GreedyState:
   step: jax.Array  # int32 []: target positions generated so far.
@@ -82,7 +88,7 @@ def greedy_decode(params: Any, inputs: jax.Array, config: TransformerConfig,
   def body(state: GreedyState) -> GreedyState:
     logits, cache = decode_step(params, state.cache, inputs_valid, state.last_tokens,
                                 state.step, config)
-    next_tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    next_tokens = jnp.argmax(never_generated(logits), axis=-1).astype(jnp.int32)
     next_tokens = jnp.where(state.finished, PAD_ID, next_tokens)
     outputs = jax.lax.dynamic_update_slice(state.outputs, next_tokens[:, None], (0, state.step))
     return GreedyState(step=state.step + 1, last_tokens=next_tokens, outputs=outputs,

@@ -1,0 +1,276 @@
+"""Beam search against brute-force enumeration on toy models, and against greedy decoding.
+
+The toy models (as in t5x's decoding_test) have a fixed, known next-token distribution
+per sentence: a Markov table indexed by the previous token, or by the previous two
+tokens with the older one read back from the cache (which catches cache rows that do
+not follow their beams). PAD and BOS get probability 0, so the hypotheses are sequences
+over the content tokens {3, 4} ending in EOS, or forced-finished at the sentence's max
+length (without EOS).
+"""
+
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_mt import beam_search as bs
+from transformer_mt import decode
+from transformer_mt.config import TransformerConfig
+from transformer_mt.model import Transformer
+from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+VOCAB = 5
+CONTENT = (3, 4)
+A, B = CONTENT
+
+
+def markov_tables(seeds, order=1, eos_bias=0.0, scale=1.5):
+  """Logits [sentence] + [vocab] * order + [vocab], one table per seed; -inf for PAD and BOS."""
+  tables = []
+  for seed in seeds:
+    rng = np.random.default_rng(seed)
+    bias = rng.uniform(-1.0, 2.0) if eos_bias is None else eos_bias
+    logits = rng.normal(size=(VOCAB,) * order + (VOCAB,)) * scale
+    logits[..., EOS_ID] += bias
+    logits[..., [PAD_ID, BOS_ID]] = -np.inf
+    tables.append(logits)
+  return np.stack(tables).astype(np.float32)
+
+
+def toy_model(tables, max_len):
+  """(step fn, initial cache) for sentences with first- or second-order tables.
+
+  tables: [batch, V, V] (context: the previous token) or [batch, V, V, V] (the two
+  previous tokens). The cache holds each row's sentence id, int32 [batch], which must
+  follow the beams; the fed tokens, `history` int32 [batch, max_len]; and a scalar step
+  counter `index` that beam search must neither expand nor gather.
+  """
+  tables = jnp.asarray(tables)
+  batch = tables.shape[0]
+  cache = {"sentence": jnp.arange(batch, dtype=jnp.int32),
+           "history": jnp.full((batch, max_len), PAD_ID, jnp.int32),
+           "index": jnp.array(0, jnp.int32)}
+
+  def step(tokens, position, cache):
+    sentence, history, index = cache["sentence"], cache["history"], cache["index"]
+    if tables.ndim == 3:
+      logits = tables[sentence, tokens]
+    else:
+      two_back = jnp.where(index == 0, BOS_ID, history[:, jnp.maximum(index - 1, 0)])
+      logits = tables[sentence, two_back, tokens]
+    # NaN logits if the counter and the position disagree: the scores would show it.
+    logits = jnp.where(position == index, logits, jnp.nan)
+    return logits, dict(cache, history=history.at[:, index].set(tokens), index=index + 1)
+
+  return step, cache
+
+
+def run_toy(tables, beam, max_len, alpha, max_lengths=None, early_stopping=True):
+  step, cache = toy_model(tables, max_len)
+  search = jax.jit(lambda cache, max_lengths: bs.beam_search(
+      step, cache, len(tables), beam, max_len, alpha=alpha, max_lengths=max_lengths,
+      early_stopping=early_stopping))
+  out = search(cache, None if max_lengths is None else jnp.asarray(max_lengths, jnp.int32))
+  return jax.tree.map(np.asarray, out)
+
+
+def log_softmax(x):
+  x = np.asarray(x, np.float64)
+  m = np.max(x, axis=-1, keepdims=True)
+  return x - m - np.log(np.sum(np.exp(x - m), axis=-1, keepdims=True))
+
+
+def sequence_log_prob(table, seq):
+  log_probs = log_softmax(table)
+  fed = [BOS_ID] + list(seq)
+  total = 0.0
+  for t, token in enumerate(seq):
+    context = (fed[t],) if table.ndim == 2 else (BOS_ID if t == 0 else fed[t - 1], fed[t])
+    total += log_probs[context][token]
+  return total
+
+
+def brute_force(table, max_length, alpha):
+  """Every hypothesis, best first: ends in EOS, or has max_length tokens without EOS.
+
+  len counts the generated tokens including EOS, as in beam_search.
+  """
+  hypotheses = []
+  for n in range(1, max_length + 1):
+    for prefix in itertools.product(CONTENT, repeat=n - 1):
+      endings = [EOS_ID] + (list(CONTENT) if n == max_length else [])
+      for last in endings:
+        seq = prefix + (last,)
+        score = sequence_log_prob(table, seq) / ((5 + n) / 6) ** alpha
+        hypotheses.append((score, seq))
+  hypotheses.sort(key=lambda h: -h[0])
+  return hypotheses
+
+
+def padded(seq, max_len):
+  return list(seq) + [PAD_ID] * (max_len - len(seq))
+
+
+@pytest.mark.parametrize("order", [1, 2])
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_large_beam_equals_brute_force(order, alpha):
+  """With a beam as large as the hypothesis space the search is exhaustive."""
+  tables = markov_tables(seeds=[order, 10 + order], order=order)
+  max_len, max_lengths = 4, [3, 4]
+  out = run_toy(tables, beam=32, max_len=max_len, alpha=alpha, max_lengths=max_lengths)
+  for b, max_length in enumerate(max_lengths):
+    expected = brute_force(tables[b], max_length, alpha)
+    found = out.all_scores[b] > -np.inf
+    assert found.sum() == len(expected)  # 15 and 31 hypotheses; the rest of the beam is empty
+    # The first-order model has exact ties (A A B A and A B A A use the same transitions),
+    # so compare sorted scores, and each returned sequence with its own brute-force score.
+    np.testing.assert_allclose(out.all_scores[b, :len(expected)], [s for s, _ in expected],
+                               atol=1e-5, rtol=1e-5)
+    truth = {seq: score for score, seq in expected}
+    returned = [tuple(int(t) for t in seq if t != PAD_ID) for seq in out.all_sequences[b][found]]
+    assert sorted(returned) == sorted(truth)
+    for seq, score in zip(returned, out.all_scores[b][found]):
+      np.testing.assert_allclose(score, truth[seq], atol=1e-5, rtol=1e-5)
+    assert out.scores[b] == out.all_scores[b, 0]
+    np.testing.assert_allclose(truth[returned[0]], expected[0][0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_small_beam_scores_are_exact(alpha):
+  """A small beam may miss hypotheses, but each one it returns carries its true score."""
+  tables = markov_tables(seeds=[2], order=2)
+  out = run_toy(tables, beam=3, max_len=4, alpha=alpha)
+  truth = {seq: score for score, seq in brute_force(tables[0], 4, alpha)}
+  for seq, score in zip(out.all_sequences[0], out.all_scores[0]):
+    seq = tuple(int(t) for t in seq if t != PAD_ID)
+    np.testing.assert_allclose(score, truth[seq], atol=1e-5, rtol=1e-5)
+  assert np.all(out.all_scores[0, :-1] >= out.all_scores[0, 1:])
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_beam_beats_greedy_when_greedy_is_wrong(alpha):
+  """The likelier first token (A, 0.6) only leads to flat continuations; B then EOS wins."""
+  probs = np.zeros((VOCAB, VOCAB))
+  probs[BOS_ID, [A, B]] = 0.6, 0.4
+  probs[A, [EOS_ID, A, B]] = 0.35, 0.33, 0.32  # greedy: A EOS, p = 0.21
+  probs[B, [EOS_ID, A, B]] = 0.9, 0.05, 0.05  # best: B EOS, p = 0.36
+  probs[[PAD_ID, EOS_ID], EOS_ID] = 1.0
+  with np.errstate(divide="ignore"):
+    table = np.log(probs).astype(np.float32)
+  greedy = run_toy(table[None], beam=1, max_len=4, alpha=alpha)
+  np.testing.assert_array_equal(greedy.sequences[0], [A, EOS_ID, PAD_ID, PAD_ID])
+  beam = run_toy(table[None], beam=4, max_len=4, alpha=alpha)
+  np.testing.assert_array_equal(beam.sequences[0], [B, EOS_ID, PAD_ID, PAD_ID])
+  np.testing.assert_allclose(beam.scores[0], np.log(0.36) / (7 / 6) ** alpha, rtol=1e-5)
+  np.testing.assert_allclose(beam.scores[0], brute_force(table, 4, alpha)[0][0], rtol=1e-5)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, -0.5])
+def test_early_stopping_changes_nothing(alpha):
+  """Stopping once no live beam can beat the worst of the best finished loses nothing.
+
+  The tables (random EOS bias) finish within a few steps. For alpha 0.6 they include
+  cases where a live beam behind the worst finished score on log-prob alone still
+  overtakes it thanks to the length penalty: stopping on `log-prob <= worst finished`,
+  without dividing by lp(max length), returns different hypotheses there.
+  """
+  tables = markov_tables(seeds=[6, 64, 193, 273], eos_bias=None, scale=2.0)
+  max_len = 8
+  early = run_toy(tables, beam=2, max_len=max_len, alpha=alpha)
+  full = run_toy(tables, beam=2, max_len=max_len, alpha=alpha, early_stopping=False)
+  assert early.num_steps < max_len
+  assert full.num_steps == max_len
+  for name in ("sequences", "scores", "all_sequences", "all_scores"):
+    np.testing.assert_array_equal(getattr(early, name), getattr(full, name), err_msg=name)
+
+
+def test_per_sentence_max_lengths():
+  # EOS is rare: hypotheses run to their limit.
+  tables = markov_tables(seeds=[4, 5, 6], eos_bias=-4.0)
+  max_len, max_lengths = 6, [2, 5, 0]
+  out = run_toy(tables, beam=3, max_len=max_len, alpha=0.6, max_lengths=max_lengths)
+  assert np.all(np.isfinite(out.scores))  # no sentence comes back without a hypothesis
+  for b, max_length in enumerate(max_lengths):
+    found = out.all_sequences[b][out.all_scores[b] > -np.inf]
+    assert np.all(found[:, max_length:] == PAD_ID), (b, found)
+  assert np.all(out.sequences[0, :2] != PAD_ID)  # forced finish at exactly 2 tokens
+  assert np.all(out.sequences[1, :5] != PAD_ID)
+  np.testing.assert_array_equal(out.sequences[2], [PAD_ID] * max_len)  # max length 0: empty
+  assert out.scores[2] == 0.0
+
+
+# A small random-init Transformer, as in tests/test_decode.py.
+CONFIG = TransformerConfig(vocab_size=40, d_model=32, num_heads=4, d_ff=64, num_encoder_layers=2,
+                           num_decoder_layers=2, deterministic=True)
+
+
+@functools.lru_cache(maxsize=None)
+def transformer_params():
+  dummy = jnp.ones((1, 2), jnp.int32)
+  params = Transformer(CONFIG).init(jax.random.key(0), dummy, dummy)["params"]
+  return jax.tree.map(lambda x: x.value if hasattr(x, "value") else x, params,
+                      is_leaf=lambda x: hasattr(x, "value"))
+
+
+def transformer_inputs():
+  """Three sentences with padding and one empty row."""
+  return jnp.array([[5, 9, 12, 7, EOS_ID, PAD_ID], [11, 4, EOS_ID, PAD_ID, PAD_ID, PAD_ID],
+                    [PAD_ID] * 6, [6, 6, 8, 20, 33, EOS_ID]], jnp.int32)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_beam_one_is_greedy(alpha):
+  params, inputs, max_len = transformer_params(), transformer_inputs(), 8
+  greedy = np.asarray(decode.greedy_decode(params, inputs, CONFIG, max_len))
+  out = bs.beam_decode(params, inputs, CONFIG, beam_size=1, max_len=max_len, alpha=alpha)
+  np.testing.assert_array_equal(np.asarray(out.sequences), greedy)
+  np.testing.assert_array_equal(np.asarray(out.all_sequences[:, 0]), greedy)
+  assert np.all(greedy[2] == PAD_ID) and float(out.scores[2]) == 0.0
+
+
+def test_transformer_beam_scores_match_unbranched_decoding():
+  """Rescoring each returned hypothesis on its own (no beam reordering) gives its score.
+
+  Checks that the cache rows (self-attention keys/values) follow their beams.
+  """
+  params, inputs, max_len, beam, alpha = transformer_params(), transformer_inputs(), 6, 3, 0.6
+  out = jax.tree.map(np.asarray, bs.beam_decode(params, inputs, CONFIG, beam_size=beam,
+                                                max_len=max_len, alpha=alpha))
+  assert np.all(out.all_scores[:, :-1] >= out.all_scores[:, 1:])  # sorted; -inf last
+  seqs = out.all_sequences.reshape(-1, max_len)  # [batch * beam, max_len]
+  rows = np.repeat(np.asarray(inputs), beam, axis=0)
+  cache = decode.init_cache(params, jnp.asarray(rows), CONFIG, max_len)
+  step = jax.jit(decode.decode_step, static_argnames="config")
+  log_probs, fed = [], np.full(len(rows), BOS_ID, np.int32)
+  for t in range(max_len):
+    logits, cache = step(params, cache, jnp.asarray(rows != PAD_ID), jnp.asarray(fed),
+                         jnp.array(t, jnp.int32), config=CONFIG)
+    log_probs.append(np.asarray(jax.nn.log_softmax(decode.never_generated(logits)))[
+        np.arange(len(rows)), seqs[:, t]])
+    fed = seqs[:, t]
+  log_probs = np.stack(log_probs, axis=1)  # [batch * beam, max_len]
+  for i, seq in enumerate(seqs):
+    b = i // beam
+    if not np.isfinite(out.all_scores.reshape(-1)[i]):
+      continue
+    if b == 2:  # the empty source row: the empty hypothesis, score 0
+      assert np.all(seq == PAD_ID) and out.all_scores[b, i % beam] in (0.0, -np.inf)
+      continue
+    eos = np.flatnonzero(seq == EOS_ID)
+    length = eos[0] + 1 if len(eos) else max_len
+    expected = log_probs[i, :length].sum() / ((5 + length) / 6) ** alpha
+    np.testing.assert_allclose(out.all_scores[b, i % beam], expected, atol=1e-4, rtol=1e-4)
+
+
+def test_transformer_per_sentence_max_lengths():
+  params, inputs, max_len = transformer_params(), transformer_inputs(), 8
+  max_lengths = jnp.array([3, 8, 8, 1], jnp.int32)
+  out = jax.tree.map(np.asarray, bs.beam_decode(params, inputs, CONFIG, beam_size=2,
+                                                max_len=max_len, max_lengths=max_lengths))
+  assert np.all(np.isfinite(out.scores))
+  assert np.all(out.all_sequences[0, :, 3:] == PAD_ID)
+  assert np.all(out.all_sequences[3, :, 1:] == PAD_ID)
+  assert np.all(out.sequences[2] == PAD_ID)  # empty source: empty output whatever max_lengths says

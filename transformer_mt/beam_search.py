@@ -1,0 +1,248 @@
+"""Jitted beam search with the GNMT length penalty, over any incremental step function.
+
+`beam_search` only needs a step function `tokens_to_logits(tokens, position, cache)`,
+so it can be checked against brute-force enumeration on a toy model whose next-token
+distribution is known; `beam_decode` plugs in the Transformer (`decode.init_cache` +
+`decode.decode_step`).
+
+Design choices (each is tested in tests/test_beam_search.py):
+
+* Candidate pool. Every step keeps the `beam_size` best one-token extensions of the live
+  beams (not 2 * beam_size as flax/T2T do). Extensions ending in EOS move to the finished
+  set and leave a dead slot (log-prob -inf) in the live beam until the next step refills
+  it. With beam_size 1 this is exactly greedy decoding: the single candidate is the
+  argmax (barring two logits that tie once shifted by the log-normalizer and the prefix
+  log-prob in float32), and if it is EOS the search ends there. With a 2 * beam pool a
+  single beam would also keep the best non-EOS continuation alive and could return a
+  longer hypothesis than greedy does.
+* Length. `len` counts the generated tokens including EOS (BOS excluded), so "a b EOS"
+  has len 3, and the GNMT penalty lp(len) = ((5 + len) / 6) ** alpha divides the
+  finished hypothesis' summed log-prob. alpha = 0 scores by log-prob alone.
+* Maximum length. A hypothesis that reaches its sentence's maximum length
+  (`max_lengths[b]`, at most `max_len`) without EOS is finished there (forced finish),
+  scored like an EOS-terminated one of that length, and returned without EOS. So every
+  sentence ends with at least one hypothesis, and beam 1 reproduces greedy decoding,
+  which also returns `max_len` tokens without EOS in that case. A sentence whose maximum
+  length is 0 gets the empty hypothesis (all PAD) with score 0.
+* Early stopping. A sentence is done when no live beam can beat the worst of its
+  `beam_size` best finished hypotheses (-inf while fewer have finished). Log-probs only
+  fall as a hypothesis grows and are <= 0, so a live beam with log-prob p can at best
+  finish with p / max lp(L) over the lengths L it can still reach: for alpha >= 0 that
+  is p / lp(max_lengths[b]); for alpha < 0 it is p / lp(len + 1). The loop stops when
+  every sentence is done or at `max_len`. Stopping changes no result: later finished
+  hypotheses score <= the bound, and ties keep the hypothesis that finished first.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from transformer_mt import decode
+from transformer_mt.config import TransformerConfig
+from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+# tokens int32 [batch * beam], position int32 [], cache -> (logits [batch * beam, vocab], cache).
+TokensToLogits = Callable[[jax.Array, jax.Array, Any], tuple[jax.Array, Any]]
+
+NEG_INF = -jnp.inf
+
+
+def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
+  """GNMT (Wu et al., 2016) lp(len) = ((5 + len) / 6) ** alpha, float32, same shape as `length`."""
+  return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+@flax.struct.dataclass
+class BeamState:
+  step: jax.Array  # int32 []: tokens generated so far (= the position fed next).
+  live_seqs: jax.Array  # int32 [batch, beam, max_len]: generated ids after BOS, PAD-filled.
+  live_log_probs: jax.Array  # float32 [batch, beam]: summed log-probs; -inf = dead slot.
+  finished_seqs: jax.Array  # int32 [batch, beam, max_len]: best finished, EOS then PAD.
+  finished_scores: jax.Array  # float32 [batch, beam]: log-prob / lp(len), sorted descending;
+  #   -inf where the slot is empty.
+  finished_flags: jax.Array  # bool [batch, beam]: the slot holds a finished hypothesis.
+  cache: Any  # the step function's cache, leaves [batch * beam, ...] (scalars shared).
+
+
+@flax.struct.dataclass
+class BeamSearchOutput:
+  sequences: jax.Array  # int32 [batch, max_len]: best hypothesis per sentence, EOS then PAD.
+  scores: jax.Array  # float32 [batch]: its score, log-prob / lp(len).
+  all_sequences: jax.Array  # int32 [batch, beam, max_len]: every returned hypothesis.
+  all_scores: jax.Array  # float32 [batch, beam]: sorted descending; -inf for empty slots.
+  num_steps: jax.Array  # int32 []: decoder steps run (< max_len when stopped early).
+
+
+def _expand_to_beams(tree: Any, batch_size: int, beam_size: int) -> Any:
+  """Repeats every row beam_size times: [batch, ...] -> [batch * beam, ...]; scalars as they are.
+
+  Row b * beam + k is beam k of sentence b, the layout `_gather_beams` indexes.
+  """
+  def expand(x):
+    x = jnp.asarray(x)
+    if x.ndim == 0:
+      return x
+    if x.shape[0] != batch_size:
+      raise ValueError(f"Cache leaf of shape {x.shape} has no leading batch axis of {batch_size}.")
+    return jnp.repeat(x, beam_size, axis=0)
+  return jax.tree.map(expand, tree)
+
+
+def _gather_beams(tree: Any, parents: jax.Array) -> Any:
+  """Reorders cache rows so that beam k of sentence b continues beam parents[b, k].
+
+  Args:
+    tree: leaves [batch * beam, ...]; scalar leaves (e.g. `cache_index`) are shared by
+      all rows and are returned unchanged.
+    parents: int32 [batch, beam], the beam (within the same sentence) each new beam extends.
+  """
+  batch_size, beam_size = parents.shape
+  rows = (jnp.arange(batch_size, dtype=jnp.int32)[:, None] * beam_size + parents).reshape(-1)
+  return jax.tree.map(lambda x: x if x.ndim == 0 else jnp.take(x, rows, axis=0), tree)
+
+
+def beam_search(tokens_to_logits: TokensToLogits, initial_cache: Any, batch_size: int,
+                beam_size: int, max_len: int, alpha: float = 0.6, eos_id: int = EOS_ID,
+                bos_id: int = BOS_ID, max_lengths: jax.Array | None = None,
+                early_stopping: bool = True) -> BeamSearchOutput:
+  """Beam search over `tokens_to_logits`; call it inside `jax.jit` (it traces one loop).
+
+  Args:
+    tokens_to_logits: (tokens int32 [batch * beam], position int32 [], cache) ->
+      (logits float [batch * beam, vocab], new cache). Row b * beam + k is beam k of
+      sentence b.
+    initial_cache: the step function's cache for one row per sentence (leaves
+      [batch, ...], scalars allowed); expanded to [batch * beam, ...] here once.
+    batch_size, beam_size, max_len: static sizes; max_len bounds the generated tokens.
+    alpha: GNMT length-penalty exponent (0 = raw log-prob).
+    eos_id, bos_id: EOS ends a hypothesis; BOS is fed at position 0.
+    max_lengths: optional int [batch], per-sentence maximum number of generated tokens
+      (e.g. source length + 50), clipped to [0, max_len]; defaults to max_len.
+    early_stopping: False runs all max_len steps (same results; for tests).
+
+  Returns:
+    BeamSearchOutput: the best hypothesis per sentence and all `beam_size` of them.
+  """
+  if max_lengths is None:
+    max_lengths = jnp.full((batch_size,), max_len, jnp.int32)
+  max_lengths = jnp.clip(jnp.asarray(max_lengths, jnp.int32), 0, max_len)  # [batch]
+  batch_index = jnp.arange(batch_size)[:, None]  # [batch, 1], for per-sentence gathers
+
+  # Only beam 0 is alive at first: all beams are the same empty prefix, and keeping the
+  # copies alive would fill the beam with duplicates.
+  live_log_probs = jnp.tile(jnp.array([0.0] + [NEG_INF] * (beam_size - 1), jnp.float32),
+                            (batch_size, 1))  # [batch, beam]
+  # A sentence with max length 0 is finished before the first step, with the empty hypothesis.
+  empty = (max_lengths == 0)[:, None] & (jnp.arange(beam_size) == 0)[None, :]  # [batch, beam]
+  initial = BeamState(
+      step=jnp.array(0, jnp.int32),
+      live_seqs=jnp.full((batch_size, beam_size, max_len), PAD_ID, jnp.int32),
+      live_log_probs=jnp.where((max_lengths == 0)[:, None], NEG_INF, live_log_probs),
+      finished_seqs=jnp.full((batch_size, beam_size, max_len), PAD_ID, jnp.int32),
+      finished_scores=jnp.where(empty, 0.0, NEG_INF).astype(jnp.float32),
+      finished_flags=empty,
+      cache=_expand_to_beams(initial_cache, batch_size, beam_size))
+
+  def best_possible_scores(state: BeamState) -> jax.Array:
+    """float32 [batch, beam]: upper bound on the final score of each live beam."""
+    if alpha >= 0:
+      max_penalty = length_penalty(max_lengths, alpha)[:, None]  # [batch, 1]
+    else:  # lp falls with length: the shortest reachable length (one more token) is best.
+      max_penalty = length_penalty(state.step + 1, alpha)
+    return state.live_log_probs / max_penalty
+
+  def not_done(state: BeamState) -> jax.Array:
+    if not early_stopping:
+      return state.step < max_len
+    best_live = jnp.max(best_possible_scores(state), axis=1)  # [batch]
+    worst_finished = state.finished_scores[:, -1]  # [batch]; sorted, -inf until full
+    # A dead sentence (all live -inf) is done too: -inf <= anything.
+    return (state.step < max_len) & ~jnp.all(best_live <= worst_finished)
+
+  def body(state: BeamState) -> BeamState:
+    step = state.step
+    previous = jax.lax.dynamic_index_in_dim(state.live_seqs, jnp.maximum(step - 1, 0), axis=2,
+                                            keepdims=False)  # [batch, beam]
+    tokens = jnp.where(step == 0, bos_id, previous).reshape(-1)  # [batch * beam]
+    logits, cache = tokens_to_logits(tokens, step, state.cache)
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    vocab = log_probs.shape[-1]
+    log_probs = log_probs.reshape(batch_size, beam_size, vocab)  # [batch, beam, vocab]
+
+    # The beam_size best extensions over all (beam, token) pairs of each sentence.
+    candidates = state.live_log_probs[:, :, None] + log_probs  # [batch, beam, vocab]
+    top_log_probs, top_index = jax.lax.top_k(candidates.reshape(batch_size, -1), beam_size)
+    parents = (top_index // vocab).astype(jnp.int32)  # [batch, beam]
+    top_tokens = (top_index % vocab).astype(jnp.int32)  # [batch, beam]
+    top_seqs = state.live_seqs[batch_index, parents]  # [batch, beam, max_len]
+    top_seqs = top_seqs.at[:, :, step].set(top_tokens)
+
+    # An extension of a dead beam (or a zero-probability token) is no hypothesis at all.
+    valid = top_log_probs > NEG_INF  # [batch, beam]
+    length = step + 1  # generated tokens, EOS included
+    finishing = valid & ((top_tokens == eos_id) | (length >= max_lengths)[:, None])
+    new_scores = jnp.where(finishing, top_log_probs / length_penalty(length, alpha), NEG_INF)
+
+    # Merge with the finished set; existing entries come first, so top_k keeps them on ties.
+    all_seqs = jnp.concatenate([state.finished_seqs, top_seqs], axis=1)  # [batch, 2*beam, len]
+    all_scores = jnp.concatenate([state.finished_scores, new_scores], axis=1)  # [batch, 2*beam]
+    all_flags = jnp.concatenate([state.finished_flags, finishing], axis=1)
+    finished_scores, keep = jax.lax.top_k(all_scores, beam_size)  # [batch, beam]
+
+    return BeamState(
+        step=step + 1,
+        live_seqs=top_seqs,
+        live_log_probs=jnp.where(valid & ~finishing, top_log_probs, NEG_INF),
+        finished_seqs=all_seqs[batch_index, keep],
+        finished_scores=finished_scores,
+        finished_flags=all_flags[batch_index, keep],
+        cache=_gather_beams(cache, parents))
+
+  final = jax.lax.while_loop(not_done, body, initial)
+
+  # Forced finishing at max length means every sentence has a finished hypothesis; the
+  # fallback to the live beams only guards against a step function that yields no valid
+  # token (e.g. NaN logits), so that no sentence comes back empty-handed silently.
+  has_finished = jnp.any(final.finished_flags, axis=1)  # [batch]
+  live_scores = final.live_log_probs / length_penalty(final.step, alpha)
+  all_sequences = jnp.where(has_finished[:, None, None], final.finished_seqs, final.live_seqs)
+  all_scores = jnp.where(has_finished[:, None], final.finished_scores, live_scores)
+  return BeamSearchOutput(sequences=all_sequences[:, 0], scores=all_scores[:, 0],
+                          all_sequences=all_sequences, all_scores=all_scores,
+                          num_steps=final.step)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "beam_size", "max_len", "alpha"))
+def beam_decode(params: Any, inputs: jax.Array, config: TransformerConfig, beam_size: int,
+                max_len: int, alpha: float = 0.6,
+                max_lengths: jax.Array | None = None) -> BeamSearchOutput:
+  """Beam search with the Transformer for `inputs` int [batch, src_len] (0 = pad).
+
+  The encoder runs once per sentence (`decode.init_cache` projects the cross-attention
+  keys/values there); the cache is then copied to the beams. Empty source rows get the
+  empty hypothesis (all PAD), as in `decode.greedy_decode`; beam_size 1 reproduces
+  `decode.greedy_decode` token for token.
+
+  Args:
+    max_lengths: optional int [batch], per-sentence maximum target length (e.g. source
+      length + 50); clipped to max_len, which sizes the cache and the outputs.
+  """
+  batch = inputs.shape[0]
+  inputs_valid = inputs != PAD_ID  # [batch, src_len]
+  if max_lengths is None:
+    max_lengths = jnp.full((batch,), max_len, jnp.int32)
+  max_lengths = jnp.where(jnp.any(inputs_valid, axis=1), max_lengths, 0)
+  beam_inputs_valid = jnp.repeat(inputs_valid, beam_size, axis=0)  # [batch * beam, src_len]
+
+  def tokens_to_logits(tokens, position, cache):
+    logits, cache = decode.decode_step(params, cache, beam_inputs_valid, tokens, position, config)
+    return decode.never_generated(logits), cache
+
+  return beam_search(tokens_to_logits, decode.init_cache(params, inputs, config, max_len),
+                     batch_size=batch, beam_size=beam_size, max_len=max_len, alpha=alpha,
+                     max_lengths=max_lengths)
