@@ -77,6 +77,11 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.log_every = 50
   # Steps between validation-loss evaluations (0: never).
   config.train.eval_every = 1000
+  # Steps between validation BLEU evaluations (0: never); the best checkpoint by it is kept
+  # in WORKDIR/best beside the latest ones.
+  config.train.bleu_every = 5000
+  # Validation sentences translated for that BLEU (0: all of them).
+  config.train.bleu_sentences = 0
   # Steps between checkpoints (a checkpoint is always written at the end).
   config.train.checkpoint_every = 1000
   # Checkpoints kept on disk.
@@ -89,7 +94,12 @@ def base_config() -> ml_collections.ConfigDict:
   config.mesh.tensor = 1
 
   config.decode = ml_collections.ConfigDict()
-  # Target tokens generated at most per sentence.
+  # Beam size (1 = greedy) and the GNMT length penalty ((5 + len) / 6)^alpha (paper: 4, 0.6).
+  config.decode.beam_size = 4
+  config.decode.alpha = 0.6
+  # A sentence's translation may grow to its source length + extra_len tokens (paper: 50) ...
+  config.decode.extra_len = 50
+  # ... and never beyond max_len.
   config.decode.max_len = 128
   # Sentences translated per decode batch.
   config.decode.batch_size = 64

@@ -29,6 +29,7 @@ def get_config():
       test_prefixes=["news/en-de/newstest2014"])
   config.tokenizer.update(vocab_size=8000, model_type="unigram", sample_size=60_000)
   config.train.update(num_steps=3000, batch_tokens=4096, warmup_steps=1000, lr_scale=1.0,
-                      log_every=50, eval_every=500, checkpoint_every=500, keep_checkpoints=3)
+                      log_every=50, eval_every=500, bleu_every=1000, bleu_sentences=500,
+                      checkpoint_every=500, keep_checkpoints=5)
   config.decode.update(max_len=256, batch_size=64)
   return config

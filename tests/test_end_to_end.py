@@ -70,13 +70,16 @@ def test_checkpoint_is_self_contained(trained):
 def test_translate_cli_keeps_every_line(trained, tmp_path, capsys):
   source = tmp_path / "source.txt"
   source.write_bytes(b"the old dog watched these big red apples\n\nmy cats saw a bird\n"
-                     b"\xff\xfe broken bytes\n" + ("word " * 300).encode() + b"\n")
+                     b"\xff\xfe broken bytes\n" + ("word " * 2000).encode() + b"\n"
+                     + "日本語の文です\nПривет, мир\nمرحبا بالعالم\n\n".encode())
   output = tmp_path / "out.txt"
-  assert cli.main(["translate", "--workdir", trained[0], "--input", str(source),
-                   "--output", str(output)]) == 0
-  lines = output.read_text(encoding="utf-8").split("\n")
-  assert len(lines) == 6 and lines[-1] == ""  # 5 lines, each newline-terminated
-  assert lines[1] == "" and lines[0]
+  for beam in ("1", "3"):
+    assert cli.main(["translate", "--workdir", trained[0], "--input", str(source),
+                     "--output", str(output), "--beam", beam]) == 0
+    lines = output.read_text(encoding="utf-8").split("\n")
+    assert len(lines) == 10 and lines[-1] == ""  # 9 lines, each newline-terminated
+    assert lines[1] == "" and lines[8] == "" and lines[0]
+    assert all(lines[i] for i in (2, 3, 4, 5, 6, 7))  # nothing dropped, the 2000 words included
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
@@ -94,3 +97,30 @@ def test_run_py_list_prints_parameter_counts():
   assert abs(rows["transformer_base"] - 65) / 65 < 0.05  # paper: 65M
   assert abs(rows["transformer_big"] - 213) / 213 < 0.02  # paper: 213M
   assert "counted once" in out
+
+
+def test_evaluate_writes_a_labelled_report(trained, capsys):
+  assert cli.main(["evaluate", "--workdir", trained[0], "--limit", "8", "--beam", "2"]) == 0
+  out = capsys.readouterr().out
+  assert "sacreBLEU" in out and "paper-comparable BLEU" in out
+  report_path = os.path.join(trained[0], "eval", "test-step20-beam2.json")
+  with open(report_path) as f:
+    report = json.load(f)
+  assert report["num_sentences"] == 8 and report["beam_size"] == 2 and report["limited_to_first"] == 8
+  assert {"sacrebleu", "sacrebleu_signature", "paper_bleu", "paper_bleu_method"} <= set(report)
+  with open(report_path.replace(".json", ".txt")) as f:
+    assert len(f.read().split("\n")) == 9
+
+
+def test_average_then_translate(trained, tmp_path, capsys):
+  output = str(tmp_path / "avg")
+  assert cli.main(["average", "--workdir", trained[0], "--last", "2", "--output", output]) == 0
+  assert cli.main(["average", "--workdir", trained[0], "--last", "2", "--output", output]) == 2
+  assert cli.main(["average", "--workdir", trained[0], "--last", "9"]) == 2
+  err = capsys.readouterr().err
+  assert "already holds checkpoints" in err and "cannot average the last 9" in err
+  source = tmp_path / "in.txt"
+  source.write_text("my cats saw a bird\n", encoding="utf-8")
+  assert cli.main(["translate", "--workdir", output, "--input", str(source),
+                   "--output", str(tmp_path / "out.txt")]) == 0
+  assert (tmp_path / "out.txt").read_text(encoding="utf-8").count("\n") == 1

@@ -149,6 +149,8 @@ class MultiHeadAttention(nn.Module):
     if mask is not None:
       logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
     weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(cfg.compute_dtype)
+    # Kept only when the caller asks (mutable=["intermediates"]), e.g. for attention plots.
+    self.sow("intermediates", "attention_weights", weights)  # [batch, heads, q, k]
     if cfg.attention_dropout_rate > 0:
       weights = nn.Dropout(cfg.attention_dropout_rate)(weights, deterministic=cfg.deterministic)
     context = jnp.einsum("bhqk,bkhd->bqhd", weights, value)  # [batch, q, heads, head_dim]

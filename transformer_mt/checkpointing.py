@@ -89,6 +89,24 @@ def make_manager(workdir: str, keep: int | None = None, save_every: int = 1,
                                item_names=("state", "data_iter", "config", "tokenizer"))
 
 
+def make_best_manager(workdir: str) -> ocp.CheckpointManager:
+  """WORKDIR/best/checkpoints: only the checkpoint with the highest validation BLEU survives."""
+  options = ocp.CheckpointManagerOptions(
+      max_to_keep=1, best_fn=lambda metrics: metrics["bleu"], best_mode="max",
+      keep_checkpoints_without_metrics=False, create=True, enable_async_checkpointing=True)
+  return ocp.CheckpointManager(checkpoint_dir(str(epath.Path(workdir) / "best")), options=options,
+                               item_names=("state", "config", "tokenizer"))
+
+
+def save_best(manager: ocp.CheckpointManager, step: int, state: Any,
+              config: ml_collections.ConfigDict, tokenizer: Tokenizer, bleu: float) -> None:
+  """Offers a checkpoint scored by validation BLEU; Orbax keeps it only if it is the best."""
+  manager.save(step, force=True, metrics={"bleu": float(bleu)}, args=ocp.args.Composite(
+      state=ocp.args.StandardSave(state),
+      config=ocp.args.JsonSave(json.loads(config.to_json())),
+      tokenizer=TokenizerSave(tokenizer)))
+
+
 def save(manager: ocp.CheckpointManager, step: int, state: Any, data_iterator,
          config: ml_collections.ConfigDict, tokenizer: Tokenizer, force: bool = False) -> bool:
   """Starts an asynchronous save of everything needed to resume or translate."""
@@ -113,33 +131,53 @@ def restore_training(manager: ocp.CheckpointManager, step: int, abstract_state: 
   return restored["state"], restored["data_iter"]
 
 
-def read_config(workdir_or_checkpoints: str, step: int | None = None
+def read_config(workdir: str, step: int | None = None
                 ) -> tuple[ml_collections.ConfigDict, Tokenizer, int]:
   """Config, tokenizer and step of a checkpoint (default: the latest), without any arrays."""
-  manager = make_manager(_workdir_of(workdir_or_checkpoints), read_only=True)
-  step = manager.latest_step() if step is None else step
-  if step is None:
-    raise FileNotFoundError(f"No checkpoint found under {checkpoint_dir(_workdir_of(workdir_or_checkpoints))}. "
+  manager = make_manager(resolve_workdir(workdir), read_only=True)
+  steps = manager.all_steps()
+  if not steps:
+    raise FileNotFoundError(f"No checkpoint found under {checkpoint_dir(resolve_workdir(workdir))}. "
                             "Train first, or pass the workdir of a finished run.")
+  step = max(steps) if step is None else step
+  if step not in steps:
+    raise ValueError(f"No checkpoint of step {step} in {workdir}; available steps: {sorted(steps)}")
   restored = manager.restore(step, args=ocp.args.Composite(
       config=ocp.args.JsonRestore(), tokenizer=TokenizerRestore()))
   return ml_collections.ConfigDict(restored["config"]), restored["tokenizer"], step
 
 
-def restore_params(workdir: str, step: int, abstract_state: Any) -> Any:
+def restore_state(workdir: str, step: int, abstract_state: Any) -> Any:
   """Only the train state of a checkpoint (for translation), into the given shardings."""
-  manager = make_manager(workdir, read_only=True)
+  manager = make_manager(resolve_workdir(workdir), read_only=True)
   restored = manager.restore(step, args=ocp.args.Composite(
       state=ocp.args.StandardRestore(abstract_state)))
   return restored["state"]
 
 
-def _workdir_of(path: str) -> str:
+def resolve_workdir(path: str) -> str:
   """Accepts either a workdir or its `checkpoints/` subdirectory."""
   p = epath.Path(path)
   if not p.exists():
     raise FileNotFoundError(f"{path} does not exist.")
   return str(p.parent) if p.name == "checkpoints" else str(p)
+
+
+def save_inference(workdir: str, step: int, state: Any, config: ml_collections.ConfigDict,
+                   tokenizer: Tokenizer) -> str:
+  """Writes a checkpoint without a data iterator (e.g. averaged parameters) and waits for it."""
+  manager = make_manager(workdir, keep=None)
+  manager.save(step, force=True, args=ocp.args.Composite(
+      state=ocp.args.StandardSave(state),
+      config=ocp.args.JsonSave(json.loads(config.to_json())),
+      tokenizer=TokenizerSave(tokenizer)))
+  manager.wait_until_finished()
+  manager.close()
+  return str(epath.Path(checkpoint_dir(workdir)) / str(step))
+
+
+def all_steps(workdir: str) -> list[int]:
+  return sorted(make_manager(resolve_workdir(workdir), read_only=True).all_steps())
 
 
 def wait(manager: ocp.CheckpointManager) -> None:

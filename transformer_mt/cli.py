@@ -1,4 +1,6 @@
-"""Command line: `run.py list | train | translate`. Also installed as `transformer-mt`.
+"""Command line: `run.py list | train | translate | evaluate | average | attention | plot`.
+
+Also installed as the `transformer-mt` console script.
 
 User errors (unknown experiment or key, missing checkpoint, bad value) print one
 line and exit with status 2; `--debug` shows the traceback instead.
@@ -38,7 +40,8 @@ def _cmd_train(args) -> None:
 
 def _cmd_translate(args) -> None:
   from transformer_mt import translate
-  translator = translate.load_translator(args.workdir, args.step)
+  translator = translate.load_translator(args.workdir, args.step, beam_size=args.beam,
+                                         alpha=args.alpha)
   if args.input == "-":
     lines = translate.read_lines(sys.stdin.buffer)
   else:
@@ -55,6 +58,40 @@ def _cmd_translate(args) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
       f.write(text)
     os.replace(tmp, args.output)
+
+
+def _cmd_evaluate(args) -> None:
+  from transformer_mt import evaluate
+  report = evaluate.evaluate(args.workdir, args.split, args.step, args.beam, args.alpha,
+                             args.source, args.reference, args.limit)
+  print(f"{report['split']}: {report['num_sentences']} sentences, step {report['step']}, "
+        f"beam {report['beam_size']}, alpha {report['alpha']}, "
+        f"{report['sentences_per_second']:.1f} sentences/s")
+  print(f"  sacreBLEU {report['sacrebleu']:.2f}  ({report['sacrebleu_signature']})")
+  print(f"  paper-comparable BLEU {report['paper_bleu']:.2f}  ({report['paper_bleu_method']})")
+  print(f"  report: {report['report_path']}")
+
+
+def _cmd_average(args) -> None:
+  from transformer_mt import averaging
+  output, steps = averaging.average_last(args.workdir, args.last, args.output)
+  print(f"Averaged steps {steps} into {output} (use it as --workdir for translate/evaluate).")
+
+
+def _cmd_attention(args) -> None:
+  from transformer_mt import plots, translate
+  translator = translate.load_translator(args.workdir, args.step, beam_size=1)
+  layer = args.layer if args.layer in (None, "mean") else int(args.layer)
+  translation = plots.attention_heatmap(translator, args.src, args.output, layer=layer,
+                                        head=args.head)
+  print(f"{translation}\nwrote {args.output}")
+
+
+def _cmd_plot(args) -> None:
+  from transformer_mt import plots
+  output = args.output or os.path.join(args.workdir, "curves.png")
+  series = plots.training_curves(args.workdir, output)
+  print(f"wrote {output} ({', '.join(series)})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,7 +114,40 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
   p.add_argument("--input", default="-", help="file to translate (default: stdin)")
   p.add_argument("--output", default="-", help="where to write translations (default: stdout)")
+  p.add_argument("--beam", type=int, default=None, help="beam size (default: the config's; 1 = greedy)")
+  p.add_argument("--alpha", type=float, default=None, help="length penalty alpha (default: config)")
   p.set_defaults(func=_cmd_translate)
+
+  p = commands.add_parser("evaluate", help="translate a test set and report sacreBLEU and paper BLEU")
+  p.add_argument("--workdir", required=True, help="workdir or averaged checkpoint directory")
+  p.add_argument("--split", default="test", help="the experiment's split to evaluate (default: test)")
+  p.add_argument("--source", default=None, help="evaluate on this source file instead of --split")
+  p.add_argument("--reference", default=None, help="reference file, line-aligned with --source")
+  p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+  p.add_argument("--beam", type=int, default=None, help="beam size (default: the config's)")
+  p.add_argument("--alpha", type=float, default=None, help="length penalty alpha (default: config)")
+  p.add_argument("--limit", type=int, default=None, help="only the first N sentences")
+  p.set_defaults(func=_cmd_evaluate)
+
+  p = commands.add_parser("average", help="average the parameters of the last N checkpoints")
+  p.add_argument("--workdir", required=True)
+  p.add_argument("--last", type=int, required=True, help="number of checkpoints (paper: 5 base, 20 big)")
+  p.add_argument("--output", default=None, help="output directory (default: WORKDIR/averaged_lastN)")
+  p.set_defaults(func=_cmd_average)
+
+  p = commands.add_parser("attention", help="PNG heatmap of cross-attention for one sentence")
+  p.add_argument("--workdir", required=True)
+  p.add_argument("--src", required=True, help="the source sentence")
+  p.add_argument("--output", default="attention.png", help="PNG path (default: attention.png)")
+  p.add_argument("--layer", default=None, help="decoder layer index, or 'mean' (default: last)")
+  p.add_argument("--head", type=int, default=None, help="head index (default: mean over heads)")
+  p.add_argument("--step", type=int, default=None)
+  p.set_defaults(func=_cmd_attention)
+
+  p = commands.add_parser("plot", help="PNG of loss / learning-rate / BLEU curves of a workdir")
+  p.add_argument("workdir")
+  p.add_argument("--output", default=None, help="PNG path (default: WORKDIR/curves.png)")
+  p.set_defaults(func=_cmd_plot)
   return parser
 
 
@@ -90,7 +160,7 @@ def main(argv=None) -> int:
     logging.getLogger(noisy).setLevel(logging.WARNING)
   try:
     args.func(args)
-  except (ValueError, FileNotFoundError, KeyError) as e:
+  except (ValueError, FileNotFoundError, FileExistsError, KeyError) as e:
     if args.debug:
       raise
     print(f"error: {e}", file=sys.stderr)

@@ -21,7 +21,7 @@ from transformer_mt import (checkpointing, data_sources, evaluation, input_pipel
                             optimizer, sharding, train_step)
 from transformer_mt.model import Transformer
 from transformer_mt.tokenizer import load_or_train
-from transformer_mt.translate import Translator, model_config_for
+from transformer_mt.translate import Translator, decode_settings, model_config_for
 
 
 def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True) -> dict[str, Any]:
@@ -63,6 +63,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
   step_fn = train_step.jit_train_step(model, tx, schedule, config.train.label_smoothing, mesh,
                                       shardings)
   validate = _validation_fn(pairs.get("validation"), tokenizer, model, mesh, shardings, config)
+  bleu_every = config.train.get("bleu_every", 0) if pairs.get("validation") else 0
+  best_manager = checkpointing.make_best_manager(workdir) if bleu_every else None
 
   writer = metrics.MetricWriter(workdir)
   start = int(state.step)
@@ -94,6 +96,12 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
                                                  or step == num_steps):
       writer.write(step, validate(state.params))
       writer.flush()
+    if bleu_every and (step % bleu_every == 0 or step == num_steps):
+      bleu = _validation_bleu(state.params, model_config, tokenizer, mesh, config,
+                              pairs["validation"])
+      writer.write(step, {"validation/bleu": bleu})
+      writer.flush()
+      checkpointing.save_best(best_manager, step, state, config, tokenizer, bleu)
     checkpointing.save(manager, step, state, batches, config, tokenizer,
                        force=step == num_steps)
   bar.update(len(pending))
@@ -105,11 +113,12 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
   if latest is not None and latest >= num_steps:
     logging.info("Checkpoint step %d already reached train.num_steps=%d.", latest, num_steps)
   checkpointing.wait(manager)
+  if best_manager:
+    best_manager.wait_until_finished()
   writer.close()
 
   translator = Translator(params=state.params, model_config=model_config, tokenizer=tokenizer,
-                          mesh=mesh, batch_size=config.decode.batch_size,
-                          max_target_len=config.decode.max_len)
+                          mesh=mesh, **decode_settings(config))
   result = {"step": int(state.step), "state": state, "translator": translator,
             "bleu": None, "bleu_signature": None}
   if pairs.get("test"):
@@ -135,6 +144,16 @@ def _validation_fn(pairs, tokenizer, model, mesh, shardings, config):
   return validate
 
 
+def _validation_bleu(params, model_config, tokenizer, mesh, config, pairs) -> float:
+  """sacreBLEU of the current parameters on (the first train.bleu_sentences of) validation."""
+  limit = config.train.get("bleu_sentences", 0) or len(pairs)
+  chosen = [pairs[i] for i in range(min(limit, len(pairs)))]
+  translator = Translator(params=params, model_config=model_config, tokenizer=tokenizer, mesh=mesh,
+                          **decode_settings(config))
+  hypotheses = translator.translate([source for source, _ in chosen])
+  return evaluation.corpus_bleu(hypotheses, [target for _, target in chosen])[0]
+
+
 def evaluate_held_out(translator: Translator, pairs: list[tuple[str, str]],
                       num_samples: int) -> dict[str, Any]:
   """Greedy-translates the held-out sources and scores them with sacreBLEU."""
@@ -148,6 +167,7 @@ def evaluate_held_out(translator: Translator, pairs: list[tuple[str, str]],
                                                   hypotheses))[:num_samples]:
       print(f"  source:     {source}\n  reference:  {reference}\n  hypothesis: {hypothesis}\n")
     print(f"Held-out BLEU {bleu:.2f} on {len(pairs)} sentences "
-          f"({len(pairs) / elapsed:.0f} sentences/s greedy)\n  sacreBLEU signature: {signature}")
+          f"({len(pairs) / elapsed:.0f} sentences/s, beam {translator.beam_size})\n"
+          f"  sacreBLEU signature: {signature}")
   exact = float(np.mean([h == r for h, r in zip(hypotheses, references)]))
   return {"bleu": bleu, "bleu_signature": signature, "exact_match": exact}

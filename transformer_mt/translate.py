@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from transformer_mt import checkpointing, decode, optimizer, sharding, train_step
+from transformer_mt import beam_search, checkpointing, decode, optimizer, sharding, train_step
 from transformer_mt.config import TransformerConfig
 from transformer_mt.input_pipeline import bucket_length
 from transformer_mt.model import Transformer
@@ -38,6 +38,9 @@ class Translator:
   # capped at `max_target_len`.
   extra_len: int = 50
   max_target_len: int = 256
+  # 1 = greedy; the paper decodes with beam 4 and length penalty alpha 0.6.
+  beam_size: int = 1
+  alpha: float = 0.6
 
   def translate(self, lines: Sequence[str], progress: bool = False) -> list[str]:
     encoded = self.tokenizer.encode([line.strip() for line in lines])
@@ -69,9 +72,17 @@ class Translator:
     for row, ids in enumerate(sources):
       inputs[row, :len(ids)] = ids
     max_len = min(self.max_target_len, src_len + self.extra_len)
+    # Each sentence may grow to its own source length + extra_len (the paper's +50).
+    max_lengths = np.minimum((inputs != PAD_ID).sum(axis=1) + self.extra_len, max_len)
     with jax.set_mesh(self.mesh):
       inputs = jax.device_put(inputs, sharding.batch_sharding(self.mesh))
-      outputs = decode.greedy_decode(self.params, inputs, self.model_config, max_len)
+      if self.beam_size > 1:
+        outputs = beam_search.beam_decode(
+            self.params, inputs, self.model_config, self.beam_size, max_len, self.alpha,
+            jax.device_put(max_lengths.astype(np.int32), sharding.batch_sharding(self.mesh, 1))
+        ).sequences
+      else:
+        outputs = decode.greedy_decode(self.params, inputs, self.model_config, max_len)
     return list(np.asarray(jax.device_get(outputs))[:len(sources)])
 
 
@@ -80,18 +91,30 @@ def model_config_for(config, tokenizer: Tokenizer) -> TransformerConfig:
   return TransformerConfig.from_mapping(config.model.to_dict(), vocab_size=tokenizer.vocab_size)
 
 
-def load_translator(workdir: str, step: int | None = None, mesh: Mesh | None = None
-                    ) -> Translator:
-  """A Translator from a checkpoint directory alone (its config and tokenizer are inside)."""
+def load_translator(workdir: str, step: int | None = None, mesh: Mesh | None = None,
+                    beam_size: int | None = None, alpha: float | None = None) -> Translator:
+  """A Translator from a checkpoint directory alone (its config and tokenizer are inside).
+
+  Beam size and alpha default to the experiment's `decode` section.
+  """
   config, tokenizer, step = checkpointing.read_config(workdir, step)
   model_config = model_config_for(config, tokenizer)
   mesh = mesh or sharding.make_mesh(config.mesh)
   tx, _ = optimizer.make_optimizer(config.train, model_config.d_model)
   target = train_step.abstract_state(Transformer(model_config), tx, mesh)
-  state = checkpointing.restore_params(workdir, step, target)
+  state = checkpointing.restore_state(workdir, step, target)
   logging.info("Loaded step %d from %s.", step, workdir)
   return Translator(params=state.params, model_config=model_config, tokenizer=tokenizer, mesh=mesh,
-                    batch_size=config.decode.batch_size, max_target_len=config.decode.max_len)
+                    **decode_settings(config, beam_size, alpha))
+
+
+def decode_settings(config, beam_size: int | None = None, alpha: float | None = None) -> dict:
+  """Translator keyword arguments from an experiment's `decode` section (with overrides)."""
+  decode_config = config.decode
+  return {"batch_size": decode_config.batch_size, "max_target_len": decode_config.max_len,
+          "extra_len": decode_config.get("extra_len", 50),
+          "beam_size": beam_size or decode_config.get("beam_size", 1),
+          "alpha": decode_config.get("alpha", 0.6) if alpha is None else alpha}
 
 
 def read_lines(stream: Iterable[bytes | str]) -> list[str]:

@@ -1,0 +1,57 @@
+"""Checkpoint averaging: the paper's final models average the last 5 (Base) or 20 (Big)
+checkpoints. The result is a self-contained checkpoint directory that `translate`
+and `evaluate` take like any workdir.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import jax
+import jax.numpy as jnp
+
+from transformer_mt import checkpointing, optimizer, sharding, train_step
+from transformer_mt.model import Transformer
+from transformer_mt.translate import model_config_for
+
+
+def average_last(workdir: str, last_n: int, output_dir: str | None = None
+                 ) -> tuple[str, list[int]]:
+  """Writes the mean parameters of the last `last_n` checkpoints of `workdir`.
+
+  The running mean m_k = m_{k-1} + (x_k - m_{k-1}) / k is accumulated in float32, so
+  averaging identical checkpoints returns them bit for bit. The optimizer state and
+  step are those of the newest checkpoint (they only matter for resuming, which an
+  averaged model is not meant for).
+
+  Returns:
+    The output directory (default WORKDIR/averaged_last{N}) and the averaged steps.
+  """
+  steps = checkpointing.all_steps(workdir)
+  if last_n < 1 or len(steps) < last_n:
+    raise ValueError(f"{workdir} holds {len(steps)} checkpoint(s) {steps}; cannot average the last "
+                     f"{last_n}. Train with train.keep_checkpoints >= {max(last_n, 1)} to keep enough.")
+  chosen = steps[-last_n:]
+  output_dir = output_dir or os.path.join(checkpointing.resolve_workdir(workdir),
+                                          f"averaged_last{last_n}")
+  if os.path.exists(checkpointing.checkpoint_dir(output_dir)):
+    raise FileExistsError(f"{output_dir} already holds checkpoints; remove it or pass another "
+                          "--output directory.")
+  config, tokenizer, _ = checkpointing.read_config(workdir, chosen[-1])
+  model_config = model_config_for(config, tokenizer)
+  mesh = sharding.make_mesh(config.mesh)
+  tx, _ = optimizer.make_optimizer(config.train, model_config.d_model)
+  target = train_step.abstract_state(Transformer(model_config), tx, mesh)
+
+  mean, newest = None, None
+  for count, step in enumerate(chosen, start=1):
+    newest = checkpointing.restore_state(workdir, step, target)
+    params = jax.tree.map(lambda x: x.astype(jnp.float32), newest.params)
+    mean = params if mean is None else jax.tree.map(
+        lambda m, x, k=count: m + (x - m) / k, mean, params)
+    logging.info("Averaged checkpoint %d (%d of %d).", step, count, len(chosen))
+  mean = jax.tree.map(lambda m, x: m.astype(x.dtype), mean, newest.params)
+  averaged = newest.replace(params=mean)
+  checkpointing.save_inference(output_dir, chosen[-1], averaged, config, tokenizer)
+  return output_dir, chosen

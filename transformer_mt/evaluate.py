@@ -1,0 +1,68 @@
+"""`run.py evaluate`: translate a test set from a checkpoint and score it, honestly.
+
+Two numbers, clearly labelled: sacreBLEU on the raw detokenized references (with its
+signature, comparable across papers that report sacreBLEU), and the paper-comparable
+tokenized, compound-split BLEU of tensor2tensor's get_ende_bleu.sh (what Vaswani et
+al. report). Hypotheses and the JSON report are written to WORKDIR/eval/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from transformer_mt import checkpointing, data_sources, evaluation, text_files
+from transformer_mt.translate import load_translator
+
+
+def _write_atomically(path: str, text: str) -> None:
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
+def evaluate(workdir: str, split: str = "test", step: int | None = None,
+             beam_size: int | None = None, alpha: float | None = None,
+             source_file: str | None = None, reference_file: str | None = None,
+             limit: int | None = None) -> dict[str, Any]:
+  """Translates the experiment's `split` (or the given files) and writes the BLEU report.
+
+  Args:
+    workdir: a training workdir or an averaged checkpoint directory.
+    source_file, reference_file: evaluate on these line-aligned files instead of `split`.
+    limit: only the first `limit` sentences (for quick checks; the report says so).
+  """
+  config, _, step = checkpointing.read_config(workdir, step)
+  if source_file or reference_file:
+    if not (source_file and reference_file):
+      raise ValueError("Pass both --source and --reference, or neither (to use the config's split).")
+    pairs = text_files.read_parallel(source_file, reference_file)
+    name = os.path.basename(source_file)
+  else:
+    splits = data_sources.load_pairs(config.data)
+    if split not in splits:
+      raise ValueError(f"The experiment's data has no {split!r} split (it has {sorted(splits)}); "
+                       "pass --split or --source/--reference.")
+    pairs, name = splits[split], split
+  pairs = list(pairs[:limit] if limit else pairs)
+  translator = load_translator(workdir, step, beam_size=beam_size, alpha=alpha)
+  start = time.perf_counter()
+  hypotheses = translator.translate([source for source, _ in pairs], progress=True)
+  seconds = time.perf_counter() - start
+  report = evaluation.bleu_report(hypotheses, [target for _, target in pairs],
+                                  config.data.get("target_lang", "en"))
+  report.update({
+      "workdir": os.path.abspath(workdir), "step": step, "split": name,
+      "num_sentences": len(pairs), "limited_to_first": limit, "beam_size": translator.beam_size,
+      "alpha": translator.alpha, "seconds": seconds, "sentences_per_second": len(pairs) / seconds,
+  })
+  out_dir = os.path.join(checkpointing.resolve_workdir(workdir), "eval")
+  os.makedirs(out_dir, exist_ok=True)
+  stem = os.path.join(out_dir, f"{name}-step{step}-beam{translator.beam_size}")
+  _write_atomically(stem + ".txt", "".join(h + "\n" for h in hypotheses))
+  _write_atomically(stem + ".json", json.dumps(report, indent=2) + "\n")
+  report["report_path"] = stem + ".json"
+  return report
