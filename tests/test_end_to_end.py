@@ -124,3 +124,50 @@ def test_average_then_translate(trained, tmp_path, capsys):
   assert cli.main(["translate", "--workdir", output, "--input", str(source),
                    "--output", str(tmp_path / "out.txt")]) == 0
   assert (tmp_path / "out.txt").read_text(encoding="utf-8").count("\n") == 1
+
+
+def test_attention_and_plot_commands_write_pngs(trained, tmp_path):
+  png = tmp_path / "attention.png"
+  assert cli.main(["attention", "--workdir", trained[0], "--src", "my cats saw a bird",
+                   "--output", str(png), "--layer", "mean"]) == 0
+  assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  curves = tmp_path / "curves.png"
+  assert cli.main(["plot", trained[0], "--output", str(curves)]) == 0
+  assert curves.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_validation_bleu_keeps_the_best_checkpoint(tmp_path, monkeypatch):
+  """With a validation split, BLEU is logged every train.bleu_every steps and WORKDIR/best
+  holds exactly one checkpoint: the step with the highest validation BLEU.
+
+  A tiny model scores 0 BLEU at every step, so the real BLEU is checked once and then
+  replaced by a scripted sequence in which the middle evaluation is the best."""
+  data = tmp_path / "data"
+  data.mkdir()
+  from transformer_mt import synthetic
+  train_pairs, held_out = synthetic.generate_splits(2000, 40, seed=1)
+  for name, pairs in (("train", train_pairs), ("valid", held_out)):
+    (data / f"{name}.en").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
+    (data / f"{name}.xx").write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
+  workdir = str(tmp_path / "run")
+  config = registry.load_experiment("demo", TINY + [
+      "train.num_steps=12", "train.bleu_every=4", "train.eval_every=4", "data.source='local'",
+      f"data.root='{data}'", "data.source_lang='en'", "data.target_lang='xx'",
+      "data.train_prefixes=['train']", "data.validation_prefixes=['valid']",
+      "decode.beam_size=1"])
+  real_bleu = train._validation_bleu
+  scripted = iter([3.0, 7.0, 5.0])
+
+  def fake_bleu(*args):
+    assert 0.0 <= real_bleu(*args) <= 100.0
+    return next(scripted)
+
+  monkeypatch.setattr(train, "_validation_bleu", fake_bleu)
+  train.train(config, workdir, progress=False)
+  records = metrics.read_metrics(workdir)
+  bleu = {r["step"]: r["validation/bleu"] for r in records if "validation/bleu" in r}
+  assert bleu == {4: 3.0, 8: 7.0, 12: 5.0}
+  assert any("validation/loss" in r for r in records)
+  best_steps = os.listdir(os.path.join(workdir, "best", "checkpoints"))
+  assert [int(s) for s in best_steps if s.isdigit()] == [8]
+  assert os.path.isdir(os.path.join(workdir, "checkpoints", "12"))  # the latest is kept too
