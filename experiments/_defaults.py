@@ -73,6 +73,11 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.grad_clip_norm = 0.0
   # Label smoothing epsilon: q(k) = (1 - eps) 1[k = y] + eps / |V|.
   config.train.label_smoothing = 0.1
+  # On a NaN/Inf loss or gradient: "stop" (exit naming the step) or "skip" (drop the update,
+  # count it). Either way the update is never applied and the checkpoints stay clean.
+  config.train.nonfinite = "stop"
+  # Fault injection for tests and drills: poison this step's loss with NaN (0: never).
+  config.train.inject_nonfinite_at = 0
   # Steps between metric log lines.
   config.train.log_every = 50
   # Steps between validation-loss evaluations (0: never).

@@ -117,6 +117,31 @@ def save(manager: ocp.CheckpointManager, step: int, state: Any, data_iterator,
       tokenizer=TokenizerSave(tokenizer)))
 
 
+def shape_mismatches(workdir: str, step: int, abstract_state: Any) -> list[str]:
+  """Parameters whose saved shape differs from the current model's ("name: saved vs now")."""
+  path = epath.Path(checkpoint_dir(resolve_workdir(workdir))) / str(step) / "state"
+  saved = ocp.StandardCheckpointer().metadata(path)
+  saved = getattr(saved, "item_metadata", saved)
+  saved_shapes = {jax.tree_util.keystr(k): tuple(v.shape)
+                  for k, v in jax.tree_util.tree_leaves_with_path(saved["params"])}
+  wanted = {jax.tree_util.keystr(k): tuple(v.shape)
+            for k, v in jax.tree_util.tree_leaves_with_path(abstract_state.params)}
+  problems = [f"{name}: checkpoint {saved_shapes[name]} vs model {shape}"
+              for name, shape in wanted.items() if name in saved_shapes and saved_shapes[name] != shape]
+  problems += [f"{name}: only in the model" for name in wanted if name not in saved_shapes]
+  problems += [f"{name}: only in the checkpoint" for name in saved_shapes if name not in wanted]
+  return sorted(problems)
+
+
+def check_compatible(workdir: str, step: int, abstract_state: Any) -> None:
+  """Raises a ValueError listing the mismatched parameters if the model does not fit."""
+  problems = shape_mismatches(workdir, step, abstract_state)
+  if problems:
+    shown = "; ".join(problems[:10]) + (f"; ... ({len(problems)} in all)" if len(problems) > 10 else "")
+    raise ValueError(f"The model config does not match the checkpoint of step {step} in {workdir}: "
+                     f"{shown}. Use the config the checkpoint was trained with, or a new workdir.")
+
+
 def restore_training(manager: ocp.CheckpointManager, step: int, abstract_state: Any,
                      data_iterator) -> tuple[Any, Any]:
   """Restores the train state into the shardings of `abstract_state` and the iterator in place.

@@ -158,9 +158,10 @@ def main(argv=None) -> int:
   logging.getLogger("absl").setLevel(logging.ERROR)
   for noisy in ("jax._src", "orbax", "etils"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
+  from transformer_mt.train_step import NonFiniteError
   try:
     args.func(args)
-  except (ValueError, FileNotFoundError, FileExistsError, KeyError) as e:
+  except (ValueError, FileNotFoundError, FileExistsError, KeyError, NonFiniteError) as e:
     if args.debug:
       raise
     print(f"error: {e}", file=sys.stderr)

@@ -14,6 +14,7 @@ nothing is dropped.
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 from typing import Iterator, Sequence
 
@@ -88,14 +89,20 @@ def shift_right_per_segment(packed: dict[str, np.ndarray]) -> dict[str, np.ndarr
 
 
 def rows_per_batch(batch_tokens: int, max_len: int, grad_accum_steps: int,
-                   process_count: int) -> int:
-  """Packed rows per update for a budget of `batch_tokens` target tokens (padding included)."""
+                   process_count: int, batch_shards: int = 1) -> int:
+  """Packed rows per update for a budget of `batch_tokens` target tokens (padding included).
+
+  Each micro-batch (rows / grad_accum_steps) is split over `batch_shards` devices (the
+  mesh's data x fsdp) and the rows over the processes, so all must divide evenly.
+  """
   rows = batch_tokens // max_len
-  if rows < 1 or rows % (grad_accum_steps * process_count):
+  unit = math.lcm(grad_accum_steps * batch_shards, grad_accum_steps * process_count)
+  if rows < 1 or rows % unit:
     raise ValueError(
-        f"train.batch_tokens={batch_tokens} gives {rows} rows of data.max_len={max_len} tokens, "
-        f"which must be a positive multiple of grad_accum_steps={grad_accum_steps} x "
-        f"processes={process_count}; adjust train.batch_tokens.")
+        f"train.batch_tokens={batch_tokens} gives {rows} rows of data.max_len={max_len} tokens; "
+        f"the rows must be a positive multiple of {unit} (grad_accum_steps={grad_accum_steps} x "
+        f"data-parallel shards={batch_shards}, and processes={process_count}); "
+        f"adjust train.batch_tokens (e.g. {max(unit, rows // unit * unit) * max_len}).")
   return rows
 
 

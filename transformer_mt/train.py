@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 import time
 from typing import Any
 
@@ -19,6 +21,7 @@ from tqdm import tqdm
 
 from transformer_mt import (checkpointing, data_sources, evaluation, input_pipeline, metrics,
                             optimizer, sharding, train_step)
+from transformer_mt.config import TransformerConfig
 from transformer_mt.model import Transformer
 from transformer_mt.tokenizer import load_or_train
 from transformer_mt.translate import Translator, decode_settings, model_config_for
@@ -31,10 +34,17 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
     {"step", "bleu", "bleu_signature", "state", "translator"}; BLEU is None when the
     data source has no held-out split.
   """
-  # Read (and validate) the data before writing anything: bad input leaves no half-made workdir.
-  pairs = data_sources.load_pairs(config.data)
+  # Validate the config and read the data before writing anything: a bad config or bad
+  # input leaves no half-made workdir behind.
+  TransformerConfig.from_mapping(config.model.to_dict(), vocab_size=config.tokenizer.vocab_size)
+  data_shards, fsdp_shards, _ = sharding.mesh_shape(config.mesh, jax.device_count())
+  policy = config.train.get("nonfinite", "stop")
+  if policy not in ("stop", "skip"):
+    raise ValueError(f"train.nonfinite={policy!r} must be 'stop' or 'skip'.")
   batch_rows = input_pipeline.rows_per_batch(config.train.batch_tokens, config.data.max_len,
-                                             config.train.grad_accum_steps, jax.process_count())
+                                             config.train.grad_accum_steps, jax.process_count(),
+                                             batch_shards=data_shards * fsdp_shards)
+  pairs = data_sources.load_pairs(config.data)
   os.makedirs(workdir, exist_ok=True)
   tokenizer = load_or_train(workdir, pairs["train"], config.tokenizer)
   model_config = model_config_for(config, tokenizer)
@@ -45,23 +55,25 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
                dict(mesh.shape), mesh.devices.size, len(pairs["train"]), batch_rows,
                config.data.max_len)
 
-  batches, filter_counts = input_pipeline.training_batches(
-      pairs["train"], tokenizer, batch_rows, config.train.grad_accum_steps, config.data.max_len,
-      seed=config.train.seed, process_index=jax.process_index(),
-      process_count=jax.process_count())
+  def make_batches():
+    return input_pipeline.training_batches(
+        pairs["train"], tokenizer, batch_rows, config.train.grad_accum_steps, config.data.max_len,
+        seed=config.train.seed, process_index=jax.process_index(),
+        process_count=jax.process_count())
 
   manager = checkpointing.make_manager(workdir, keep=config.train.keep_checkpoints,
                                        save_every=config.train.checkpoint_every)
   shardings = train_step.state_shardings(model, tx, mesh)
-  latest = manager.latest_step()
-  if latest is not None:
-    state, batches = checkpointing.restore_training(
-        manager, latest, train_step.abstract_state(model, tx, mesh), batches)
-    logging.info("Resumed from the checkpoint of step %d in %s.", latest, workdir)
+  restored = _restore_latest_readable(manager, workdir, train_step.abstract_state(model, tx, mesh),
+                                      make_batches)
+  latest = restored[0] if restored else None
+  if restored:
+    _, state, batches, filter_counts = restored
   else:
     state = train_step.create_sharded_state(config.train.seed, model, tx, mesh)
+    batches, filter_counts = make_batches()
   step_fn = train_step.jit_train_step(model, tx, schedule, config.train.label_smoothing, mesh,
-                                      shardings)
+                                      shardings, config.train.get("inject_nonfinite_at", 0))
   validate = _validation_fn(pairs.get("validation"), tokenizer, model, mesh, shardings, config)
   bleu_every = config.train.get("bleu_every", 0) if pairs.get("validation") else 0
   best_manager = checkpointing.make_best_manager(workdir) if bleu_every else None
@@ -71,39 +83,60 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
   num_steps = config.train.num_steps
   bar = tqdm(total=num_steps, initial=start, desc="train", unit="step",
              disable=not progress or jax.process_index() != 0)
-  pending, interval_start, interval_tokens = [], time.perf_counter(), 0.0
-  for step in range(start + 1, num_steps + 1):
-    batch = sharding.global_batch_from_local(next(batches), mesh, batch_dim=1)
-    state, step_metrics = step_fn(state, batch)
-    pending.append((step, step_metrics))
-    if step % config.train.log_every == 0 or step == num_steps:
-      fetched = jax.device_get([m for _, m in pending])  # one host sync per log interval
-      elapsed = time.perf_counter() - interval_start
-      interval_tokens = sum(float(m["num_tokens"]) for m in fetched)
-      tokens_per_second = interval_tokens / max(elapsed, 1e-9)
-      for (logged_step, _), values in zip(pending, fetched):
-        writer.write(logged_step, dict(values, tokens_per_second=tokens_per_second))
-      writer.write(step, {"data/pairs_seen": filter_counts.seen,
-                          "data/dropped_empty": filter_counts.empty,
-                          "data/dropped_too_long": filter_counts.too_long})
-      writer.flush()
-      last = fetched[-1]
-      bar.set_postfix(loss=f"{last['loss']:.3f}", acc=f"{last['accuracy']:.3f}",
-                      tok_s=f"{tokens_per_second:,.0f}")
-      bar.update(len(pending))
-      pending, interval_start = [], time.perf_counter()
-    if validate and config.train.eval_every and (step % config.train.eval_every == 0
-                                                 or step == num_steps):
-      writer.write(step, validate(state.params))
-      writer.flush()
-    if bleu_every and (step % bleu_every == 0 or step == num_steps):
-      bleu = _validation_bleu(state.params, model_config, tokenizer, mesh, config,
-                              pairs["validation"])
-      writer.write(step, {"validation/bleu": bleu})
-      writer.flush()
-      checkpointing.save_best(best_manager, step, state, config, tokenizer, bleu)
-    checkpointing.save(manager, step, state, batches, config, tokenizer,
-                       force=step == num_steps)
+  pending, interval_start = [], time.perf_counter()
+  skipped, preempted = 0, False
+  with _StopOnSignal() as stop_signal:
+    for step in range(start + 1, num_steps + 1):
+      batch = sharding.global_batch_from_local(next(batches), mesh, batch_dim=1)
+      state, step_metrics = step_fn(state, batch)
+      pending.append((step, step_metrics))
+      preempted = stop_signal.received
+      last_step = step == num_steps or preempted
+      # Metrics are fetched (one host sync) at log steps and before every checkpoint, so a
+      # non-finite step is seen before any checkpoint after it is written.
+      if step % config.train.log_every == 0 or last_step or manager.should_save(step):
+        fetched = jax.device_get([m for _, m in pending])
+        elapsed = time.perf_counter() - interval_start
+        tokens_per_second = sum(float(m["num_tokens"]) for m in fetched) / max(elapsed, 1e-9)
+        for (logged_step, _), values in zip(pending, fetched):
+          writer.write(logged_step, dict(values, tokens_per_second=tokens_per_second))
+        bad_steps = [s for (s, _), m in zip(pending, fetched) if m["nonfinite"]]
+        skipped += len(bad_steps)
+        writer.write(step, {"data/pairs_seen": filter_counts.seen,
+                            "data/dropped_empty": filter_counts.empty,
+                            "data/dropped_too_long": filter_counts.too_long,
+                            "nonfinite_steps_skipped": skipped})
+        writer.flush()
+        if bad_steps and policy == "stop":
+          checkpointing.wait(manager)
+          bar.close()  # so the error prints on a line of its own
+          raise train_step.NonFiniteError(
+              f"Non-finite loss or gradient at step {bad_steps[0]}; its update was not applied "
+              f"and the last checkpoint (step {manager.latest_step()}) is intact. Lower the "
+              "learning rate or clip gradients (train.grad_clip_norm), or set "
+              "train.nonfinite='skip' to skip such steps, then rerun to resume.")
+        for bad in bad_steps:
+          logging.warning("Skipped the update of step %d: non-finite loss or gradient.", bad)
+        last = fetched[-1]
+        bar.set_postfix(loss=f"{last['loss']:.3f}", acc=f"{last['accuracy']:.3f}",
+                        tok_s=f"{tokens_per_second:,.0f}")
+        bar.update(len(pending))
+        pending, interval_start = [], time.perf_counter()
+      if validate and config.train.eval_every and (step % config.train.eval_every == 0
+                                                   or step == num_steps):
+        writer.write(step, validate(state.params))
+        writer.flush()
+      if bleu_every and (step % bleu_every == 0 or step == num_steps):
+        bleu = _validation_bleu(state.params, model_config, tokenizer, mesh, config,
+                                pairs["validation"])
+        writer.write(step, {"validation/bleu": bleu})
+        writer.flush()
+        checkpointing.save_best(best_manager, step, state, config, tokenizer, bleu)
+      checkpointing.save(manager, step, state, batches, config, tokenizer, force=last_step)
+      if preempted:
+        logging.warning("Stopped by %s after step %d; its checkpoint is saved. Run the same "
+                        "command again to resume.", stop_signal.name, step)
+        break
   bar.update(len(pending))
   bar.close()
   if filter_counts.empty or filter_counts.too_long:
@@ -120,8 +153,9 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
   translator = Translator(params=state.params, model_config=model_config, tokenizer=tokenizer,
                           mesh=mesh, **decode_settings(config))
   result = {"step": int(state.step), "state": state, "translator": translator,
-            "bleu": None, "bleu_signature": None}
-  if pairs.get("test"):
+            "bleu": None, "bleu_signature": None, "preempted": preempted,
+            "nonfinite_steps_skipped": skipped}
+  if pairs.get("test") and not preempted:
     result.update(evaluate_held_out(translator, pairs["test"], config.get("num_samples", 3)))
   return result
 
@@ -142,6 +176,58 @@ def _validation_fn(pairs, tokenizer, model, mesh, shardings, config):
     return {"validation/loss": sums["nll"] / tokens, "validation/accuracy": sums["correct"] / tokens}
 
   return validate
+
+
+class _StopOnSignal:
+  """Turns SIGTERM/SIGINT (preemption, Ctrl-C) into a flag the loop checks after each step,
+  so the current step finishes and is checkpointed before the process exits with status 0."""
+
+  def __init__(self):
+    self.received, self.name, self._previous = False, None, {}
+
+  def _handle(self, signum, frame):
+    self.received, self.name = True, signal.Signals(signum).name
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      for signum in (signal.SIGTERM, signal.SIGINT):
+        self._previous[signum] = signal.signal(signum, self._handle)
+    return self
+
+  def __exit__(self, *exc):
+    for signum, handler in self._previous.items():
+      signal.signal(signum, handler)
+
+
+def _restore_latest_readable(manager, workdir, abstract_state, make_batches):
+  """(step, state, batches, counts) from the newest checkpoint that reads back, or None.
+
+  A checkpoint with missing or truncated files is skipped with a warning and the one
+  before it is tried; Orbax never lists a save still in progress (it is written to a
+  temporary directory and renamed when complete). A model that does not fit the
+  checkpoint is a config error, not corruption: it stops with the mismatched names.
+  """
+  steps = sorted(manager.all_steps(), reverse=True)
+  for step in steps:
+    try:
+      checkpointing.check_compatible(workdir, step, abstract_state)
+    except ValueError:
+      raise
+    except Exception as e:  # unreadable metadata: treat as corrupt, handled below
+      logging.debug("Metadata of step %d unreadable: %s", step, e)
+    batches, counts = make_batches()
+    try:
+      state, batches = checkpointing.restore_training(manager, step, abstract_state, batches)
+    except Exception as e:  # noqa: BLE001 - any read failure means this checkpoint is unusable
+      logging.warning("Checkpoint %d in %s cannot be read (%s: %s); falling back to the previous "
+                      "one.", step, workdir, type(e).__name__, str(e).splitlines()[0][:200])
+      continue
+    logging.info("Resumed from the checkpoint of step %d in %s.", step, workdir)
+    return step, state, batches, counts
+  if steps:
+    raise ValueError(f"None of the checkpoints {sorted(steps)} in {workdir} can be read; "
+                     "move the checkpoints/ directory away to start afresh.")
+  return None
 
 
 def _validation_bleu(params, model_config, tokenizer, mesh, config, pairs) -> float:

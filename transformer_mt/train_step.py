@@ -22,6 +22,10 @@ from transformer_mt import losses, sharding
 from transformer_mt.model import Transformer
 
 
+class NonFiniteError(RuntimeError):
+  """Training stopped on a NaN/Inf loss or gradient (policy train.nonfinite='stop')."""
+
+
 @flax.struct.dataclass
 class TrainState:
   step: jax.Array  # int32 []: optimizer updates applied so far.
@@ -79,12 +83,19 @@ def _micro_batch_sums(params, micro_batch, dropout_key, model, label_smoothing):
 
 def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: Transformer,
                tx: optax.GradientTransformation, schedule: optax.Schedule,
-               label_smoothing: float) -> tuple[TrainState, dict[str, jax.Array]]:
+               label_smoothing: float, inject_nonfinite_at: int = 0
+               ) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer update from a batch of [accum_steps, micro_batch, len] arrays.
 
   Gradients of the summed loss are accumulated over the micro-batches with
   `lax.scan` and divided once by the batch's total number of target tokens, so
   k micro-batches give exactly the gradient of one k-times larger batch.
+
+  A non-finite loss or gradient never reaches the parameters: the update is skipped
+  (params and optimizer state kept, the step counter still advances so the data and
+  dropout keys move on) and `metrics["nonfinite"]` is 1. The host then applies the
+  policy (skip and count, or stop). `inject_nonfinite_at` (> 0) poisons that step's
+  loss with NaN: a fault-injection hook for tests and drills.
   """
   step_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
   grad_fn = jax.grad(_micro_batch_sums, has_aux=True)
@@ -103,27 +114,39 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: Transfo
   (grads, sums), _ = jax.lax.scan(accumulate, (zero_grads, zero_sums),
                                   (batch, jnp.arange(num_micro)))
   num_tokens = jnp.maximum(sums["num_tokens"], 1.0)
+  if inject_nonfinite_at:
+    poison = jnp.where(state.step + 1 == inject_nonfinite_at, jnp.nan, 1.0)
+    grads = jax.tree.map(lambda g: g * poison, grads)
+    sums = dict(sums, loss=sums["loss"] * poison)
   grads = jax.tree.map(lambda g: g / num_tokens, grads)
+  grad_norm = optax.global_norm(grads)
+  finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
+  keep_if_finite = lambda new, old: jax.tree.map(  # noqa: E731
+      lambda n, o: jnp.where(finite, n, o), new, old)
+  params = keep_if_finite(params, state.params)
+  opt_state = keep_if_finite(opt_state, state.opt_state)
   metrics = {
       "loss": sums["loss"] / num_tokens,
       "nll": sums["nll"] / num_tokens,
       "accuracy": sums["correct"] / num_tokens,
       "num_tokens": sums["num_tokens"],
-      "grad_norm": optax.global_norm(grads),
+      "grad_norm": grad_norm,
       "param_norm": optax.global_norm(params),
       "learning_rate": schedule(state.step),
+      "nonfinite": 1.0 - finite.astype(jnp.float32),
   }
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
 def jit_train_step(model: Transformer, tx: optax.GradientTransformation,
                    schedule: optax.Schedule, label_smoothing: float, mesh: Mesh,
-                   shardings: Any) -> Callable:
+                   shardings: Any, inject_nonfinite_at: int = 0) -> Callable:
   """`train_step` compiled with sharded inputs/outputs and the state buffers donated."""
   step = functools.partial(train_step, model=model, tx=tx, schedule=schedule,
-                           label_smoothing=label_smoothing)
+                           label_smoothing=label_smoothing,
+                           inject_nonfinite_at=inject_nonfinite_at)
   batch_sharding = sharding.batch_sharding(mesh, ndim=3, batch_dim=1)
   compiled = jax.jit(step, in_shardings=(shardings, batch_sharding),
                      out_shardings=(shardings, sharding.replicated(mesh)), donate_argnums=0)
