@@ -31,8 +31,9 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
   """Trains (or resumes) the experiment `config` in `workdir`, then evaluates on held-out pairs.
 
   Returns:
-    {"step", "bleu", "bleu_signature", "state", "translator"}; BLEU is None when the
-    data source has no held-out split.
+    {"step", "state", "translator", "bleu", "bleu_signature", "preempted",
+    "nonfinite_steps_skipped"}; BLEU is None when the data source has no test split or
+    the run was preempted (SIGTERM/SIGINT), in which case the final evaluation is skipped.
   """
   # Validate the config and read the data before writing anything: a bad config or bad
   # input leaves no half-made workdir behind.
