@@ -98,6 +98,10 @@ def base_config() -> ml_collections.ConfigDict:
   config.mesh.fsdp = 1
   config.mesh.tensor = 1
 
+  config.evaluate = ml_collections.ConfigDict()
+  # Final models average the last N checkpoints (`run.py average --last N`; 0: no averaging).
+  config.evaluate.average_last = 0
+
   config.decode = ml_collections.ConfigDict()
   # Beam size (1 = greedy) and the GNMT length penalty ((5 + len) / 6)^alpha (paper: 4, 0.6).
   config.decode.beam_size = 4

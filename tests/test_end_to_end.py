@@ -94,8 +94,9 @@ def test_run_py_list_prints_parameter_counts():
                        check=True, cwd=os.path.dirname(os.path.dirname(__file__))).stdout
   rows = {line.split()[0]: float(line.split()[1].rstrip("M")) for line in out.splitlines()[1:]
           if "M " in line}
-  assert abs(rows["transformer_base"] - 65) / 65 < 0.05  # paper: 65M
-  assert abs(rows["transformer_big"] - 213) / 213 < 0.02  # paper: 213M
+  assert abs(rows["transformer_base_wmt14_ende"] - 65) / 65 < 0.05  # paper: 65M
+  assert abs(rows["transformer_big_wmt14_ende"] - 213) / 213 < 0.02  # paper: 213M
+  assert {"transformer_base_wmt14_enfr", "transformer_big_wmt14_enfr"} <= set(rows)
   assert "counted once" in out
 
 

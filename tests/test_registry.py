@@ -7,7 +7,9 @@ from transformer_mt import registry
 
 def test_every_experiment_loads_with_a_description():
   names = registry.experiment_names()
-  assert {"demo", "seed_minimal", "transformer_base", "transformer_big"} <= set(names)
+  assert {"demo", "seed_minimal", "news_ende_small", "transformer_base_wmt14_ende",
+          "transformer_big_wmt14_ende", "transformer_base_wmt14_enfr",
+          "transformer_big_wmt14_enfr"} <= set(names)
   for name in names:
     assert registry.load_experiment(name).description
 
@@ -43,3 +45,32 @@ def test_override_code_is_rejected_and_not_run(tmp_path):
     with pytest.raises(ValueError, match="Python literals"):
       registry.load_experiment("demo", [f"{key}={payload}"])
   assert not marker.exists()
+
+
+@pytest.mark.parametrize("name,size,target,vocab,dropout", [
+    ("transformer_base_wmt14_ende", "base", "de", 37000, 0.1),
+    ("transformer_big_wmt14_ende", "big", "de", 37000, 0.3),
+    ("transformer_base_wmt14_enfr", "base", "fr", 32000, 0.1),
+    ("transformer_big_wmt14_enfr", "big", "fr", 32000, 0.1),
+])
+def test_paper_rows_have_the_papers_hyperparameters(name, size, target, vocab, dropout):
+  """Every setting of Vaswani et al. (2017) section 5 / table 3 for the four WMT14 rows."""
+  config = registry.load_experiment(name)
+  model, train, data = config.model, config.train, config.data
+  width = {"base": (512, 2048, 8), "big": (1024, 4096, 16)}[size]
+  assert (model.d_model, model.d_ff, model.num_heads) == width
+  assert (model.num_encoder_layers, model.num_decoder_layers) == (6, 6)
+  assert model.layer_norm_position == "post" and model.use_residual and model.use_layer_norm
+  assert model.position_encoding == "sinusoidal" and model.scale_embeddings
+  assert model.share_embeddings and model.dropout_rate == dropout
+  assert train.label_smoothing == 0.1 and train.warmup_steps == 4000 and train.lr_scale == 1.0
+  assert (train.adam_b1, train.adam_b2, train.adam_eps) == (0.9, 0.98, 1e-9)
+  assert train.num_steps == {"base": 100_000, "big": 300_000}[size]
+  # ~25k target tokens per update (and as many source slots), packed rows of data.max_len.
+  assert 24_000 <= train.batch_tokens <= 26_000
+  assert config.tokenizer.vocab_size == vocab
+  assert config.evaluate.average_last == {"base": 5, "big": 20}[size]
+  assert train.keep_checkpoints >= config.evaluate.average_last
+  assert (config.decode.beam_size, config.decode.alpha, config.decode.extra_len) == (4, 0.6, 50)
+  assert (data.source, data.tfds_name, data.source_lang, data.target_lang) == (
+      "tfds", "wmt14_translate", "en", target)  # validation newstest2013, test newstest2014

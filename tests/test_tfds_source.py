@@ -284,7 +284,7 @@ def test_experiment_config_reads_tfds_splits_in_its_direction(labelled_tfds, sou
   Grain training pipeline packs them (through TFDS's random-access data source)."""
   from transformer_mt import data_sources, input_pipeline, registry
   from transformer_mt.tokenizer import train_tokenizer
-  config = registry.load_experiment("transformer_base", [f"data.source_lang='{source}'",
+  config = registry.load_experiment("transformer_base_wmt14_ende", [f"data.source_lang='{source}'",
                                                          f"data.target_lang='{target}'"])
   splits = data_sources.load_pairs(config.data)
   assert set(splits) == {"train", "validation", "test"}

@@ -1,0 +1,19 @@
+"""transformer_base_wmt14_enfr: the paper's Base model, WMT14 English -> French.
+
+As transformer_base_wmt14_ende (d 512, 8 heads, dropout 0.1, 100k steps, average of the
+last 5 checkpoints) with a shared 32k vocabulary: 60.51M parameters with tied embeddings.
+Validation newstest2013, test newstest2014.
+
+Paper: 38.1 BLEU (tokenized). Estimate (see experiments/_wmt14.py): 9.08e12 FLOPs/step x
+100k steps = 9.1e17 FLOPs, ~2.0 hours at 125 TFLOP/s sustained (one A100).
+
+    python run.py train --experiment transformer_base_wmt14_enfr --workdir workdirs/base_enfr
+"""
+
+from experiments import _wmt14
+
+
+def get_config():
+  config = _wmt14.paper_config("base", "fr")
+  config.description = "Paper's Transformer Base, WMT14 EN->FR via TFDS (paper: 38.1 BLEU)"
+  return config

@@ -1,0 +1,21 @@
+"""transformer_big_wmt14_enfr: the paper's Big model, WMT14 English -> French.
+
+As transformer_big_wmt14_ende (d 1024, 16 heads, 300k steps, average of the last 20
+checkpoints) but with dropout 0.1 (as the paper used for EN-FR) and a shared 32k
+vocabulary: 209.11M parameters with tied embeddings. Validation newstest2013, test
+newstest2014.
+
+Paper: 41.0 BLEU (tokenized; 41.8 in the paper's later revision). Estimate (see
+experiments/_wmt14.py): 3.14e13 FLOPs/step x 300k steps = 9.4e18 FLOPs, ~21 hours at
+125 TFLOP/s sustained (one A100).
+
+    python run.py train --experiment transformer_big_wmt14_enfr --workdir workdirs/big_enfr
+"""
+
+from experiments import _wmt14
+
+
+def get_config():
+  config = _wmt14.paper_config("big", "fr")
+  config.description = "Paper's Transformer Big, WMT14 EN->FR via TFDS (paper: 41.0 BLEU)"
+  return config
