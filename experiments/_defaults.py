@@ -18,6 +18,8 @@ def base_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   # One line shown by `run.py list`.
   config.description = ""
+  # The published BLEU this experiment reproduces, if any (shown by `run.py report`).
+  config.paper_bleu = None
   config.model = model_defaults()
 
   config.data = ml_collections.ConfigDict()

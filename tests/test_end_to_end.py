@@ -172,3 +172,23 @@ def test_validation_bleu_keeps_the_best_checkpoint(tmp_path, monkeypatch):
   best_steps = os.listdir(os.path.join(workdir, "best", "checkpoints"))
   assert [int(s) for s in best_steps if s.isdigit()] == [8]
   assert os.path.isdir(os.path.join(workdir, "checkpoints", "12"))  # the latest is kept too
+
+
+def test_reproduce_then_report(tmp_path, capsys):
+  """One command per row: train -> average the last 2 -> evaluate -> results.json; then the
+  report puts the row in a markdown table and draws the chart."""
+  workdir = str(tmp_path / "row")
+  assert cli.main(["reproduce", "--experiment", "demo", "--workdir", workdir, *TINY, "train.num_steps=20",
+                   "evaluate.average_last=2", "data.num_eval=8"]) == 0
+  with open(os.path.join(workdir, "results.json")) as f:
+    results = json.load(f)
+  assert results["experiment"] == "demo" and results["steps"] == 20
+  assert results["averaged_steps"] == [10, 20] and results["test_sentences"] == 8
+  assert 0.0 <= results["sacrebleu"] <= 100.0 and 0.0 <= results["paper_comparable_bleu"] <= 100.0
+  capsys.readouterr()
+  chart = tmp_path / "report.png"
+  assert cli.main(["report", workdir, "--chart", str(chart)]) == 0
+  out = capsys.readouterr().out
+  assert "| demo | – |" in out and "sacreBLEU signature" in out
+  assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  assert cli.main(["report", str(tmp_path / "nothing")]) == 2

@@ -1,4 +1,5 @@
-"""Command line: `run.py list | train | translate | evaluate | average | attention | plot`.
+"""Command line: `run.py list | train | translate | evaluate | average | attention | plot |
+reproduce | report`.
 
 Also installed as the `transformer-mt` console script.
 
@@ -94,6 +95,20 @@ def _cmd_plot(args) -> None:
   print(f"wrote {output} ({', '.join(series)})")
 
 
+def _cmd_reproduce(args) -> None:
+  from transformer_mt import reproduce
+  results = reproduce.reproduce(args.experiment, args.workdir, args.overrides)
+  print(reproduce.markdown_table([results]))
+  print(f"results: {os.path.join(args.workdir, reproduce.RESULTS_FILENAME)}")
+
+
+def _cmd_report(args) -> None:
+  from transformer_mt import reproduce
+  print(reproduce.report(args.workdirs, args.chart))
+  if args.chart:
+    print(f"chart: {args.chart}")
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="run.py", description=__doc__.splitlines()[0])
   parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
@@ -143,6 +158,19 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--head", type=int, default=None, help="head index (default: mean over heads)")
   p.add_argument("--step", type=int, default=None)
   p.set_defaults(func=_cmd_attention)
+
+  p = commands.add_parser("reproduce", help="train -> average -> evaluate a table row, "
+                                          "writing WORKDIR/results.json")
+  p.add_argument("--experiment", required=True,
+                 help="experiment name, e.g. transformer_base_wmt14_ende")
+  p.add_argument("--workdir", required=True)
+  p.add_argument("overrides", nargs="*", metavar="key=value")
+  p.set_defaults(func=_cmd_reproduce)
+
+  p = commands.add_parser("report", help="markdown table (and PNG chart) of reproduced rows")
+  p.add_argument("workdirs", nargs="+", help="workdirs holding results.json")
+  p.add_argument("--chart", default=None, help="also write a PNG bar chart here")
+  p.set_defaults(func=_cmd_report)
 
   p = commands.add_parser("plot", help="PNG of loss / learning-rate / BLEU curves of a workdir")
   p.add_argument("workdir")

@@ -1,0 +1,124 @@
+"""`run.py reproduce ROW` and `run.py report`: one command per row of the WMT table.
+
+reproduce = train (or resume) -> average the last N checkpoints (the experiment's
+`evaluate.average_last`) -> evaluate on the test split, all in one workdir, ending
+with WORKDIR/results.json. report = those results as a markdown table beside the
+paper's BLEU, plus a PNG chart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Sequence
+
+import jax
+
+from transformer_mt import averaging, checkpointing, evaluate, registry, train
+from transformer_mt.config import TransformerConfig
+from transformer_mt.model import count_parameters
+
+RESULTS_FILENAME = "results.json"
+
+
+def _averaged_dir(workdir: str, last_n: int) -> tuple[str, list[int]]:
+  """Averages the last N checkpoints, reusing an earlier average of the same steps."""
+  steps = checkpointing.all_steps(workdir)[-last_n:]
+  output = os.path.join(workdir, f"averaged_last{last_n}_to{steps[-1]}")
+  if os.path.exists(checkpointing.checkpoint_dir(output)):
+    return output, steps
+  return averaging.average_last(workdir, last_n, output)
+
+
+def reproduce(name: str, workdir: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
+  config = registry.load_experiment(name, overrides)
+  start = time.perf_counter()
+  trained = train.train(config, workdir)
+  if trained.get("preempted"):
+    raise RuntimeError("Training was stopped by a signal; rerun the same command to resume.")
+  last_n = config.evaluate.get("average_last", 0)
+  eval_dir, averaged = (_averaged_dir(workdir, last_n) if last_n > 1
+                        else (workdir, checkpointing.all_steps(workdir)[-1:]))
+  scores = evaluate.evaluate(eval_dir, "test")
+  model = TransformerConfig.from_mapping(config.model.to_dict(),
+                                         vocab_size=config.tokenizer.vocab_size)
+  results = {
+      "experiment": name,
+      "description": config.description,
+      "paper_bleu": config.get("paper_bleu"),
+      "sacrebleu": scores["sacrebleu"],
+      "sacrebleu_signature": scores["sacrebleu_signature"],
+      "paper_comparable_bleu": scores["paper_bleu"],
+      "paper_comparable_method": scores["paper_bleu_method"],
+      "parameters": count_parameters(model),
+      "steps": trained["step"],
+      "averaged_steps": averaged,
+      "beam_size": scores["beam_size"],
+      "alpha": scores["alpha"],
+      "test_sentences": scores["num_sentences"],
+      "wall_seconds_this_run": time.perf_counter() - start,
+      "hardware": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
+      "overrides": list(overrides),
+  }
+  path = os.path.join(workdir, RESULTS_FILENAME)
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(results, f, indent=2)
+  os.replace(tmp, path)
+  return results
+
+
+def load_results(workdirs: Sequence[str]) -> list[dict[str, Any]]:
+  rows = []
+  for workdir in workdirs:
+    path = os.path.join(workdir, RESULTS_FILENAME)
+    if not os.path.exists(path):
+      raise FileNotFoundError(f"{path} does not exist; run `run.py reproduce NAME --workdir "
+                              f"{workdir}` first.")
+    with open(path, encoding="utf-8") as f:
+      rows.append(dict(json.load(f), workdir=workdir))
+  return rows
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+  def fmt(value, spec=".2f"):
+    return "–" if value is None else format(value, spec)
+
+  lines = ["| experiment | paper BLEU | ours: paper-comparable | ours: sacreBLEU | params | steps "
+           "| wall time (this run) | hardware |",
+           "|---|---|---|---|---|---|---|---|"]
+  for r in rows:
+    lines.append(
+        f"| {r['experiment']} | {fmt(r.get('paper_bleu'), '.1f')} | "
+        f"{fmt(r['paper_comparable_bleu'])} | {fmt(r['sacrebleu'])} | "
+        f"{r['parameters'] / 1e6:.1f}M | {r['steps']} | "
+        f"{r['wall_seconds_this_run'] / 60:.1f} min | {r['hardware']} |")
+  signatures = sorted({r["sacrebleu_signature"] for r in rows})
+  lines.append("")
+  lines.append("sacreBLEU signature(s): " + "; ".join(signatures))
+  return "\n".join(lines)
+
+
+def bar_chart(rows: Sequence[dict[str, Any]], path: str) -> None:
+  from matplotlib.figure import Figure
+  figure = Figure(figsize=(max(5, 1.6 * len(rows)), 4))
+  axes = figure.add_subplot()
+  names = [r["experiment"] for r in rows]
+  positions = range(len(rows))
+  axes.bar([p - 0.2 for p in positions], [r.get("paper_bleu") or 0 for r in rows], 0.4,
+           label="paper")
+  axes.bar([p + 0.2 for p in positions], [r["paper_comparable_bleu"] for r in rows], 0.4,
+           label="ours (paper-comparable)")
+  axes.set_xticks(list(positions), names, rotation=20, ha="right", fontsize=8)
+  axes.set_ylabel("BLEU")
+  axes.legend()
+  figure.tight_layout()
+  figure.savefig(path, dpi=120)
+
+
+def report(workdirs: Sequence[str], chart_path: str | None = None) -> str:
+  rows = load_results(workdirs)
+  if chart_path:
+    bar_chart(rows, chart_path)
+  return markdown_table(rows)
