@@ -24,7 +24,6 @@ sys.path.insert(0, str(ROOT))
 
 import jax  # noqa: E402
 import ml_collections  # noqa: E402
-import numpy as np  # noqa: E402
 
 from experiments import _defaults, news_ende_small  # noqa: E402
 from transformer_mt import (data_sources, input_pipeline, optimizer, sharding,  # noqa: E402

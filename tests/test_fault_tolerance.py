@@ -24,13 +24,10 @@ TINY = ["model.d_model=32", "model.num_heads=2", "model.d_ff=64", "model.num_enc
 
 
 def final_params(workdir, step):
+  from transformer_mt import sharding
+  from transformer_mt.translate import restore_target
   config, tokenizer, _ = checkpointing.read_config(workdir, step)
-  from transformer_mt import optimizer, sharding, train_step
-  from transformer_mt.model import Transformer
-  from transformer_mt.translate import model_config_for
-  model_config = model_config_for(config, tokenizer)
-  tx, _ = optimizer.make_optimizer(config.train, model_config.d_model)
-  target = train_step.abstract_state(Transformer(model_config), tx, sharding.make_mesh(config.mesh))
+  _, target = restore_target(config, tokenizer, sharding.make_mesh(config.mesh))
   return jax.device_get(checkpointing.restore_state(workdir, step, target).params)
 
 

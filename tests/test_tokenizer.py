@@ -1,11 +1,10 @@
 """The joint SentencePiece vocabulary: fixed special ids, round trips, reuse from the workdir."""
 
 import ml_collections
-import numpy as np
 import pytest
 
 from transformer_mt import input_pipeline, tokenizer
-from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 PAIRS = [("The cat sat on the mat.", "Die Katze saß auf der Matte."),
          ("A dog barks at night.", "Ein Hund bellt in der Nacht."),

@@ -11,9 +11,8 @@ import os
 import jax
 import jax.numpy as jnp
 
-from transformer_mt import checkpointing, optimizer, sharding, train_step
-from transformer_mt.model import Transformer
-from transformer_mt.translate import model_config_for
+from transformer_mt import checkpointing, sharding
+from transformer_mt.translate import restore_target
 
 
 def average_last(workdir: str, last_n: int, output_dir: str | None = None
@@ -39,10 +38,7 @@ def average_last(workdir: str, last_n: int, output_dir: str | None = None
     raise FileExistsError(f"{output_dir} already holds checkpoints; remove it or pass another "
                           "--output directory.")
   config, tokenizer, _ = checkpointing.read_config(workdir, chosen[-1])
-  model_config = model_config_for(config, tokenizer)
-  mesh = sharding.make_mesh(config.mesh)
-  tx, _ = optimizer.make_optimizer(config.train, model_config.d_model)
-  target = train_step.abstract_state(Transformer(model_config), tx, mesh)
+  _, target = restore_target(config, tokenizer, sharding.make_mesh(config.mesh))
 
   mean, newest = None, None
   for count, step in enumerate(chosen, start=1):

@@ -98,23 +98,26 @@ def make_best_manager(workdir: str) -> ocp.CheckpointManager:
                                item_names=("state", "config", "tokenizer"))
 
 
+def _model_items(state: Any, config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> dict:
+  """What every checkpoint holds to be self-contained: state, config and tokenizer."""
+  return {"state": ocp.args.StandardSave(state),
+          "config": ocp.args.JsonSave(json.loads(config.to_json())),
+          "tokenizer": TokenizerSave(tokenizer)}
+
+
 def save_best(manager: ocp.CheckpointManager, step: int, state: Any,
               config: ml_collections.ConfigDict, tokenizer: Tokenizer, bleu: float) -> None:
   """Offers a checkpoint scored by validation BLEU; Orbax keeps it only if it is the best."""
-  manager.save(step, force=True, metrics={"bleu": float(bleu)}, args=ocp.args.Composite(
-      state=ocp.args.StandardSave(state),
-      config=ocp.args.JsonSave(json.loads(config.to_json())),
-      tokenizer=TokenizerSave(tokenizer)))
+  manager.save(step, force=True, metrics={"bleu": float(bleu)},
+               args=ocp.args.Composite(**_model_items(state, config, tokenizer)))
 
 
 def save(manager: ocp.CheckpointManager, step: int, state: Any, data_iterator,
          config: ml_collections.ConfigDict, tokenizer: Tokenizer, force: bool = False) -> bool:
   """Starts an asynchronous save of everything needed to resume or translate."""
   return manager.save(step, force=force, args=ocp.args.Composite(
-      state=ocp.args.StandardSave(state),
       data_iter=grain.checkpoint.CheckpointSave(data_iterator),
-      config=ocp.args.JsonSave(json.loads(config.to_json())),
-      tokenizer=TokenizerSave(tokenizer)))
+      **_model_items(state, config, tokenizer)))
 
 
 def shape_mismatches(workdir: str, step: int, abstract_state: Any) -> list[str]:
@@ -192,10 +195,7 @@ def save_inference(workdir: str, step: int, state: Any, config: ml_collections.C
                    tokenizer: Tokenizer) -> str:
   """Writes a checkpoint without a data iterator (e.g. averaged parameters) and waits for it."""
   manager = make_manager(workdir, keep=None)
-  manager.save(step, force=True, args=ocp.args.Composite(
-      state=ocp.args.StandardSave(state),
-      config=ocp.args.JsonSave(json.loads(config.to_json())),
-      tokenizer=TokenizerSave(tokenizer)))
+  manager.save(step, force=True, args=ocp.args.Composite(**_model_items(state, config, tokenizer)))
   manager.wait_until_finished()
   manager.close()
   return str(epath.Path(checkpoint_dir(workdir)) / str(step))

@@ -17,14 +17,12 @@ import sys
 
 def _cmd_list(args) -> None:
   from transformer_mt import registry
-  from transformer_mt.config import TransformerConfig
   from transformer_mt.model import count_parameters
+  from transformer_mt.translate import model_config_for
   rows = []
   for name in registry.experiment_names():
     config = registry.load_experiment(name)
-    model = TransformerConfig.from_mapping(config.model.to_dict(),
-                                           vocab_size=config.tokenizer.vocab_size)
-    rows.append((name, count_parameters(model), config.description))
+    rows.append((name, count_parameters(model_config_for(config)), config.description))
   width = max(len(r[0]) for r in rows)
   print(f"{'experiment':<{width}}  {'params':>8}  description")
   for name, params, description in rows:
@@ -55,10 +53,8 @@ def _cmd_translate(args) -> None:
   if args.output == "-":
     sys.stdout.write(text)
   else:
-    tmp = f"{args.output}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-      f.write(text)
-    os.replace(tmp, args.output)
+    from transformer_mt.text_files import write_atomically
+    write_atomically(args.output, text)
 
 
 def _cmd_evaluate(args) -> None:

@@ -17,13 +17,6 @@ from transformer_mt import checkpointing, data_sources, evaluation, text_files
 from transformer_mt.translate import load_translator
 
 
-def _write_atomically(path: str, text: str) -> None:
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(text)
-  os.replace(tmp, path)
-
-
 def evaluate(workdir: str, split: str = "test", step: int | None = None,
              beam_size: int | None = None, alpha: float | None = None,
              source_file: str | None = None, reference_file: str | None = None,
@@ -62,7 +55,7 @@ def evaluate(workdir: str, split: str = "test", step: int | None = None,
   out_dir = os.path.join(checkpointing.resolve_workdir(workdir), "eval")
   os.makedirs(out_dir, exist_ok=True)
   stem = os.path.join(out_dir, f"{name}-step{step}-beam{translator.beam_size}")
-  _write_atomically(stem + ".txt", "".join(h + "\n" for h in hypotheses))
-  _write_atomically(stem + ".json", json.dumps(report, indent=2) + "\n")
+  text_files.write_atomically(stem + ".txt", "".join(h + "\n" for h in hypotheses))
+  text_files.write_atomically(stem + ".json", json.dumps(report, indent=2) + "\n")
   report["report_path"] = stem + ".json"
   return report

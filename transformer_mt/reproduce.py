@@ -15,9 +15,9 @@ from typing import Any, Sequence
 
 import jax
 
-from transformer_mt import averaging, checkpointing, evaluate, registry, train
-from transformer_mt.config import TransformerConfig
+from transformer_mt import averaging, checkpointing, evaluate, registry, text_files, train
 from transformer_mt.model import count_parameters
+from transformer_mt.translate import model_config_for
 
 RESULTS_FILENAME = "results.json"
 
@@ -41,8 +41,7 @@ def reproduce(name: str, workdir: str, overrides: Sequence[str] = ()) -> dict[st
   eval_dir, averaged = (_averaged_dir(workdir, last_n) if last_n > 1
                         else (workdir, checkpointing.all_steps(workdir)[-1:]))
   scores = evaluate.evaluate(eval_dir, "test")
-  model = TransformerConfig.from_mapping(config.model.to_dict(),
-                                         vocab_size=config.tokenizer.vocab_size)
+  model = model_config_for(config)
   results = {
       "experiment": name,
       "description": config.description,
@@ -61,11 +60,8 @@ def reproduce(name: str, workdir: str, overrides: Sequence[str] = ()) -> dict[st
       "hardware": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
       "overrides": list(overrides),
   }
-  path = os.path.join(workdir, RESULTS_FILENAME)
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(results, f, indent=2)
-  os.replace(tmp, path)
+  text_files.write_atomically(os.path.join(workdir, RESULTS_FILENAME),
+                              json.dumps(results, indent=2))
   return results
 
 

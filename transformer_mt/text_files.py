@@ -28,6 +28,15 @@ _MAX_SUGGESTIONS = 10
 PathLike = str | os.PathLike
 
 
+def write_atomically(path: str | os.PathLike, data: str | bytes) -> None:
+  """Writes `data` (UTF-8 text or bytes) so a crash leaves either the old file or the new
+  one, never half of it: write a temporary file beside it, then rename."""
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "wb") as f:
+    f.write(data.encode("utf-8") if isinstance(data, str) else data)
+  os.replace(tmp, path)
+
+
 class DataError(ValueError):
   """A problem with the user's data files: the message says what, where and what to do."""
 

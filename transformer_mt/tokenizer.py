@@ -15,6 +15,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 
+from transformer_mt.text_files import write_atomically
+
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
 MODEL_FILENAME = "tokenizer.model"
 
@@ -53,10 +55,7 @@ class Tokenizer:
 
   def save(self, path: str | os.PathLike) -> None:
     """Writes atomically: a crash leaves either no file or a complete one."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-      f.write(self.model_proto)
-    os.replace(tmp, path)
+    write_atomically(path, self.model_proto)
 
 
 def train_tokenizer(pairs: Sequence[tuple[str, str]], vocab_size: int, model_type: str = "unigram",

@@ -21,7 +21,6 @@ from tqdm import tqdm
 
 from transformer_mt import (checkpointing, data_sources, evaluation, input_pipeline, metrics,
                             optimizer, sharding, train_step)
-from transformer_mt.config import TransformerConfig
 from transformer_mt.model import Transformer
 from transformer_mt.tokenizer import load_or_train
 from transformer_mt.translate import Translator, decode_settings, model_config_for
@@ -37,7 +36,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
   """
   # Validate the config and read the data before writing anything: a bad config or bad
   # input leaves no half-made workdir behind.
-  TransformerConfig.from_mapping(config.model.to_dict(), vocab_size=config.tokenizer.vocab_size)
+  model_config_for(config)
   data_shards, fsdp_shards, _ = sharding.mesh_shape(config.mesh, jax.device_count())
   policy = config.train.get("nonfinite", "stop")
   if policy not in ("stop", "skip"):

@@ -86,9 +86,18 @@ class Translator:
     return list(np.asarray(jax.device_get(outputs))[:len(sources)])
 
 
-def model_config_for(config, tokenizer: Tokenizer) -> TransformerConfig:
-  """The experiment's model section with the vocabulary size of its tokenizer."""
-  return TransformerConfig.from_mapping(config.model.to_dict(), vocab_size=tokenizer.vocab_size)
+def model_config_for(config, tokenizer: Tokenizer | None = None) -> TransformerConfig:
+  """The experiment's model section with the vocabulary size of its tokenizer (before one is
+  trained: the configured `tokenizer.vocab_size`)."""
+  vocab_size = tokenizer.vocab_size if tokenizer else config.tokenizer.vocab_size
+  return TransformerConfig.from_mapping(config.model.to_dict(), vocab_size=vocab_size)
+
+
+def restore_target(config, tokenizer: Tokenizer, mesh: Mesh) -> tuple[TransformerConfig, Any]:
+  """The model config and the sharded abstract train state a checkpoint restores into."""
+  model_config = model_config_for(config, tokenizer)
+  tx, _ = optimizer.make_optimizer(config.train, model_config.d_model)
+  return model_config, train_step.abstract_state(Transformer(model_config), tx, mesh)
 
 
 def load_translator(workdir: str, step: int | None = None, mesh: Mesh | None = None,
@@ -98,10 +107,8 @@ def load_translator(workdir: str, step: int | None = None, mesh: Mesh | None = N
   Beam size and alpha default to the experiment's `decode` section.
   """
   config, tokenizer, step = checkpointing.read_config(workdir, step)
-  model_config = model_config_for(config, tokenizer)
   mesh = mesh or sharding.make_mesh(config.mesh)
-  tx, _ = optimizer.make_optimizer(config.train, model_config.d_model)
-  target = train_step.abstract_state(Transformer(model_config), tx, mesh)
+  model_config, target = restore_target(config, tokenizer, mesh)
   state = checkpointing.restore_state(workdir, step, target)
   logging.info("Loaded step %d from %s.", step, workdir)
   return Translator(params=state.params, model_config=model_config, tokenizer=tokenizer, mesh=mesh,
