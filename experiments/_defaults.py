@@ -28,9 +28,10 @@ def base_config() -> ml_collections.ConfigDict:
   # Translation direction, as language codes (file suffixes for "local"; TFDS feature names for "tfds").
   config.data.source_lang = "en"
   config.data.target_lang = "de"
-  # Synthetic corpus: number of training / held-out pairs and the generator's seed.
+  # Synthetic corpus: number of training / held-out test / validation pairs and the generator's seed.
   config.data.num_train = 50_000
   config.data.num_eval = 500
+  config.data.num_validation = 0
   config.data.seed = 0
   # TFDS builder: wmt14_translate, wmt17_translate or wmt_t2t_translate.
   config.data.tfds_name = "wmt14_translate"

@@ -146,7 +146,8 @@ def test_validation_bleu_keeps_the_best_checkpoint(tmp_path, monkeypatch):
   data = tmp_path / "data"
   data.mkdir()
   from transformer_mt import synthetic
-  train_pairs, held_out = synthetic.generate_splits(2000, 40, seed=1)
+  splits = synthetic.generate_splits(2000, 40, seed=1)
+  train_pairs, held_out = splits["train"], splits["test"]
   for name, pairs in (("train", train_pairs), ("valid", held_out)):
     (data / f"{name}.en").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
     (data / f"{name}.xx").write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")

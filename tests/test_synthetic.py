@@ -14,7 +14,8 @@ def pair():
 
 @pytest.fixture(scope="module")
 def splits():
-  return synthetic.generate_splits(3000, 300, seed=0)
+  splits = synthetic.generate_splits(3000, 300, seed=0)
+  return splits["train"], splits["test"]
 
 
 def _noun(pair, english: str) -> int:
@@ -54,8 +55,18 @@ def test_eval_sources_distinct_and_unseen_in_train(splits):
 
 
 def test_eval_set_does_not_depend_on_train_size():
-  _, small = synthetic.generate_splits(10, 100, seed=1)
-  assert synthetic.generate_splits(500, 100, seed=1)[1] == small
+  small = synthetic.generate_splits(10, 100, seed=1)["test"]
+  assert synthetic.generate_splits(500, 100, seed=1)["test"] == small
+
+
+def test_validation_is_distinct_unseen_and_leaves_test_unchanged():
+  without = synthetic.generate_splits(500, 100, seed=1)
+  splits = synthetic.generate_splits(500, 100, seed=1, num_validation=80)
+  assert splits["test"] == without["test"]
+  validation = {source for source, _ in splits["validation"]}
+  assert len(validation) == 80
+  assert not validation & {source for source, _ in splits["test"]}
+  assert not validation & {source for source, _ in splits["train"]}
 
 
 def test_vocabulary_sizes(pair):

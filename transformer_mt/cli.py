@@ -30,11 +30,19 @@ def _cmd_list(args) -> None:
   print("Parameter counts include the embeddings; a tied (shared) embedding matrix is counted once.")
 
 
+def _initialize_distributed(args) -> None:
+  from transformer_mt import distributed
+  distributed.initialize(args.coordinator_address, args.num_processes, args.process_id,
+                         args.multihost)
+
+
 def _cmd_train(args) -> None:
-  from transformer_mt import registry, train
+  _initialize_distributed(args)
+  from transformer_mt import distributed, registry, train
   config = registry.load_experiment(args.experiment, args.overrides)
   result = train.train(config, args.workdir)
-  print(f"Done: step {result['step']}, checkpoints in {os.path.join(args.workdir, 'checkpoints')}")
+  if distributed.is_primary():
+    print(f"Done: step {result['step']}, checkpoints in {os.path.join(args.workdir, 'checkpoints')}")
 
 
 def _cmd_translate(args) -> None:
@@ -105,15 +113,30 @@ def _cmd_report(args) -> None:
     print(f"chart: {args.chart}")
 
 
+def _distributed_flags() -> argparse.ArgumentParser:
+  """Flags of a multi-process launch (see transformer_mt/distributed.py)."""
+  flags = argparse.ArgumentParser(add_help=False)
+  group = flags.add_argument_group("multi-process launch (SLURM and Open MPI are detected)")
+  group.add_argument("--coordinator_address", default=None, metavar="HOST:PORT",
+                     help="address of process 0, the same on every process")
+  group.add_argument("--num_processes", type=int, default=None, help="number of processes")
+  group.add_argument("--process_id", type=int, default=None, help="this process, 0..N-1")
+  group.add_argument("--multihost", action="store_true",
+                     help="let JAX detect the cluster (TPU pods, Kubernetes)")
+  return flags
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="run.py", description=__doc__.splitlines()[0])
   parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
   commands = parser.add_subparsers(dest="command", required=True)
+  distributed_flags = _distributed_flags()
 
   p = commands.add_parser("list", help="list experiments with parameter counts")
   p.set_defaults(func=_cmd_list)
 
-  p = commands.add_parser("train", help="train (or resume) an experiment in a workdir")
+  p = commands.add_parser("train", help="train (or resume) an experiment in a workdir",
+                          parents=[distributed_flags])
   p.add_argument("--experiment", default="demo", help="experiment name (see `list`)")
   p.add_argument("--workdir", required=True, help="checkpoints, metrics and tokenizer go here")
   p.add_argument("overrides", nargs="*", metavar="key=value",

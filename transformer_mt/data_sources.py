@@ -33,9 +33,8 @@ def load_pairs(data_config: ml_collections.ConfigDict) -> dict[str, Sequence[tup
   source = data_config.source
   if source == "synthetic":
     from transformer_mt import synthetic
-    train, held_out = synthetic.generate_splits(data_config.num_train, data_config.num_eval,
-                                                data_config.seed)
-    return {"train": train, "test": held_out}
+    return synthetic.generate_splits(data_config.num_train, data_config.num_eval,
+                                     data_config.seed, data_config.get("num_validation", 0))
   if source == "tfds":
     from transformer_mt import tfds_source
     return {split: tfds_source.load_tfds_pairs(

@@ -17,6 +17,7 @@ import flax.linen as nn
 import jax
 import ml_collections
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -121,3 +122,26 @@ def global_batch_from_local(local_batch: dict[str, np.ndarray], mesh: Mesh,
     return jax.make_array_from_process_local_data(sharding, array)
 
   return {name: put(np.asarray(array)) for name, array in local_batch.items()}
+
+
+def global_batch_from_host(batch: Any, mesh: Mesh, batch_dim: int = 0) -> Any:
+  """Arrays identical on every process (e.g. evaluation batches), sharded over (data, fsdp).
+
+  Unlike `global_batch_from_local`, every process holds all rows and each device takes
+  its slice. `batch` is an array or a tree of arrays.
+  """
+  def put(array):
+    array = np.asarray(array)
+    sharding = batch_sharding(mesh, array.ndim, batch_dim)
+    if jax.process_count() == 1:
+      return jax.device_put(array, sharding)
+    return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
+
+  return jax.tree.map(put, batch)
+
+
+def to_host(array: jax.Array) -> np.ndarray:
+  """The whole value of a (possibly multi-process sharded) array as numpy, on every process."""
+  if jax.process_count() == 1 or array.is_fully_replicated:
+    return np.asarray(jax.device_get(array))
+  return np.asarray(multihost_utils.process_allgather(array, tiled=True))

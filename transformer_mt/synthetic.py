@@ -300,17 +300,18 @@ def make_language_pair(seed: int) -> LanguagePair:
   )
 
 
-def generate_splits(num_train: int, num_eval: int, seed: int
-                    ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-  """(source, target) pairs of make_language_pair(seed); eval sources are distinct, unseen in train.
+def generate_splits(num_train: int, num_eval: int, seed: int, num_validation: int = 0
+                    ) -> dict[str, list[tuple[str, str]]]:
+  """{"train", "test"[, "validation"]} (source, target) pairs of make_language_pair(seed).
 
-  Eval is drawn first, so the eval set for a seed does not depend on num_train.
-  Training pairs may repeat (as in real data); only eval sentences are excluded.
+  Test and validation sources are distinct and never seen in training. Test is drawn
+  first and validation from a stream of its own, so neither depends on num_train and
+  asking for validation leaves the test set unchanged. Training pairs may repeat (as
+  in real data).
   """
   pair = make_language_pair(seed)
-  rng = np.random.default_rng([seed, 1])  # a stream separate from the lexicon's
 
-  def draw(count: int, exclude: set[str], distinct: bool) -> list[tuple[str, str]]:
+  def draw(rng, count: int, exclude: set[str], distinct: bool) -> list[tuple[str, str]]:
     out = []
     while len(out) < count:
       for row in rng.random((count - len(out), _DRAWS)).tolist():
@@ -323,6 +324,12 @@ def generate_splits(num_train: int, num_eval: int, seed: int
         out.append((source, " ".join(pair._target_words(clause))))
     return out
 
-  eval_pairs = draw(num_eval, set(), distinct=True)
-  train_pairs = draw(num_train, {source for source, _ in eval_pairs}, distinct=False)
-  return train_pairs, eval_pairs
+  rng = np.random.default_rng([seed, 1])  # a stream separate from the lexicon's
+  splits = {"test": draw(rng, num_eval, set(), distinct=True)}
+  held_out = {source for source, _ in splits["test"]}
+  if num_validation:
+    splits["validation"] = draw(np.random.default_rng([seed, 2]), num_validation, held_out,
+                                distinct=True)
+    held_out |= {source for source, _ in splits["validation"]}
+  splits["train"] = draw(rng, num_train, held_out, distinct=False)
+  return splits

@@ -19,8 +19,8 @@ import ml_collections
 import numpy as np
 from tqdm import tqdm
 
-from transformer_mt import (checkpointing, data_sources, evaluation, input_pipeline, metrics,
-                            optimizer, sharding, train_step)
+from transformer_mt import (checkpointing, data_sources, distributed, evaluation, input_pipeline,
+                            metrics, optimizer, sharding, train_step)
 from transformer_mt.model import Transformer
 from transformer_mt.tokenizer import load_or_train
 from transformer_mt.translate import Translator, decode_settings, model_config_for
@@ -46,7 +46,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
                                              batch_shards=data_shards * fsdp_shards)
   pairs = data_sources.load_pairs(config.data)
   os.makedirs(workdir, exist_ok=True)
-  tokenizer = load_or_train(workdir, pairs["train"], config.tokenizer)
+  tokenizer = _shared_tokenizer(workdir, pairs["train"], config)
   model_config = model_config_for(config, tokenizer)
   model = Transformer(model_config)
   tx, schedule = optimizer.make_optimizer(config.train, model_config.d_model)
@@ -90,11 +90,14 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
       batch = sharding.global_batch_from_local(next(batches), mesh, batch_dim=1)
       state, step_metrics = step_fn(state, batch)
       pending.append((step, step_metrics))
-      preempted = stop_signal.received
+      log_step = step % config.train.log_every == 0
+      # With several processes, all must stop at the same step: they agree at log steps.
+      preempted = (stop_signal.received if jax.process_count() == 1
+                   else log_step and distributed.any_process(stop_signal.received))
       last_step = step == num_steps or preempted
       # Metrics are fetched (one host sync) at log steps and before every checkpoint, so a
       # non-finite step is seen before any checkpoint after it is written.
-      if step % config.train.log_every == 0 or last_step or manager.should_save(step):
+      if log_step or last_step or manager.should_save(step):
         fetched = jax.device_get([m for _, m in pending])
         elapsed = time.perf_counter() - interval_start
         tokens_per_second = sum(float(m["num_tokens"]) for m in fetched) / max(elapsed, 1e-9)
@@ -160,6 +163,16 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
   return result
 
 
+def _shared_tokenizer(workdir: str, pairs, config):
+  """Process 0 trains (or loads) the tokenizer into the workdir; the others then load it."""
+  if distributed.is_primary():
+    tokenizer = load_or_train(workdir, pairs, config.tokenizer)
+  distributed.barrier("tokenizer")
+  if not distributed.is_primary():
+    tokenizer = load_or_train(workdir, pairs, config.tokenizer)
+  return tokenizer
+
+
 def _validation_fn(pairs, tokenizer, model, mesh, shardings, config):
   """A function params -> validation metrics (loss, nll, accuracy), or None without pairs."""
   if not pairs:
@@ -169,7 +182,7 @@ def _validation_fn(pairs, tokenizer, model, mesh, shardings, config):
   batches = list(input_pipeline.evaluation_batches(pairs, tokenizer, rows))
 
   def validate(params):
-    totals = [eval_step(params, sharding.global_batch_from_local(b, mesh, batch_dim=1))
+    totals = [eval_step(params, sharding.global_batch_from_host(b, mesh, batch_dim=1))
               for b in batches]
     sums = {k: sum(float(t[k]) for t in totals) for k in totals[0]}
     tokens = max(sums["num_tokens"], 1.0)

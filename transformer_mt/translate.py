@@ -75,15 +75,16 @@ class Translator:
     # Each sentence may grow to its own source length + extra_len (the paper's +50).
     max_lengths = np.minimum((inputs != PAD_ID).sum(axis=1) + self.extra_len, max_len)
     with jax.set_mesh(self.mesh):
-      inputs = jax.device_put(inputs, sharding.batch_sharding(self.mesh))
+      # Every process decodes the same sentences, each device its slice of the rows.
+      inputs = sharding.global_batch_from_host(inputs, self.mesh)
       if self.beam_size > 1:
         outputs = beam_search.beam_decode(
             self.params, inputs, self.model_config, self.beam_size, max_len, self.alpha,
-            jax.device_put(max_lengths.astype(np.int32), sharding.batch_sharding(self.mesh, 1))
+            sharding.global_batch_from_host(max_lengths.astype(np.int32), self.mesh)
         ).sequences
       else:
         outputs = decode.greedy_decode(self.params, inputs, self.model_config, max_len)
-    return list(np.asarray(jax.device_get(outputs))[:len(sources)])
+    return list(sharding.to_host(outputs)[:len(sources)])
 
 
 def model_config_for(config, tokenizer: Tokenizer | None = None) -> TransformerConfig:

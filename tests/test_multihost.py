@@ -1,0 +1,116 @@
+"""Two CPU processes on 127.0.0.1 (JAX's gloo collectives) train like one process.
+
+`run.py train` is launched twice with --coordinator_address/--num_processes/--process_id.
+Each process has 2 CPU devices (4 in the mesh) and reads its own half of the data. The
+reference is one process on one device fed the same global batches: process 0's rows
+followed by process 1's, built by the same input pipeline.
+"""
+
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from transformer_mt import (checkpointing, input_pipeline, metrics, optimizer, registry, sharding,
+                            train_step)
+from transformer_mt.model import Transformer
+from transformer_mt.tokenizer import Tokenizer
+from transformer_mt.translate import model_config_for, restore_target
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+STEPS = 3
+# Adam eps 1e-4 instead of 1e-9: see tests/test_training.py (float noise in ~0 gradients).
+OVERRIDES = ["model.d_model=32", "model.num_heads=2", "model.d_ff=64", "model.num_encoder_layers=1",
+             "model.num_decoder_layers=1", "model.dropout_rate=0.1", "data.num_train=2000",
+             "data.num_eval=8", "data.num_validation=8", "tokenizer.vocab_size=300", "tokenizer.sample_size=2000",
+             "train.batch_tokens=512", "train.log_every=1", "train.adam_eps=1e-4",
+             f"train.num_steps={STEPS}", "train.eval_every=3", "train.bleu_every=3",
+             "decode.max_len=24", "decode.beam_size=2"]
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def launch_two_processes(workdir):
+  env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  address = f"127.0.0.1:{free_port()}"
+  processes = [subprocess.Popen(
+      [sys.executable, "run.py", "train", "--experiment", "demo", "--workdir", str(workdir),
+       "--coordinator_address", address, "--num_processes", "2", "--process_id", str(i),
+       *OVERRIDES], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+      for i in range(2)]
+  outputs = []
+  for process in processes:
+    try:
+      outputs.append(process.communicate(timeout=300)[0])
+    except subprocess.TimeoutExpired:
+      for p in processes:
+        p.kill()
+      raise
+  for i, (process, output) in enumerate(zip(processes, outputs)):
+    assert process.returncode == 0, f"process {i} failed:\n{output[-3000:]}"
+  return outputs
+
+
+def reference_run(workdir):
+  """One process, one device, the same global batches: returns (params, losses)."""
+  config = registry.load_experiment("demo", OVERRIDES)
+  tokenizer = Tokenizer.load(os.path.join(workdir, "tokenizer.model"))
+  from transformer_mt import data_sources
+  pairs = data_sources.load_pairs(config.data)["train"]
+  model_config = model_config_for(config, tokenizer)
+  model = Transformer(model_config)
+  tx, schedule = optimizer.make_optimizer(config.train, model_config.d_model)
+  mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+  rows = input_pipeline.rows_per_batch(config.train.batch_tokens, config.data.max_len, 1, 2,
+                                       batch_shards=4)
+  shards = [input_pipeline.training_batches(pairs, tokenizer, rows, 1, config.data.max_len,
+                                            seed=config.train.seed, process_index=i,
+                                            process_count=2)[0] for i in range(2)]
+  state = train_step.create_sharded_state(config.train.seed, model, tx, mesh)
+  step_fn = train_step.jit_train_step(model, tx, schedule, config.train.label_smoothing, mesh,
+                                      train_step.state_shardings(model, tx, mesh))
+  losses = []
+  for _ in range(STEPS):
+    local = [next(shard) for shard in shards]
+    batch = {k: np.concatenate([part[k] for part in local], axis=1) for k in local[0]}
+    state, step_metrics = step_fn(state, sharding.global_batch_from_local(batch, mesh, 1))
+    losses.append(float(step_metrics["loss"]))
+  return jax.device_get(state.params), losses
+
+
+@pytest.mark.slow
+def test_two_processes_train_like_one(tmp_path):
+  workdir = tmp_path / "run"
+  outputs = launch_two_processes(workdir)
+  assert "Process 0 of 2: 2 local devices, 4 in all." in outputs[0]
+  # Only process 0 reports.
+  assert "Done: step 3" in outputs[0] and "Done: step 3" not in outputs[1]
+  assert "Held-out BLEU" in outputs[0] and "Held-out BLEU" not in outputs[1]
+
+  config, tokenizer, step = checkpointing.read_config(str(workdir))
+  assert step == STEPS
+  mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+  _, target = restore_target(config, tokenizer, mesh)
+  params = jax.device_get(checkpointing.restore_state(str(workdir), STEPS, target).params)
+  # The data iterator was saved per process.
+  data_iter = {p.name for p in (workdir / "checkpoints" / str(STEPS) / "data_iter").iterdir()}
+  assert {"process_0-of-2.json", "process_1-of-2.json"} <= data_iter, data_iter
+
+  expected_params, expected_losses = reference_run(str(workdir))
+  logged = {r["step"]: r["loss"] for r in metrics.read_metrics(str(workdir)) if "loss" in r}
+  np.testing.assert_allclose([logged[s] for s in range(1, STEPS + 1)], expected_losses, rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), params, expected_params)
+  # Validation loss and BLEU ran across both processes and were logged once.
+  records = metrics.read_metrics(str(workdir))
+  assert sum("validation/loss" in r for r in records) == 1
+  assert sum("validation/bleu" in r for r in records) == 1

@@ -1,0 +1,85 @@
+"""Multi-process runs: one JAX process per host (or per GPU), joined by `jax.distributed`.
+
+The same `run.py train` command runs as one process or as many. With several, every
+process holds the whole mesh (all devices of all processes), reads its own shard of the
+training data and passes only its rows to `sharding.global_batch_from_local`; Orbax
+checkpoints are written collectively (each process writes its shards, process 0 the
+metadata), and only process 0 writes metrics, logs and reports.
+
+How the processes find each other (`initialize`):
+  * explicit: `--coordinator_address HOST:PORT --num_processes N --process_id I` on every
+    process (any machine; e.g. two CPU processes on 127.0.0.1);
+  * SLURM (`srun` with several tasks) and Open MPI (`mpirun -np N`): detected from their
+    environment, nothing to pass;
+  * TPU pods and other clusters JAX knows (GKE/Kubernetes): pass `--multihost`, and JAX
+    detects the rest.
+The workdir must be on a filesystem every process sees (GCS, NFS, Lustre...).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+
+def launched_as_several_processes() -> bool:
+  """True when SLURM or Open MPI started this command as one of several tasks."""
+  counts = (os.environ.get("SLURM_NTASKS") if "SLURM_JOB_ID" in os.environ else None,
+            os.environ.get("OMPI_COMM_WORLD_SIZE"))
+  return any(count is not None and count.isdigit() and int(count) > 1 for count in counts)
+
+
+def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
+               process_id: int | None = None, multihost: bool = False) -> bool:
+  """Joins this process to a multi-process run when it is one; returns whether it did.
+
+  Must run before any JAX computation. Explicit arguments win; otherwise SLURM / Open MPI
+  are detected from their environment, and `multihost=True` lets JAX auto-detect any
+  cluster it supports (TPU pods, Kubernetes). A plain single command does nothing.
+  """
+  explicit = (coordinator_address, num_processes, process_id)
+  if any(value is not None for value in explicit):
+    if any(value is None for value in explicit):
+      raise ValueError("A multi-process launch needs all of --coordinator_address HOST:PORT, "
+                       "--num_processes N and --process_id I (0..N-1) on every process; got "
+                       f"coordinator_address={coordinator_address}, num_processes={num_processes}, "
+                       f"process_id={process_id}.")
+    if not 0 <= process_id < num_processes:
+      raise ValueError(f"--process_id {process_id} must be in 0..{num_processes - 1} "
+                       f"(--num_processes {num_processes}).")
+    if ":" not in coordinator_address:
+      raise ValueError(f"--coordinator_address {coordinator_address!r} must be HOST:PORT, "
+                       "e.g. 10.0.0.1:8476 (the address of process 0).")
+    jax.distributed.initialize(coordinator_address, num_processes, process_id)
+  elif multihost or launched_as_several_processes():
+    jax.distributed.initialize()
+  else:
+    return False
+  logging.info("Process %d of %d: %d local devices, %d in all.", jax.process_index(),
+               jax.process_count(), jax.local_device_count(), jax.device_count())
+  if jax.process_index() != 0:
+    # Only process 0 reports; the others still print warnings and errors.
+    logging.getLogger().setLevel(logging.WARNING)
+  return True
+
+
+def is_primary() -> bool:
+  """Process 0: the one that writes logs, metrics, tokenizers and reports."""
+  return jax.process_index() == 0
+
+
+def barrier(name: str) -> None:
+  """Waits until every process reaches the barrier `name` (a no-op with one process)."""
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)
+
+
+def any_process(flag: bool) -> bool:
+  """True on every process if `flag` is true on any (e.g. one host got SIGTERM)."""
+  if jax.process_count() == 1:
+    return flag
+  return bool(np.any(multihost_utils.process_allgather(np.asarray(flag))))
