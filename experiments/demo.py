@@ -11,6 +11,7 @@ Hardware: 2 CPU cores. Expected: see the README's results table (BLEU >= 90 in <
 """
 
 from experiments import _defaults
+from transformer_mt.sweep import Sweep
 
 
 def get_config():
@@ -18,7 +19,8 @@ def get_config():
   config.description = "Small Transformer on the offline synthetic language pair (~3 min on 2 CPU cores)"
   config.model.update(d_model=128, num_heads=4, d_ff=512, num_encoder_layers=2,
                       num_decoder_layers=2, dropout_rate=0.0)
-  config.data.update(source="synthetic", num_train=50_000, num_eval=500, seed=0, max_len=32)
+  config.data.update(source="synthetic", num_train=50_000, num_eval=500, num_validation=200, seed=0,
+                     max_len=32)
   # BPE with 2000 pieces keeps nearly every synthetic word whole (~10.5 tokens a sentence).
   config.tokenizer.update(vocab_size=2000, model_type="bpe", sample_size=100_000)
   # 32 packed rows of 32 tokens: ~95 sentence pairs per update.
@@ -26,3 +28,8 @@ def get_config():
                       label_smoothing=0.1, log_every=100, checkpoint_every=500, keep_checkpoints=2)
   config.decode.update(max_len=64, batch_size=128)
   return config
+
+
+def get_sweep():
+  """`run.py sweep --experiment demo --workdir W`: the learning-rate scale against the warmup length."""
+  return Sweep(grid={"train.lr_scale": [0.5, 1.0], "train.warmup_steps": [250, 500]})

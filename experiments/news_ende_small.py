@@ -12,6 +12,7 @@ Hardware: 2 CPU cores (see the README's results table for what N minutes give).
 """
 
 from experiments import _defaults
+from transformer_mt.sweep import Sweep, choice, uniform
 
 TRAIN_SETS = ["news-test2008", "newssyscomb2009"] + [
     f"newstest{year}" for year in (2009, 2010, 2011, 2012, 2015, 2016, 2017, 2018, 2019, 2020)]
@@ -33,3 +34,12 @@ def get_config():
                       checkpoint_every=500, keep_checkpoints=5)
   config.decode.update(max_len=256, batch_size=64)
   return config
+
+
+def get_sweep():
+  """`run.py sweep --experiment news_ende_small --workdir W train.num_steps=2000`: a random search over
+  regularization (3 draws) at two learning-rate scales."""
+  return Sweep(grid={"train.lr_scale": [1.0, 2.0]},
+               random={"model.dropout_rate": uniform(0.0, 0.3),
+                       "train.label_smoothing": choice(0.0, 0.1, 0.2)},
+               num_random=3, seed=0)

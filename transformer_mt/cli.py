@@ -1,4 +1,4 @@
-"""Command line: `run.py list | train | translate | evaluate | average | attention | plot |
+"""Command line: `run.py list | train | sweep | translate | evaluate | average | attention | plot |
 reproduce | report`.
 
 Also installed as the `transformer-mt` console script.
@@ -106,11 +106,28 @@ def _cmd_reproduce(args) -> None:
   print(f"results: {os.path.join(args.workdir, reproduce.RESULTS_FILENAME)}")
 
 
+def _cmd_sweep(args) -> None:
+  from transformer_mt import sweep
+  if args.dry_run:
+    print("\n".join(sweep.dry_run_commands(args.experiment, args.workdir, args.overrides)))
+    return
+  statuses = sweep.run(args.experiment, args.workdir, args.overrides, args.parallel, args.trial)
+  if args.trial is None:
+    print(sweep.ranking_table(args.workdir))
+  else:
+    print(f"trial {args.trial}: {statuses[args.trial]['status']}")
+
+
 def _cmd_report(args) -> None:
-  from transformer_mt import reproduce
-  print(reproduce.report(args.workdirs, args.chart))
-  if args.chart:
-    print(f"chart: {args.chart}")
+  from transformer_mt import reproduce, sweep
+  sweeps = [w for w in args.workdirs if sweep.is_sweep_dir(w)]
+  rows = [w for w in args.workdirs if w not in sweeps]
+  for root in sweeps:
+    print(sweep.ranking_table(root) + "\n")
+  if rows:
+    print(reproduce.report(rows, args.chart))
+    if args.chart:
+      print(f"chart: {args.chart}")
 
 
 def _distributed_flags() -> argparse.ArgumentParser:
@@ -142,6 +159,20 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("overrides", nargs="*", metavar="key=value",
                  help="config overrides, e.g. train.num_steps=100")
   p.set_defaults(func=_cmd_train)
+
+  p = commands.add_parser("sweep", help="run an experiment's hyperparameter sweep, one workdir "
+                                      "per trial (resumes; --dry-run prints the commands)")
+  p.add_argument("--experiment", required=True, help="experiment declaring get_sweep(), e.g. demo")
+  p.add_argument("--workdir", required=True, help="sweep root: ROOT/trial_000, ROOT/trial_001...")
+  p.add_argument("--parallel", type=int, default=1,
+                 help="trials at once, each on its own 1/K of the local devices (default 1)")
+  p.add_argument("--trial", type=int, default=None,
+                 help="run only trial i (e.g. $SLURM_ARRAY_TASK_ID)")
+  p.add_argument("--dry-run", action="store_true",
+                 help="print one command per trial (for a SLURM job array) and exit")
+  p.add_argument("overrides", nargs="*", metavar="key=value",
+                 help="overrides applied to every trial, e.g. train.num_steps=200")
+  p.set_defaults(func=_cmd_sweep)
 
   p = commands.add_parser("translate", help="translate lines with a trained checkpoint")
   p.add_argument("--workdir", required=True, help="workdir (or its checkpoints/) of a trained run")
@@ -186,8 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("overrides", nargs="*", metavar="key=value")
   p.set_defaults(func=_cmd_reproduce)
 
-  p = commands.add_parser("report", help="markdown table (and PNG chart) of reproduced rows")
-  p.add_argument("workdirs", nargs="+", help="workdirs holding results.json")
+  p = commands.add_parser("report", help="markdown table (and PNG chart) of reproduced rows; "
+                                       "sweep roots are ranked by validation BLEU")
+  p.add_argument("workdirs", nargs="+", help="workdirs holding results.json, or sweep roots")
   p.add_argument("--chart", default=None, help="also write a PNG bar chart here")
   p.set_defaults(func=_cmd_report)
 
@@ -214,3 +246,7 @@ def main(argv=None) -> int:
     print(f"error: {e}", file=sys.stderr)
     return 2
   return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
