@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from transformer_mt import (checkpointing, input_pipeline, metrics, optimizer, registry, sharding,
-                            train_step)
+                            train, train_step)
 from transformer_mt.model import Transformer
 from transformer_mt.tokenizer import Tokenizer
 from transformer_mt.translate import model_config_for, restore_target
@@ -39,23 +39,28 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def launch_two_processes(workdir):
+def launch_two_processes(workdir, log_dir):
+  """Runs both processes to completion; returns their outputs (written to files, not pipes:
+  a full pipe buffer would block one process and so both, at their next collective)."""
   env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu",
              XLA_FLAGS="--xla_force_host_platform_device_count=2")
   address = f"127.0.0.1:{free_port()}"
-  processes = [subprocess.Popen(
-      [sys.executable, "run.py", "train", "--experiment", "demo", "--workdir", str(workdir),
-       "--coordinator_address", address, "--num_processes", "2", "--process_id", str(i),
-       *OVERRIDES], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-      for i in range(2)]
-  outputs = []
-  for process in processes:
-    try:
-      outputs.append(process.communicate(timeout=300)[0])
-    except subprocess.TimeoutExpired:
-      for p in processes:
-        p.kill()
-      raise
+  logs = [log_dir / f"process_{i}.log" for i in range(2)]
+  processes = []
+  for i, log in enumerate(logs):
+    with open(log, "w") as f:
+      processes.append(subprocess.Popen(
+          [sys.executable, "run.py", "train", "--experiment", "demo", "--workdir", str(workdir),
+           "--coordinator_address", address, "--num_processes", "2", "--process_id", str(i),
+           *OVERRIDES], cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT))
+  try:
+    for process in processes:
+      process.wait(timeout=300)
+  finally:
+    for process in processes:
+      if process.poll() is None:
+        process.kill()
+  outputs = [log.read_text() for log in logs]
   for i, (process, output) in enumerate(zip(processes, outputs)):
     assert process.returncode == 0, f"process {i} failed:\n{output[-3000:]}"
   return outputs
@@ -91,7 +96,7 @@ def reference_run(workdir):
 @pytest.mark.slow
 def test_two_processes_train_like_one(tmp_path):
   workdir = tmp_path / "run"
-  outputs = launch_two_processes(workdir)
+  outputs = launch_two_processes(workdir, tmp_path)
   assert "Process 0 of 2: 2 local devices, 4 in all." in outputs[0]
   # Only process 0 reports.
   assert "Done: step 3" in outputs[0] and "Done: step 3" not in outputs[1]
@@ -114,3 +119,11 @@ def test_two_processes_train_like_one(tmp_path):
   records = metrics.read_metrics(str(workdir))
   assert sum("validation/loss" in r for r in records) == 1
   assert sum("validation/bleu" in r for r in records) == 1
+
+  # One process can take over the finished run (e.g. `run.py reproduce` to average and
+  # evaluate), but not continue it: the data order depends on the process count.
+  config = registry.load_experiment("demo", OVERRIDES)
+  assert train.train(config, str(workdir), progress=False)["step"] == STEPS
+  with pytest.raises(ValueError, match="written by 2 processes, and this run has 1"):
+    train.train(registry.load_experiment("demo", OVERRIDES + ["train.num_steps=5"]),
+                str(workdir), progress=False)

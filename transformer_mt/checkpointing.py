@@ -201,6 +201,13 @@ def save_inference(workdir: str, step: int, state: Any, config: ml_collections.C
   return str(epath.Path(checkpoint_dir(workdir)) / str(step))
 
 
+def saved_process_count(workdir: str, step: int) -> int | None:
+  """How many processes wrote the data-iterator state of a checkpoint (None if unknown)."""
+  files = (epath.Path(checkpoint_dir(workdir)) / str(step) / "data_iter").glob("process_*-of-*.json")
+  counts = {int(f.name.rsplit("-of-", 1)[1].removesuffix(".json")) for f in files}
+  return counts.pop() if len(counts) == 1 else None
+
+
 def all_steps(workdir: str) -> list[int]:
   return sorted(make_manager(resolve_workdir(workdir), read_only=True).all_steps())
 

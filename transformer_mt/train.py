@@ -65,7 +65,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
                                        save_every=config.train.checkpoint_every)
   shardings = train_step.state_shardings(model, tx, mesh)
   restored = _restore_latest_readable(manager, workdir, train_step.abstract_state(model, tx, mesh),
-                                      make_batches)
+                                      make_batches, config.train.num_steps)
   latest = restored[0] if restored else None
   if restored:
     _, state, batches, filter_counts = restored
@@ -134,7 +134,11 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
                                 pairs["validation"])
         writer.write(step, {"validation/bleu": bleu})
         writer.flush()
+        # One save in flight at a time: Orbax coordinates the processes of a multi-process
+        # run per save, and two managers saving at once can interleave those steps.
+        manager.wait_until_finished()
         checkpointing.save_best(best_manager, step, state, config, tokenizer, bleu)
+        best_manager.wait_until_finished()
       checkpointing.save(manager, step, state, batches, config, tokenizer, force=last_step)
       if preempted:
         logging.warning("Stopped by %s after step %d; its checkpoint is saved. Run the same "
@@ -212,13 +216,15 @@ class _StopOnSignal:
       signal.signal(signum, handler)
 
 
-def _restore_latest_readable(manager, workdir, abstract_state, make_batches):
+def _restore_latest_readable(manager, workdir, abstract_state, make_batches, num_steps):
   """(step, state, batches, counts) from the newest checkpoint that reads back, or None.
 
   A checkpoint with missing or truncated files is skipped with a warning and the one
   before it is tried; Orbax never lists a save still in progress (it is written to a
   temporary directory and renamed when complete). A model that does not fit the
-  checkpoint is a config error, not corruption: it stops with the mismatched names.
+  checkpoint is a config error, not corruption: it stops with the mismatched names. So is
+  resuming with another number of processes (each reads its own data shard, so the batch
+  order depends on it), except for a finished run, whose data iterator is not needed.
   """
   steps = sorted(manager.all_steps(), reverse=True)
   for step in steps:
@@ -228,9 +234,18 @@ def _restore_latest_readable(manager, workdir, abstract_state, make_batches):
       raise
     except Exception as e:  # unreadable metadata: treat as corrupt, handled below
       logging.debug("Metadata of step %d unreadable: %s", step, e)
+    finished = step >= num_steps
+    written_by = checkpointing.saved_process_count(workdir, step)
+    if written_by not in (None, jax.process_count()) and not finished:
+      raise ValueError(f"The checkpoint of step {step} in {workdir} was written by {written_by} "
+                       f"processes, and this run has {jax.process_count()}. Resume with "
+                       f"{written_by} processes: the data order depends on the process count.")
     batches, counts = make_batches()
     try:
-      state, batches = checkpointing.restore_training(manager, step, abstract_state, batches)
+      if finished:
+        state = checkpointing.restore_state(workdir, step, abstract_state)
+      else:
+        state, batches = checkpointing.restore_training(manager, step, abstract_state, batches)
     except Exception as e:  # noqa: BLE001 - any read failure means this checkpoint is unusable
       logging.warning("Checkpoint %d in %s cannot be read (%s: %s); falling back to the previous "
                       "one.", step, workdir, type(e).__name__, str(e).splitlines()[0][:200])
