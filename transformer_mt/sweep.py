@@ -219,8 +219,10 @@ def device_groups(parallel: int) -> tuple[str, list[list[str]]]:
                       os.environ.get("XLA_FLAGS", ""))
     variable, devices = "XLA_FLAGS", [str(i) for i in range(int(match.group(1)) if match else 1)]
   if parallel < 1 or len(devices) % parallel:
+    hint = ("" if variable == "CUDA_VISIBLE_DEVICES" else
+            "; on CPU, simulate devices with XLA_FLAGS=--xla_force_host_platform_device_count=N")
     raise ValueError(f"--parallel {parallel} must divide the {len(devices)} devices of this host "
-                     f"({variable}) into equal groups.")
+                     f"({variable}) into equal groups{hint}.")
   size = len(devices) // parallel
   groups = [devices[i * size:(i + 1) * size] for i in range(parallel)]
   return variable, groups
