@@ -68,11 +68,12 @@ def toy_model(tables, max_len):
   return step, cache
 
 
-def run_toy(tables, beam, max_len, alpha, max_lengths=None, early_stopping=True):
+def run_toy(tables, beam, max_len, alpha, max_lengths=None, early_stopping=True,
+            always_gather=False):
   step, cache = toy_model(tables, max_len)
   search = jax.jit(lambda cache, max_lengths: bs.beam_search(
       step, cache, len(tables), beam, max_len, alpha=alpha, max_lengths=max_lengths,
-      early_stopping=early_stopping))
+      early_stopping=early_stopping, always_gather=always_gather))
   out = search(cache, None if max_lengths is None else jnp.asarray(max_lengths, jnp.int32))
   return jax.tree.map(np.asarray, out)
 
@@ -293,3 +294,56 @@ def test_same_outputs_on_1_and_8_devices():
     sharded = bs.beam_decode(sharded_params, sharded_inputs, CONFIG, beam_size=3, max_len=max_len)
   np.testing.assert_array_equal(np.asarray(sharded.sequences), np.asarray(single.sequences))
   np.testing.assert_allclose(np.asarray(sharded.scores), np.asarray(single.scores), atol=1e-5)
+
+
+def sticky_table(stay=0.9):
+  """Second-order logits under which each beam's best extension repeats its last token and
+  stays ahead of every other candidate: after step 0 (where all beams extend the empty
+  prefix) no beam ever changes parent."""
+  probs = np.full((VOCAB, VOCAB, VOCAB), 1e-9)
+  probs[:, BOS_ID, [A, B]] = 0.6, 0.4
+  for token in CONTENT:
+    probs[:, token, token] = stay
+    probs[:, token, EOS_ID] = probs[:, token, A + B - token] = (1.0 - stay) / 2
+  probs[:, [PAD_ID, EOS_ID], EOS_ID] = 1.0
+  logits = np.log(probs / probs.sum(axis=-1, keepdims=True))
+  logits[..., [PAD_ID, BOS_ID]] = -np.inf
+  return logits.astype(np.float32)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_skipping_unneeded_reorders_changes_nothing(alpha):
+  """Reordering the cache only when some beam changed parent == reordering it at every step.
+
+  The sticky model never reorders after step 0, so the search copies the cache once; the
+  random second-order tables (which read the previous token back from the cache) reorder
+  at most steps. Both give exactly what the always-gather reference path gives.
+  """
+  max_len = 6
+  sticky = run_toy(sticky_table()[None], beam=2, max_len=max_len, alpha=alpha)
+  sticky_reference = run_toy(sticky_table()[None], beam=2, max_len=max_len, alpha=alpha,
+                             always_gather=True)
+  np.testing.assert_array_equal(sticky.sequences[0], [A] * max_len)  # forced finish, no EOS
+  assert sticky.num_steps == max_len and sticky.num_reorders == 1
+  assert sticky_reference.num_reorders == max_len
+  tables = markov_tables(seeds=[3, 7, 11], order=2, eos_bias=None)
+  mixed = run_toy(tables, beam=3, max_len=max_len, alpha=alpha)
+  mixed_reference = run_toy(tables, beam=3, max_len=max_len, alpha=alpha, always_gather=True)
+  assert 1 <= mixed.num_reorders < mixed.num_steps
+  for out, reference in ((sticky, sticky_reference), (mixed, mixed_reference)):
+    for name in ("sequences", "scores", "all_sequences", "all_scores", "num_steps"):
+      np.testing.assert_array_equal(getattr(out, name), getattr(reference, name), err_msg=name)
+
+
+def test_transformer_lazy_reordering_equals_always_gather():
+  """beam_decode (cross-attention keys/values never reordered, self-attention positions
+  copied only up to those written, no copy when no beam changed parent) is bit-identical
+  to reordering the whole cache at every step. max_len 20 spans two 16-position chunks."""
+  params, inputs, max_len = transformer_params(), transformer_inputs(), 20
+  max_lengths = jnp.array([20, 17, 20, 19], jnp.int32)
+  out, reference = (jax.tree.map(np.asarray, bs.beam_decode(
+      params, inputs, CONFIG, beam_size=3, max_len=max_len, max_lengths=max_lengths,
+      always_gather=always_gather)) for always_gather in (False, True))
+  assert out.num_steps > 16  # the second chunk was reordered too
+  for name in ("sequences", "scores", "all_sequences", "all_scores", "num_steps"):
+    np.testing.assert_array_equal(getattr(out, name), getattr(reference, name), err_msg=name)

@@ -67,3 +67,36 @@ def test_empty_source_rows_produce_nothing():
   inputs = jnp.array([[5, 6, EOS_ID], [PAD_ID, PAD_ID, PAD_ID]], jnp.int32)
   outputs = np.asarray(decode.greedy_decode(params, inputs, CONFIG, 6))
   assert (outputs[1] == PAD_ID).all()
+
+
+def test_split_and_merge_cache():
+  params = jax.tree.map(lambda x: x.value if hasattr(x, "value") else x, init_params(CONFIG),
+                        is_leaf=lambda x: hasattr(x, "value"))
+  cache = decode.init_cache(params, source_batch(), CONFIG, max_len=5)
+  self_cache, cross_cache = decode.split_cache(cache)
+  cross_names = {path[-1].key for path, _ in jax.tree_util.tree_leaves_with_path(cross_cache)}
+  self_names = {path[-1].key for path, _ in jax.tree_util.tree_leaves_with_path(self_cache)}
+  assert cross_names == {"cross_key", "cross_value"}
+  assert self_names == {"cached_key", "cached_value", "cache_index"}
+  merged = decode.merge_cache(self_cache, cross_cache)
+  assert jax.tree.structure(merged) == jax.tree.structure(cache)
+  jax.tree.map(np.testing.assert_array_equal, merged, cache)
+
+
+@pytest.mark.parametrize("index", [0, 1, 15, 16, 17, 19, 20])
+def test_gather_written_rows_equals_gathering_everything(index):
+  """Chunks of 16 positions over a length-20 cache: the last chunk overlaps the first, which
+  must not be reordered twice. Positions from `index` on are zeros, as in a real cache."""
+  batch, length = 6, 20
+  shape = (batch, length, 2, 3)  # [batch, cache length, heads, head_dim]
+  rng = np.random.default_rng(index)
+  written = np.arange(length)[None, :, None, None] < index
+  cache = {"layer": {
+      "cached_key": np.where(written, rng.normal(size=shape), 0).astype(np.float32),
+      "cached_value": np.where(written, rng.normal(size=shape), 0).astype(np.float32),
+      "cache_index": np.array(index, np.int32)}}
+  rows = np.array([1, 2, 0, 0, 5, 3], np.int32)  # applied twice it gives a different order
+  out = jax.jit(decode.gather_written_rows)(cache, jnp.asarray(rows))
+  for name in ("cached_key", "cached_value"):
+    np.testing.assert_array_equal(out["layer"][name], cache["layer"][name][rows])
+  assert out["layer"]["cache_index"] == index

@@ -31,6 +31,15 @@ Design choices (each is tested in tests/test_beam_search.py):
   is p / lp(max_lengths[b]); for alpha < 0 it is p / lp(len + 1). The loop stops when
   every sentence is done or at `max_len`. Stopping changes no result: later finished
   hypotheses score <= the bound, and ties keep the hypothesis that finished first.
+* Cache reordering. When beam k of a sentence extends another beam, its cache rows must
+  be replaced by its parent's. Copying the whole cache after every step took a third to
+  a half of the step's time on CPU (benchmarks/decode.py). Now the copy is made at the
+  start of the next step (XLA then updates the cache in place), skipped (lax.cond) when
+  every beam of every sentence extends itself, and `gather_cache` lets the caller copy
+  less: beam_decode copies only the self-attention positions written so far and keeps
+  the cross-attention keys/values, equal across beams, out of the reordered cache. None
+  of this changes a value, so results are bit-identical to gathering the whole cache
+  after every step (`always_gather=True`, the reference path).
 """
 
 from __future__ import annotations
@@ -48,6 +57,8 @@ from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 # tokens int32 [batch * beam], position int32 [], cache -> (logits [batch * beam, vocab], cache).
 TokensToLogits = Callable[[jax.Array, jax.Array, Any], tuple[jax.Array, Any]]
+# cache (leaves [batch * beam, ...]), rows int32 [batch * beam] -> cache with row i := row rows[i].
+GatherCache = Callable[[Any, jax.Array], Any]
 
 NEG_INF = -jnp.inf
 
@@ -66,7 +77,11 @@ class BeamState:
   finished_scores: jax.Array  # float32 [batch, beam]: log-prob / lp(len), sorted descending;
   #   -inf where the slot is empty.
   finished_flags: jax.Array  # bool [batch, beam]: the slot holds a finished hypothesis.
-  cache: Any  # the step function's cache, leaves [batch * beam, ...] (scalars shared).
+  cache: Any  # the step function's cache, leaves [batch * beam, ...] (scalars shared),
+  #   as the last step left it: row b * beam + k still belongs to the beam it extended.
+  parents: jax.Array  # int32 [batch, beam]: the beam (within the sentence) each live beam
+  #   extends; the next step reorders the cache rows accordingly before using them.
+  num_reorders: jax.Array  # int32 []: steps at which the cache rows were reordered.
 
 
 @flax.struct.dataclass
@@ -76,12 +91,13 @@ class BeamSearchOutput:
   all_sequences: jax.Array  # int32 [batch, beam, max_len]: every returned hypothesis.
   all_scores: jax.Array  # float32 [batch, beam]: sorted descending; -inf for empty slots.
   num_steps: jax.Array  # int32 []: decoder steps run (< max_len when stopped early).
+  num_reorders: jax.Array  # int32 []: steps whose cache was reordered (the others copy nothing).
 
 
 def _expand_to_beams(tree: Any, batch_size: int, beam_size: int) -> Any:
   """Repeats every row beam_size times: [batch, ...] -> [batch * beam, ...]; scalars as they are.
 
-  Row b * beam + k is beam k of sentence b, the layout `_gather_beams` indexes.
+  Row b * beam + k is beam k of sentence b, the layout `_parent_rows` indexes.
   """
   def expand(x):
     x = jnp.asarray(x)
@@ -93,23 +109,24 @@ def _expand_to_beams(tree: Any, batch_size: int, beam_size: int) -> Any:
   return jax.tree.map(expand, tree)
 
 
-def _gather_beams(tree: Any, parents: jax.Array) -> Any:
-  """Reorders cache rows so that beam k of sentence b continues beam parents[b, k].
-
-  Args:
-    tree: leaves [batch * beam, ...]; scalar leaves (e.g. `cache_index`) are shared by
-      all rows and are returned unchanged.
-    parents: int32 [batch, beam], the beam (within the same sentence) each new beam extends.
-  """
+def _parent_rows(parents: jax.Array) -> jax.Array:
+  """int32 [batch * beam]: the cache row that beam k of sentence b continues, given
+  parents int32 [batch, beam], the beam (within the same sentence) each new beam extends."""
   batch_size, beam_size = parents.shape
-  rows = (jnp.arange(batch_size, dtype=jnp.int32)[:, None] * beam_size + parents).reshape(-1)
+  return (jnp.arange(batch_size, dtype=jnp.int32)[:, None] * beam_size + parents).reshape(-1)
+
+
+def gather_rows(tree: Any, rows: jax.Array) -> Any:
+  """The default `GatherCache`: takes every leaf whole, row i := row rows[i]; scalar leaves
+  (e.g. `cache_index`) are shared by all rows and are returned unchanged."""
   return jax.tree.map(lambda x: x if x.ndim == 0 else jnp.take(x, rows, axis=0), tree)
 
 
 def beam_search(tokens_to_logits: TokensToLogits, initial_cache: Any, batch_size: int,
                 beam_size: int, max_len: int, alpha: float = 0.6, eos_id: int = EOS_ID,
                 bos_id: int = BOS_ID, max_lengths: jax.Array | None = None,
-                early_stopping: bool = True) -> BeamSearchOutput:
+                early_stopping: bool = True, gather_cache: GatherCache = gather_rows,
+                always_gather: bool = False) -> BeamSearchOutput:
   """Beam search over `tokens_to_logits`; call it inside `jax.jit` (it traces one loop).
 
   Args:
@@ -124,6 +141,11 @@ def beam_search(tokens_to_logits: TokensToLogits, initial_cache: Any, batch_size
     max_lengths: optional int [batch], per-sentence maximum number of generated tokens
       (e.g. source length + 50), clipped to [0, max_len]; defaults to max_len.
     early_stopping: False runs all max_len steps (same results; for tests).
+    gather_cache: reorders the cache rows after a step where some beam changed parent;
+      it must return what `gather_rows` would (it may skip copying what is equal anyway).
+    always_gather: the reference path for tests and benchmarks (same results, slower):
+      the cache is reordered whole with `gather_rows` at the end of every step, even
+      when no beam changed parent, as beam search did before reordering was made lazy.
 
   Returns:
     BeamSearchOutput: the best hypothesis per sentence and all `beam_size` of them.
@@ -146,7 +168,9 @@ def beam_search(tokens_to_logits: TokensToLogits, initial_cache: Any, batch_size
       finished_seqs=jnp.full((batch_size, beam_size, max_len), PAD_ID, jnp.int32),
       finished_scores=jnp.where(empty, 0.0, NEG_INF).astype(jnp.float32),
       finished_flags=empty,
-      cache=_expand_to_beams(initial_cache, batch_size, beam_size))
+      cache=_expand_to_beams(initial_cache, batch_size, beam_size),
+      parents=jnp.tile(jnp.arange(beam_size, dtype=jnp.int32), (batch_size, 1)),
+      num_reorders=jnp.array(0, jnp.int32))
 
   def best_possible_scores(state: BeamState) -> jax.Array:
     """float32 [batch, beam]: upper bound on the final score of each live beam."""
@@ -164,12 +188,31 @@ def beam_search(tokens_to_logits: TokensToLogits, initial_cache: Any, batch_size
     # A dead sentence (all live -inf) is done too: -inf <= anything.
     return (state.step < max_len) & ~jnp.all(best_live <= worst_finished)
 
+  def reorder_cache(cache: Any, parents: jax.Array) -> tuple[jax.Array, Any]:
+    """(bool [], whether rows were copied; the cache rows of the beams' parents).
+
+    Done at the start of the next step rather than at the end of the one that chose the
+    parents: XLA then writes the step's keys/values into the reordered cache in place,
+    whereas a gather between that write and the loop's end made it copy the cache again.
+    """
+    if beam_size == 1:  # the single beam always extends itself
+      return jnp.array(False), cache
+    # Any beam that changed parent means a gather; only when every beam of every sentence
+    # extends itself is there nothing to copy.
+    reorder = jnp.any(parents != jnp.arange(beam_size, dtype=jnp.int32))
+    return reorder, jax.lax.cond(reorder, gather_cache, lambda cache, rows: cache, cache,
+                                 _parent_rows(parents))
+
   def body(state: BeamState) -> BeamState:
     step = state.step
     previous = jax.lax.dynamic_index_in_dim(state.live_seqs, jnp.maximum(step - 1, 0), axis=2,
                                             keepdims=False)  # [batch, beam]
     tokens = jnp.where(step == 0, bos_id, previous).reshape(-1)  # [batch * beam]
-    logits, cache = tokens_to_logits(tokens, step, state.cache)
+    if always_gather:  # the cache was reordered at the end of the previous step
+      reordered, cache = jnp.array(True), state.cache
+    else:
+      reordered, cache = reorder_cache(state.cache, state.parents)
+    logits, cache = tokens_to_logits(tokens, step, cache)
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     vocab = log_probs.shape[-1]
     log_probs = log_probs.reshape(batch_size, beam_size, vocab)  # [batch, beam, vocab]
@@ -193,6 +236,8 @@ def beam_search(tokens_to_logits: TokensToLogits, initial_cache: Any, batch_size
     all_scores = jnp.concatenate([state.finished_scores, new_scores], axis=1)  # [batch, 2*beam]
     all_flags = jnp.concatenate([state.finished_flags, finishing], axis=1)
     finished_scores, keep = jax.lax.top_k(all_scores, beam_size)  # [batch, beam]
+    if always_gather:
+      cache = gather_rows(cache, _parent_rows(parents))
 
     return BeamState(
         step=step + 1,
@@ -201,7 +246,9 @@ def beam_search(tokens_to_logits: TokensToLogits, initial_cache: Any, batch_size
         finished_seqs=all_seqs[batch_index, keep],
         finished_scores=finished_scores,
         finished_flags=all_flags[batch_index, keep],
-        cache=_gather_beams(cache, parents))
+        cache=cache,
+        parents=parents,
+        num_reorders=state.num_reorders + reordered.astype(jnp.int32))
 
   final = jax.lax.while_loop(not_done, body, initial)
 
@@ -214,23 +261,27 @@ def beam_search(tokens_to_logits: TokensToLogits, initial_cache: Any, batch_size
   all_scores = jnp.where(has_finished[:, None], final.finished_scores, live_scores)
   return BeamSearchOutput(sequences=all_sequences[:, 0], scores=all_scores[:, 0],
                           all_sequences=all_sequences, all_scores=all_scores,
-                          num_steps=final.step)
+                          num_steps=final.step, num_reorders=final.num_reorders)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "beam_size", "max_len", "alpha"))
+@functools.partial(jax.jit, static_argnames=("config", "beam_size", "max_len", "alpha",
+                                             "always_gather"))
 def beam_decode(params: Any, inputs: jax.Array, config: TransformerConfig, beam_size: int,
-                max_len: int, alpha: float = 0.6,
-                max_lengths: jax.Array | None = None) -> BeamSearchOutput:
+                max_len: int, alpha: float = 0.6, max_lengths: jax.Array | None = None,
+                always_gather: bool = False) -> BeamSearchOutput:
   """Beam search with the Transformer for `inputs` int [batch, src_len] (0 = pad).
 
   The encoder runs once per sentence (`decode.init_cache` projects the cross-attention
-  keys/values there); the cache is then copied to the beams. Empty source rows get the
-  empty hypothesis (all PAD), as in `decode.greedy_decode`; beam_size 1 reproduces
-  `decode.greedy_decode` token for token.
+  keys/values there); the cache is then copied to the beams. The cross-attention
+  keys/values stay outside the beam search state: equal across a sentence's beams, they
+  never need reordering. Empty source rows get the empty hypothesis (all PAD), as in
+  `decode.greedy_decode`; beam_size 1 reproduces `decode.greedy_decode` token for token.
 
   Args:
     max_lengths: optional int [batch], per-sentence maximum target length (e.g. source
       length + 50); clipped to max_len, which sizes the cache and the outputs.
+    always_gather: the reference path (same results, slower): the whole cache, cross-attention
+      keys/values included, is reordered at every step.
   """
   batch = inputs.shape[0]
   inputs_valid = inputs != PAD_ID  # [batch, src_len]
@@ -239,10 +290,22 @@ def beam_decode(params: Any, inputs: jax.Array, config: TransformerConfig, beam_
   max_lengths = jnp.where(jnp.any(inputs_valid, axis=1), max_lengths, 0)
   beam_inputs_valid = jnp.repeat(inputs_valid, beam_size, axis=0)  # [batch * beam, src_len]
 
-  def tokens_to_logits(tokens, position, cache):
-    logits, cache = decode.decode_step(params, cache, beam_inputs_valid, tokens, position, config)
-    return decode.never_generated(logits), cache
+  if always_gather:
+    def tokens_to_logits(tokens, position, cache):
+      logits, cache = decode.decode_step(params, cache, beam_inputs_valid, tokens, position, config)
+      return decode.never_generated(logits), cache
+    return beam_search(tokens_to_logits, decode.init_cache(params, inputs, config, max_len),
+                       batch_size=batch, beam_size=beam_size, max_len=max_len, alpha=alpha,
+                       max_lengths=max_lengths, always_gather=True)
 
-  return beam_search(tokens_to_logits, decode.init_cache(params, inputs, config, max_len),
-                     batch_size=batch, beam_size=beam_size, max_len=max_len, alpha=alpha,
-                     max_lengths=max_lengths)
+  cache, cross_cache = decode.split_cache(decode.init_cache(params, inputs, config, max_len))
+  cross_cache = _expand_to_beams(cross_cache, batch, beam_size)  # [batch * beam, src_len, ...]
+
+  def tokens_to_logits(tokens, position, cache):
+    logits, cache = decode.decode_step(params, decode.merge_cache(cache, cross_cache),
+                                       beam_inputs_valid, tokens, position, config)
+    return decode.never_generated(logits), decode.split_cache(cache)[0]
+
+  return beam_search(tokens_to_logits, cache, batch_size=batch, beam_size=beam_size,
+                     max_len=max_len, alpha=alpha, max_lengths=max_lengths,
+                     gather_cache=decode.gather_written_rows)

@@ -4,6 +4,12 @@ The pieces are split so beam search can reuse them: `init_cache` runs the encode
 once and creates the cache (cross-attention keys/values included), and
 `decode_step` maps one token per row to next-token logits. Greedy decoding is a
 `lax.while_loop` over `decode_step` that stops early once every row has emitted EOS.
+
+Beam search reorders the cache rows whenever beams change parents, a copy of the whole
+cache per step if done naively. `split_cache` separates the cross-attention keys/values
+(a function of the source sentence only, so equal across its beams: never reordered)
+from the self-attention cache, and `gather_written_rows` reorders only the positions
+the self-attention cache has written so far.
 """
 
 from __future__ import annotations
@@ -51,6 +57,67 @@ def decode_step(params: Any, cache: Any, inputs_valid: jax.Array, tokens: jax.Ar
                                   tokens[:, None], positions, method=Transformer.decode,
                                   mutable=["cache"])
   return logits[:, 0], variables["cache"]
+
+
+# Leaf names of the decode cache (transformer_mt/attention.py). Cross-attention: keys and values
+# [batch, src_len, heads, head_dim]; self-attention: [batch, max_len, heads, head_dim] written
+# at position `cache_index` (int32 [], the same in every layer) at each step, zeros beyond it.
+CROSS_ATTENTION_LEAVES = ("cross_key", "cross_value")
+SELF_ATTENTION_LEAVES = ("cached_key", "cached_value")
+CACHE_INDEX = "cache_index"
+
+
+def split_cache(cache: Any) -> tuple[Any, Any]:
+  """(self-attention cache, cross-attention cache): the parts that do / do not change per step."""
+  flat = flax.traverse_util.flatten_dict(cache)
+  cross = {path: x for path, x in flat.items() if path[-1] in CROSS_ATTENTION_LEAVES}
+  rest = {path: x for path, x in flat.items() if path[-1] not in CROSS_ATTENTION_LEAVES}
+  return flax.traverse_util.unflatten_dict(rest), flax.traverse_util.unflatten_dict(cross)
+
+
+def merge_cache(self_cache: Any, cross_cache: Any) -> Any:
+  """Inverse of `split_cache`."""
+  return flax.traverse_util.unflatten_dict({**flax.traverse_util.flatten_dict(self_cache),
+                                       **flax.traverse_util.flatten_dict(cross_cache)})
+
+
+def gather_written_rows(cache: Any, rows: jax.Array, chunk: int = 16) -> Any:
+  """`cache` with row i replaced by row rows[i], copying only the positions written so far.
+
+  Same result as taking every row whole: self-attention positions at and after
+  `cache_index` are still zeros in every row. Copying [0, cache_index) in chunks of
+  `chunk` positions instead of all max_len makes the per-step cost grow with the
+  hypotheses' length, not with the maximum length (source length + 50).
+
+  Args:
+    cache: a self-attention cache (no cross-attention leaves), leaves [batch, ...].
+    rows: int32 [batch], in [0, batch).
+  """
+  flat = flax.traverse_util.flatten_dict(cache)
+  index = next(x for path, x in flat.items() if path[-1] == CACHE_INDEX)  # positions written
+
+  def take(x):  # rows are in range: no bounds checks
+    return x.at[rows].get(mode="promise_in_bounds")
+
+  gathered = {}
+  for path, x in flat.items():
+    if path[-1] not in SELF_ATTENTION_LEAVES:
+      gathered[path] = x if x.ndim == 0 else take(x)
+      continue
+    length = x.shape[1]
+    size = min(chunk, length)
+
+    def copy_chunk(c, x, size=size, length=length):
+      # The last chunk is moved back to end at `length` (dynamic_slice would clamp it
+      # anyway); its overlap with the previous chunk, already reordered, is kept as is.
+      start = jnp.minimum(c * size, length - size)
+      part = jax.lax.dynamic_slice_in_dim(x, start, size, axis=1)  # [batch, size, ...]
+      fresh = (start + jnp.arange(size) >= c * size).reshape((1, size) + (1,) * (x.ndim - 2))
+      part = jnp.where(fresh, take(part), part)
+      return jax.lax.dynamic_update_slice_in_dim(x, part, start, axis=1)
+
+    gathered[path] = jax.lax.fori_loop(0, (index + size - 1) // size, copy_chunk, x)
+  return flax.traverse_util.unflatten_dict(gathered)
 
 
 def never_generated(logits: jax.Array) -> jax.Array:
