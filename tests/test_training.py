@@ -92,6 +92,18 @@ def test_label_smoothed_loss_matches_numpy():
   nll = (-np.take_along_axis(log_p, targets[..., None], -1)[..., 0] * weights).sum()
   np.testing.assert_allclose(float(sums["nll"]), nll, rtol=1e-6)
   assert float(sums["num_tokens"]) == 8
+  assert float(sums["correct"]) == ((logits.argmax(-1) == targets) * weights).sum()
+
+  # The closed form (no one-hot, no full log-softmax) has the gradient of the explicit one.
+  def explicit(z):
+    q = (1 - eps) * jax.nn.one_hot(targets, 7) + eps / 7
+    return -jnp.sum(q * jax.nn.log_softmax(z) * weights[..., None])
+
+  def closed_form(z):
+    return losses.cross_entropy_sums(z, jnp.asarray(targets), jnp.asarray(weights), eps)["loss"]
+
+  np.testing.assert_allclose(jax.grad(closed_form)(jnp.asarray(logits)),
+                             jax.grad(explicit)(jnp.asarray(logits)), atol=1e-6)
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,11 @@ length (so the decode loop has static shapes). Cross-attention during decoding
 projects the encoder output to keys/values once, when the cache is created, and
 only reads them afterwards: the per-step cost is then independent of the source
 projection, which is what beam search needs.
+
+The attention itself goes through `jax.nn.dot_product_attention` (which a backend may
+replace with a fused kernel that never stores the probabilities) unless the
+probabilities are needed as an array: for attention dropout while training, or when a
+caller collects them with `mutable=["intermediates"]` (the attention plots).
 """
 
 from __future__ import annotations
@@ -143,17 +148,16 @@ class MultiHeadAttention(nn.Module):
         key, value, mask = self._append_to_self_attention_cache(key, value, mask, cache_length)
 
     query = nn.with_logical_constraint(query, ("batch", "length", "heads", "kv"))
-    depth = query.shape[-1]
-    query = query / jnp.sqrt(depth).astype(query.dtype)
-    logits = jnp.einsum("bqhd,bkhd->bhqk", query, key)  # [batch, heads, q, k]
-    if mask is not None:
-      logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
-    weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(cfg.compute_dtype)
-    # Kept only when the caller asks (mutable=["intermediates"]), e.g. for attention plots.
-    self.sow("intermediates", "attention_weights", weights)  # [batch, heads, q, k]
-    if cfg.attention_dropout_rate > 0:
-      weights = nn.Dropout(cfg.attention_dropout_rate)(weights, deterministic=cfg.deterministic)
-    context = jnp.einsum("bhqk,bkhd->bqhd", weights, value)  # [batch, q, heads, head_dim]
+    if self._needs_weights():
+      context = self._attend_with_weights(query, key, value, mask)
+    else:
+      # No probabilities are needed afterwards: the fused op may skip materializing them
+      # (a flash kernel where the backend has one; the same XLA ops on CPU).
+      implementation = cfg.attention_implementation
+      context = jax.nn.dot_product_attention(
+          query, key, value, mask=mask,
+          implementation=None if implementation == "auto" else implementation)
+    # context: [batch, q, heads, head_dim]
 
     if cfg.attention_output_projection:
       out = HeadsProjection(cfg, in_shape=(cfg.num_heads, cfg.per_head_dim),
@@ -165,6 +169,28 @@ class MultiHeadAttention(nn.Module):
                          f"got {cfg.num_heads} * {cfg.per_head_dim} != {cfg.d_model}")
       out = context.reshape(context.shape[:2] + (cfg.d_model,))
     return out  # [batch, q, d_model]
+
+  def _needs_weights(self) -> bool:
+    """The probabilities must exist as an array: someone collects them (attention plots
+    apply with mutable=["intermediates"]), or attention dropout is applied to them."""
+    cfg = self.config
+    return (self.is_mutable_collection("intermediates")
+            or (cfg.attention_dropout_rate > 0 and not cfg.deterministic))
+
+  def _attend_with_weights(self, query, key, value, mask) -> jax.Array:
+    """softmax(QK^T / sqrt(d_k)) V spelled out, sowing the probabilities [batch, heads, q, k]."""
+    cfg = self.config
+    query = query / jnp.sqrt(query.shape[-1]).astype(query.dtype)
+    logits = jnp.einsum("bqhd,bkhd->bhqk", query, key,
+                        preferred_element_type=jnp.float32)  # [batch, heads, q, k]
+    if mask is not None:
+      logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
+    weights = jax.nn.softmax(logits, axis=-1).astype(cfg.compute_dtype)
+    # Kept only when the caller asks (mutable=["intermediates"]), e.g. for attention plots.
+    self.sow("intermediates", "attention_weights", weights)  # [batch, heads, q, k]
+    if cfg.attention_dropout_rate > 0:
+      weights = nn.Dropout(cfg.attention_dropout_rate)(weights, deterministic=cfg.deterministic)
+    return jnp.einsum("bhqk,bkhd->bqhd", weights, value)  # [batch, q, heads, head_dim]
 
   def _cached_cross_key_value(self, encoded: jax.Array | None) -> tuple[jax.Array, jax.Array]:
     """Encoder keys/values, projected when the cache is created and read back afterwards."""

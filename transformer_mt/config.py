@@ -50,6 +50,11 @@ class TransformerConfig:
   scale_embeddings: bool = True
   # Tie source embedding, target embedding and pre-softmax projection (needs a shared vocab).
   share_embeddings: bool = True
+  # Recompute each layer's activations in the backward pass (nn.remat): less memory, more compute.
+  remat: bool = False
+  # jax.nn.dot_product_attention backend: "auto" (JAX's choice; XLA as of JAX 0.10), "xla",
+  # or "cudnn" (fused flash attention on NVIDIA GPUs; needs dtype bfloat16 or float16).
+  attention_implementation: str = "auto"
   dtype: str = "float32"
   param_dtype: str = "float32"
   # Set by .replace(): no dropout.
@@ -69,6 +74,11 @@ class TransformerConfig:
     if self.share_embeddings and self.target_vocab_size not in (None, self.vocab_size):
       errors.append("share_embeddings=True needs one shared vocabulary; "
                     f"got vocab_size={self.vocab_size}, target_vocab_size={self.target_vocab_size}")
+    if self.attention_implementation not in ("auto", "xla", "cudnn"):
+      errors.append(f"attention_implementation={self.attention_implementation!r} must be 'auto', "
+                    "'xla' or 'cudnn'")
+    elif self.attention_implementation == "cudnn" and self.dtype == "float32":
+      errors.append("attention_implementation='cudnn' needs dtype='bfloat16' or 'float16'")
     for name in ("dtype", "param_dtype"):
       if getattr(self, name) not in _DTYPES:
         errors.append(f"{name}={getattr(self, name)!r} must be one of {sorted(_DTYPES)}")

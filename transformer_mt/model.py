@@ -123,7 +123,34 @@ class Embedder(nn.Module):
 
   def attend(self, x: jax.Array) -> jax.Array:
     """Pre-softmax projection with the (tied) embedding matrix: x E^T."""
-    return self.embedding.attend(x)
+    dtype = self.config.compute_dtype
+    return tied_logits(x.astype(dtype), self.embedding.embedding.astype(dtype))
+
+
+@jax.custom_vjp
+def tied_logits(x: jax.Array, embedding: jax.Array) -> jax.Array:
+  """x E^T: [..., d_model] x [vocab, d_model] -> [..., vocab], with a cheaper backward pass.
+
+  Autodiff forms dE = g^T x by first copying the logits' cotangent g [tokens, vocab], the
+  largest array of the step, into transposed layout; written as (x^T g)^T, XLA transposes
+  only x [tokens, d_model] and folds the outer transpose into the matmul (on CPU: ~10%
+  off the vocabulary projection and loss, fwd + bwd, at a 37k vocabulary).
+  """
+  return jnp.einsum("...d,vd->...v", x, embedding)
+
+
+def _tied_logits_forward(x, embedding):
+  return tied_logits(x, embedding), (x, embedding)
+
+
+def _tied_logits_backward(residuals, g):
+  x, embedding = residuals
+  d_x = jnp.einsum("...v,vd->...d", g, embedding)  # [..., d_model]
+  d_embedding = jnp.einsum("...d,...v->dv", x, g).T  # [vocab, d_model]
+  return d_x, d_embedding
+
+
+tied_logits.defvjp(_tied_logits_forward, _tied_logits_backward)
 
 
 def _default_positions(tokens: jax.Array) -> jax.Array:
@@ -144,8 +171,10 @@ class Transformer(nn.Module):
           cfg.output_vocab_size, use_bias=cfg.use_bias, dtype=cfg.compute_dtype,
           param_dtype=cfg.weight_dtype, kernel_init=dense_init(("embed", "vocab")),
           bias_init=bias_init(("vocab",)))
-    self.encoder_layers = [EncoderLayer(cfg) for _ in range(cfg.num_encoder_layers)]
-    self.decoder_layers = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
+    # Remat only matters under jax.grad; decoding with the KV cache never needs it.
+    remat = nn.remat if cfg.remat and not cfg.decode else lambda layer: layer
+    self.encoder_layers = [remat(EncoderLayer)(cfg) for _ in range(cfg.num_encoder_layers)]
+    self.decoder_layers = [remat(DecoderLayer)(cfg) for _ in range(cfg.num_decoder_layers)]
     # Pre-LN stacks end with a LayerNorm: their residual stream is never normalized otherwise.
     if cfg.use_layer_norm and cfg.layer_norm_position == "pre":
       self.encoder_norm, self.decoder_norm = layer_norm(cfg), layer_norm(cfg)

@@ -1,0 +1,121 @@
+"""How much memory does one train step need? XLA's own accounting for Transformer Base and
+Big at the paper's per-device batch, with and without rematerialization (model.remat).
+
+    python benchmarks/memory.py [--experiments transformer_base_wmt14_ende ...] [--rows 12]
+
+Nothing large is allocated: the step is lowered and compiled for abstract inputs
+(`train_step.abstract_state`, `jax.ShapeDtypeStruct` batches), as `jit_train_step` compiles
+it (state donated), and `compiled.memory_analysis()` reports the buffers XLA assigned:
+  state       arguments: params + Adam's two moments + step + RNG, and the batch
+  temporaries activations kept for the backward pass, gradients, workspace
+  peak        arguments + outputs - aliased (the donated state is reused) + temporaries
+and, independently of any backend,
+  residuals   what jax keeps from the forward pass for the backward pass (the leaves of
+              `jax.vjp`'s closure over one micro-batch's loss, under `jax.eval_shape`):
+              the activations that remat trades for recomputation, plus the parameters.
+
+Batch: the paper trained on ~25,000 target tokens per step over 8 P100 GPUs, i.e. ~3,072 per
+device per step; here 12 packed rows of 256 tokens (data.max_len of the WMT14 rows) =
+3,072 target-token slots (and as many source slots) per device, in one micro-batch.
+
+Read the XLA columns for the backend this runs on. On CPU (jax 0.10 / XLA of this venv), the
+compiled step does recompute (cost analysis: ~1/3 more FLOPs with remat) but the optimization
+barriers are gone after compilation and the recomputation is scheduled early, beside the
+original forward pass, so the compiled memory does not drop there; the residuals column is
+what remat removes from memory where the scheduler places the recomputation in the backward
+pass, as accelerator backends are meant to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import pathlib
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import flax.linen as nn  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import ml_collections  # noqa: E402
+
+from transformer_mt import optimizer, registry, sharding, train_step  # noqa: E402
+from transformer_mt.model import Transformer, count_parameters  # noqa: E402
+from transformer_mt.translate import model_config_for  # noqa: E402
+
+BATCH_KEYS = ("inputs", "targets", "targets_in", "inputs_positions", "targets_positions",
+              "inputs_segment_ids", "targets_segment_ids")
+GIB = 2.0**30
+
+
+def step_memory(experiment: str, remat: bool, rows: int, accum: int) -> dict[str, float]:
+  """Bytes XLA assigns to one train step of `experiment` on one device, and the bytes of
+  the residuals jax saves for its backward pass."""
+  config = registry.load_experiment(experiment)
+  model_config = model_config_for(config).replace(remat=remat)
+  model = Transformer(model_config)
+  tx, schedule = optimizer.make_optimizer(config.train, model_config.d_model)
+  mesh = sharding.make_mesh(ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1}),
+                            devices=jax.devices()[:1])
+  shardings = train_step.state_shardings(model, tx, mesh)
+  state = train_step.abstract_state(model, tx, mesh)
+  batch = {k: jax.ShapeDtypeStruct((accum, rows // accum, config.data.max_len), jnp.int32)
+           for k in BATCH_KEYS}
+  step = functools.partial(train_step.train_step, model=model, tx=tx, schedule=schedule,
+                           label_smoothing=config.train.label_smoothing)
+  # As train_step.jit_train_step compiles it: sharded in/out, the state donated.
+  jitted = jax.jit(step, in_shardings=(shardings, sharding.batch_sharding(mesh, 3, batch_dim=1)),
+                   out_shardings=(shardings, sharding.replicated(mesh)), donate_argnums=0)
+  start = time.perf_counter()
+  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
+    stats = jitted.lower(state, batch).compile().memory_analysis()
+  compile_seconds = time.perf_counter() - start
+
+  # What jax keeps for the backward pass: the arrays `jax.vjp`'s closure holds.
+  micro = {k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for k, v in batch.items()}
+  loss = lambda params, micro: train_step._micro_batch_sums(  # noqa: E731
+      params, micro, jax.random.key(0), model, config.train.label_smoothing)[0]
+  closure = jax.eval_shape(lambda p, m: jax.vjp(lambda p: loss(p, m), p)[1], state.params, micro)
+  residuals = sum(math.prod(leaf.shape) * leaf.dtype.itemsize for leaf in jax.tree.leaves(closure))
+  return {"parameters": count_parameters(model_config), "residuals": residuals,
+          "arguments": stats.argument_size_in_bytes, "outputs": stats.output_size_in_bytes,
+          "aliased": stats.alias_size_in_bytes, "temporaries": stats.temp_size_in_bytes,
+          "peak": (stats.argument_size_in_bytes + stats.output_size_in_bytes
+                   - stats.alias_size_in_bytes + stats.temp_size_in_bytes),
+          "target_slots": rows * config.data.max_len, "compile_seconds": compile_seconds}
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--experiments", nargs="+",
+                      default=["transformer_base_wmt14_ende", "transformer_big_wmt14_ende"])
+  parser.add_argument("--rows", type=int, default=12,
+                      help="packed rows per device per step (12 x 256 = 3,072 target tokens)")
+  parser.add_argument("--accum", type=int, default=1, help="gradient-accumulation micro-batches")
+  args = parser.parse_args()
+
+  results = {}
+  print(f"{'experiment':30}{'remat':>6}{'params':>9}{'state GiB':>10}{'temp GiB':>10}"
+        f"{'peak GiB':>10}{'residuals GiB':>15}")
+  for experiment in args.experiments:
+    for remat in (False, True):
+      m = step_memory(experiment, remat, args.rows, args.accum)
+      results[f"{experiment}{'+remat' if remat else ''}"] = m
+      print(f"{experiment:30}{remat!s:>6}{m['parameters'] / 1e6:8.1f}M"
+            f"{m['arguments'] / GIB:10.2f}{m['temporaries'] / GIB:10.2f}{m['peak'] / GIB:10.2f}"
+            f"{m['residuals'] / GIB:15.2f}", flush=True)
+    plain, remat = results[experiment], results[f"{experiment}+remat"]
+    print(f"  remat: XLA {jax.default_backend()} peak {plain['peak'] / GIB:.2f} -> "
+          f"{remat['peak'] / GIB:.2f} GiB; residuals {plain['residuals'] / GIB:.2f} -> "
+          f"{remat['residuals'] / GIB:.2f} GiB (saves "
+          f"{(plain['residuals'] - remat['residuals']) / GIB:.2f} GiB)")
+  print(json.dumps({"benchmark": "memory", "backend": jax.default_backend(),
+                    "rows_per_device": args.rows, "accum": args.accum, "results": results}))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,387 @@
+"""How fast is our train step? Target tokens/s, achieved FLOP/s against this machine's matmul
+peak, and a plain Flax Linen reference on the same sentences, all measured in one run.
+
+    python benchmarks/train_step.py [--layers 2] [--batch_tokens 2048] [--max_len 128] ...
+
+Measures (after compilation; best of --reps steps, median shown too):
+  peak        a jitted [--matmul_size]^2 matmul in float32 (and bfloat16 where the hardware
+              has it): the denominator of "fraction of peak".
+  ours        `train_step.jit_train_step` exactly as `train.py` builds it (sharded state on a
+              1-device mesh, Adam, label smoothing 0.1, dropout 0.1) on one packed batch
+              [1, batch_tokens / max_len rows, max_len]: first-fit packing with segment ids
+              and per-sentence positions, as `input_pipeline.training_batches` makes.
+  reference   what a user would write from the Flax docs: an encoder-decoder of
+              `flax.linen.MultiHeadDotProductAttention`, `nn.Dense`, `nn.LayerNorm` with the
+              same dimensions, tied embeddings, post-LN, dropout, Adam and label-smoothed
+              cross-entropy, jitted, on padded batches: the *same sentences* as ours, one per
+              row, padded to the batch's longest source / target. Same real target tokens,
+              but compute spent on padding.
+
+Sentence lengths: (source, target) word counts of the real newstest2014 EN-DE pairs
+(../shared/data/news/en-de/newstest2014.{en,de}) times --tokens_per_word (1.4, about what a
+37k BPE gives on WMT news: mean ~27 tokens) plus EOS, drawn in random order; a log-normal
+with mean ~27 tokens (sigma 0.5) if the files are absent. Token ids are random.
+
+Useful FLOPs per step, counted analytically over real (non-pad) tokens only, the same for
+both models (so FLOP/s ratios equal token/s ratios):
+  6 x P_enc x S                                     encoder layers
+  + 6 x (P_dec - P_xkv) x T + 6 x P_xkv x S         decoder layers; cross-attention keys and
+                                                    values (P_xkv) are projected per source token
+  + 6 x d_model x V x T                             output projection onto the vocabulary
+  + 12 x d_attn x (L_enc x sum s_i^2 + L_dec x sum (t_i^2 + t_i s_i))   attention scores and
+                                                    weighted values (forward 4 x, backward 8 x)
+P_* are parameter counts of our model (biases and LayerNorm included, embeddings excluded),
+S / T the real source / target tokens, s_i / t_i one sentence's lengths, d_attn =
+heads x head_dim, V the vocabulary. Causal self-attention is counted in full (t_i^2), as
+in the PaLM MFU convention. Packed rows compute attention across the whole row; that extra
+work is not counted as useful.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import flax.linen as nn  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import ml_collections  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+from benchmarks import _timing  # noqa: E402
+from experiments import _defaults  # noqa: E402
+from transformer_mt import input_pipeline, optimizer, sharding, train_step  # noqa: E402
+from transformer_mt.config import TransformerConfig  # noqa: E402
+from transformer_mt.model import Transformer  # noqa: E402
+from transformer_mt.tokenizer import BOS_ID, PAD_ID  # noqa: E402
+
+NEWS = ROOT.parent / "shared" / "data" / "news" / "en-de" / "newstest2014"
+
+
+# ---------------------------------------------------------------------------------------------
+# Sentences, packed (ours) and padded (reference)
+# ---------------------------------------------------------------------------------------------
+
+
+def sentence_lengths(max_len: int, tokens_per_word: float, seed: int) -> tuple[np.ndarray, str]:
+  """(source, target) token lengths [n, 2] in random order, each in [2, max_len], and a label."""
+  rng = np.random.default_rng(seed)
+  source, target = NEWS.with_suffix(".en"), NEWS.with_suffix(".de")
+  if source.exists() and target.exists():
+    words = [[len(line.split()) for line in path.read_text(encoding="utf-8").splitlines()]
+             for path in (source, target)]
+    lengths = np.round(np.asarray(words, np.float64).T * tokens_per_word).astype(np.int64) + 1
+    label = f"newstest2014 EN-DE words x {tokens_per_word} + EOS"
+  else:
+    lengths = np.round(rng.lognormal(np.log(27) - 0.125, 0.5, size=(3000, 2))).astype(np.int64)
+    label = "log-normal, mean ~27 tokens"
+  lengths = lengths[(lengths.min(axis=1) >= 2) & (lengths.max(axis=1) <= max_len)]
+  return lengths[rng.permutation(len(lengths))], label
+
+
+def first_fit(lengths: np.ndarray, rows: int, max_len: int, patience: int = 50) -> list[list[int]]:
+  """Sentence indices per row: each sentence goes into the first row where both its source
+  and its target still fit; stops after `patience` sentences in a row fit nowhere."""
+  used = np.zeros((rows, 2), np.int64)
+  members: list[list[int]] = [[] for _ in range(rows)]
+  misses = 0
+  for index, pair in enumerate(lengths):
+    fits = np.nonzero(np.all(used + pair <= max_len, axis=1))[0]
+    if len(fits) == 0:
+      misses += 1
+      if misses >= patience:
+        break
+      continue
+    misses = 0
+    used[fits[0]] += pair
+    members[fits[0]].append(index)
+  return members
+
+
+def packed_batch(lengths, members, max_len, vocab, rng) -> dict[str, np.ndarray]:
+  """[1, rows, max_len] arrays as `input_pipeline.training_batches` yields them."""
+  rows = len(members)
+  batch = {k: np.zeros((rows, max_len), np.int32) for k in
+           ("inputs", "targets", "inputs_positions", "targets_positions",
+            "inputs_segment_ids", "targets_segment_ids")}
+  for row, indices in enumerate(members):
+    offset = [0, 0]
+    for segment, index in enumerate(indices, start=1):
+      for side, (name, n) in enumerate(zip(("inputs", "targets"), lengths[index])):
+        span = slice(offset[side], offset[side] + n)
+        batch[name][row, span] = rng.integers(4, vocab, size=n)
+        batch[f"{name}_positions"][row, span] = np.arange(n)
+        batch[f"{name}_segment_ids"][row, span] = segment
+        offset[side] += n
+  batch = input_pipeline.shift_right_per_segment(batch)
+  return {k: v[None] for k, v in batch.items()}
+
+
+def padded_batch(packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """The packed batch's sentences one per row, padded to the longest source / target."""
+  sentences = []  # (source ids, target ids)
+  for row in range(packed["inputs"].shape[1]):
+    segment_ids = {side: packed[f"{side}_segment_ids"][0, row] for side in ("inputs", "targets")}
+    for segment in range(1, segment_ids["inputs"].max() + 1):
+      sentences.append(tuple(packed[side][0, row][segment_ids[side] == segment]
+                             for side in ("inputs", "targets")))
+  src_len = max(len(s) for s, _ in sentences)
+  tgt_len = max(len(t) for _, t in sentences)
+  batch = {"inputs": np.full((len(sentences), src_len), PAD_ID, np.int32),
+           "targets": np.full((len(sentences), tgt_len), PAD_ID, np.int32),
+           "targets_in": np.full((len(sentences), tgt_len), PAD_ID, np.int32)}
+  for row, (source, target) in enumerate(sentences):
+    batch["inputs"][row, :len(source)] = source
+    batch["targets"][row, :len(target)] = target
+    batch["targets_in"][row, 0] = BOS_ID
+    batch["targets_in"][row, 1:len(target)] = target[:-1]
+  return batch
+
+
+# ---------------------------------------------------------------------------------------------
+# FLOPs
+# ---------------------------------------------------------------------------------------------
+
+
+def parameter_groups(config: TransformerConfig) -> dict[str, int]:
+  """Non-embedding parameter counts: encoder layers, decoder layers, cross-attention K/V."""
+  model = Transformer(config.replace(deterministic=True))
+  dummy = jnp.ones((1, 2), jnp.int32)
+  shapes = nn.unbox(jax.eval_shape(lambda: model.init(jax.random.key(0), dummy, dummy))["params"])
+  counts = {"encoder": 0, "decoder": 0, "cross_kv": 0}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]:
+    names = [p.key for p in path]
+    size = math.prod(leaf.shape)
+    if names[0].startswith("encoder_layers"):
+      counts["encoder"] += size
+    elif names[0].startswith("decoder_layers"):
+      counts["decoder"] += size
+      if names[1] == "cross_attention" and names[2] in ("key", "value"):
+        counts["cross_kv"] += size
+  return counts
+
+
+def useful_flops(config: TransformerConfig, source_lengths: np.ndarray,
+                 target_lengths: np.ndarray) -> dict[str, float]:
+  """The docstring's formula, term by term, for one step over these sentences."""
+  p = parameter_groups(config)
+  s, t = source_lengths.astype(np.float64), target_lengths.astype(np.float64)
+  d_attn = config.num_heads * config.per_head_dim
+  terms = {
+      "encoder": 6.0 * p["encoder"] * s.sum(),
+      "decoder": 6.0 * (p["decoder"] - p["cross_kv"]) * t.sum() + 6.0 * p["cross_kv"] * s.sum(),
+      "vocab_projection": 6.0 * config.d_model * config.output_vocab_size * t.sum(),
+      "attention": 12.0 * d_attn * (config.num_encoder_layers * np.sum(s * s)
+                                    + config.num_decoder_layers * np.sum(t * t + t * s)),
+  }
+  terms["total"] = sum(terms.values())
+  return terms
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference: a plain Flax Linen encoder-decoder on padded batches
+# ---------------------------------------------------------------------------------------------
+
+
+class ReferenceLayer(nn.Module):
+  """Post-LN layer: self-attention, optional cross-attention, FFN; each with dropout + residual."""
+
+  config: TransformerConfig
+  cross: bool
+
+  @nn.compact
+  def __call__(self, x, self_mask, encoded=None, cross_mask=None, deterministic=False):
+    cfg = self.config
+    attention = functools.partial(nn.MultiHeadDotProductAttention, num_heads=cfg.num_heads,
+                                  dropout_rate=cfg.attention_dropout_rate,
+                                  deterministic=deterministic)
+    sublayer = lambda x, y: nn.LayerNorm(epsilon=1e-6)(  # noqa: E731
+        x + nn.Dropout(cfg.dropout_rate)(y, deterministic=deterministic))
+    x = sublayer(x, attention()(x, x, mask=self_mask))
+    if self.cross:
+      x = sublayer(x, attention()(x, encoded, mask=cross_mask))
+    hidden = nn.relu(nn.Dense(cfg.d_ff)(x))
+    return sublayer(x, nn.Dense(cfg.d_model)(hidden))
+
+
+class ReferenceTransformer(nn.Module):
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, inputs, targets_in, deterministic=False):
+    cfg = self.config
+    embed = nn.Embed(cfg.vocab_size, cfg.d_model,
+                     embedding_init=nn.initializers.normal(stddev=cfg.d_model**-0.5))
+    position = np.arange(max(inputs.shape[1], targets_in.shape[1]))[:, None]
+    angle = position / 10000 ** (np.arange(0, cfg.d_model, 2) / cfg.d_model)
+    table = np.stack([np.sin(angle), np.cos(angle)], -1).reshape(len(position), cfg.d_model)
+
+    def embed_tokens(tokens):
+      x = embed(tokens) * np.sqrt(cfg.d_model) + table[None, :tokens.shape[1]]
+      return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+
+    source_mask = nn.make_attention_mask(inputs > 0, inputs > 0)
+    x = embed_tokens(inputs)
+    for _ in range(cfg.num_encoder_layers):
+      x = ReferenceLayer(cfg, cross=False)(x, source_mask, deterministic=deterministic)
+    self_mask = nn.combine_masks(nn.make_attention_mask(targets_in > 0, targets_in > 0),
+                                 nn.make_causal_mask(targets_in))
+    cross_mask = nn.make_attention_mask(targets_in > 0, inputs > 0)
+    y = embed_tokens(targets_in)
+    for _ in range(cfg.num_decoder_layers):
+      y = ReferenceLayer(cfg, cross=True)(y, self_mask, x, cross_mask, deterministic=deterministic)
+    return embed.attend(y)  # [batch, tgt_len, vocab]
+
+
+def reference_train_step(model, tx, label_smoothing):
+  """Adam on the label-smoothed cross-entropy averaged over non-pad target tokens, jitted."""
+
+  def loss_fn(params, batch, key):
+    logits = model.apply({"params": params}, batch["inputs"], batch["targets_in"],
+                         rngs={"dropout": key})
+    vocab = logits.shape[-1]
+    soft = optax.smooth_labels(jax.nn.one_hot(batch["targets"], vocab), label_smoothing)
+    weights = (batch["targets"] > 0).astype(jnp.float32)
+    loss = optax.softmax_cross_entropy(logits, soft)
+    return jnp.sum(loss * weights) / jnp.sum(weights)
+
+  @functools.partial(jax.jit, donate_argnums=0)
+  def step(state, batch):
+    params, opt_state, count = state
+    key = jax.random.fold_in(jax.random.key(0), count)
+    loss, grads = jax.value_and_grad(loss_fn)(params, batch, key)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state, count + 1), loss
+
+  return step
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurement
+# ---------------------------------------------------------------------------------------------
+
+
+def time_ours(config, batch, label_smoothing, reps):
+  model = Transformer(config)
+  tx, schedule = optimizer.make_optimizer(_defaults.base_config().train, config.d_model)
+  mesh = sharding.make_mesh(ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1}),
+                            devices=jax.devices()[:1])
+  state = train_step.create_sharded_state(0, model, tx, mesh)
+  step = train_step.jit_train_step(model, tx, schedule, label_smoothing, mesh,
+                                   train_step.state_shardings(model, tx, mesh))
+  device_batch = sharding.global_batch_from_local(batch, mesh, batch_dim=1)
+  holder = {"state": state}
+
+  def call():
+    holder["state"], metrics = step(holder["state"], device_batch)
+    return metrics
+
+  return _timing.time_calls(call, warmup=1, reps=reps)
+
+
+def time_reference(config, batch, label_smoothing, reps):
+  model = ReferenceTransformer(config)
+  tx, _ = optimizer.make_optimizer(_defaults.base_config().train, config.d_model)
+  params = jax.jit(lambda: model.init(jax.random.key(0), batch["inputs"][:1],
+                                      batch["targets_in"][:1], deterministic=True)["params"])()
+  step = reference_train_step(model, tx, label_smoothing)
+  device_batch = jax.device_put(batch)
+  holder = {"state": (params, tx.init(params), jnp.array(0, jnp.int32))}
+
+  def call():
+    holder["state"], loss = step(holder["state"], device_batch)
+    return loss
+
+  return _timing.time_calls(call, warmup=1, reps=reps)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--layers", type=int, default=2, help="encoder and decoder layers")
+  parser.add_argument("--d_model", type=int, default=512)
+  parser.add_argument("--d_ff", type=int, default=2048)
+  parser.add_argument("--heads", type=int, default=8)
+  parser.add_argument("--vocab_size", type=int, default=37000)
+  parser.add_argument("--batch_tokens", type=int, default=2048, help="packed target slots/step")
+  parser.add_argument("--max_len", type=int, default=128)
+  parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+  parser.add_argument("--tokens_per_word", type=float, default=1.4)
+  parser.add_argument("--reps", type=int, default=3, help="timed steps per model")
+  parser.add_argument("--matmul_size", type=int, default=2048)
+  parser.add_argument("--skip_reference", action="store_true")
+  parser.add_argument("--seed", type=int, default=0)
+  args = parser.parse_args()
+
+  config = TransformerConfig(vocab_size=args.vocab_size, d_model=args.d_model, num_heads=args.heads,
+                             d_ff=args.d_ff, num_encoder_layers=args.layers,
+                             num_decoder_layers=args.layers, dropout_rate=0.1, dtype=args.dtype)
+  lengths, length_source = sentence_lengths(args.max_len, args.tokens_per_word, args.seed)
+  members = first_fit(lengths, args.batch_tokens // args.max_len, args.max_len)
+  rng = np.random.default_rng(args.seed)
+  packed = packed_batch(lengths, members, args.max_len, args.vocab_size, rng)
+  padded = padded_batch(packed)
+  chosen = lengths[[i for row in members for i in row]]
+  flops = useful_flops(config, chosen[:, 0], chosen[:, 1])
+  target_tokens = int(chosen[:, 1].sum())
+  print(f"{len(chosen)} sentences ({length_source}): {target_tokens} target tokens, mean "
+        f"{chosen[:, 1].mean():.1f}; ours packed {packed['inputs'].shape[1:]} "
+        f"({target_tokens / packed['targets'].size:.1%} of target slots real), reference padded "
+        f"{padded['targets'].shape} ({target_tokens / padded['targets'].size:.1%} real)")
+  print(f"useful FLOPs/step {flops['total']:.3e}: " + ", ".join(
+      f"{k} {v / flops['total']:.0%}" for k, v in flops.items() if k != "total"))
+
+  dtypes = {"float32": jnp.float32}
+  if _timing.hardware_has_bf16():
+    dtypes["bfloat16"] = jnp.bfloat16
+  load_before = os.getloadavg()[0]
+  peaks = {name: _timing.matmul_peak(args.matmul_size, dtype) for name, dtype in dtypes.items()}
+  results = {"ours": time_ours(config, packed, 0.1, args.reps)}
+  if not args.skip_reference:
+    results["reference"] = time_reference(config, padded, 0.1, args.reps)
+  # The peak again after the steps, keeping the better one: on a shared machine a quiet
+  # moment during either measurement is the closer estimate of what the hardware does.
+  peaks = {name: tuple(map(max, peaks[name], _timing.matmul_peak(args.matmul_size, dtype)))
+           for name, dtype in dtypes.items()}
+  peak, cpu_peak = peaks.get(args.dtype, peaks["float32"])
+  load_after = os.getloadavg()[0]
+
+  print(f"\n{'':22}{'step s best/median':>20}{'target tok/s':>13}{'GFLOP/s':>9}{'of peak':>9}"
+        f"{'of peak, CPU time':>19}")
+  for name, (value, _) in peaks.items():
+    print(f"{'matmul ' + name + ' peak':22}{'':>20}{'':>13}{value / 1e9:9.1f}")
+  record = {"benchmark": "train_step", "device": jax.devices()[0].device_kind,
+            "load_average": [load_before, load_after], "config": vars(args),
+            "lengths": length_source, "sentences": len(chosen), "target_tokens": target_tokens,
+            "useful_flops_per_step": flops["total"], "flops_terms": flops,
+            "matmul_peak_flops": {name: value for name, (value, _) in peaks.items()}}
+  for name, timing in results.items():
+    achieved = timing.rate(flops["total"])
+    cpu_fraction = timing.cpu_rate(flops["total"]) / cpu_peak
+    print(f"{name + ' (' + args.dtype + ')':22}{timing.best:10.3f} / {timing.median:7.3f}"
+          f"{timing.rate(target_tokens):13,.0f}{achieved / 1e9:9.1f}{achieved / peak:9.1%}"
+          f"{cpu_fraction:19.1%}")
+    record[name] = {"step_seconds": timing.best, "step_seconds_median": timing.median,
+                    "target_tokens_per_second": timing.rate(target_tokens),
+                    "flops_per_second": achieved, "fraction_of_peak": achieved / peak,
+                    "fraction_of_peak_cpu_time": cpu_fraction}
+  if "reference" in results:
+    ratio = results["reference"].best / results["ours"].best
+    print(f"ours / reference: {ratio:.2f}x target tokens/s")
+    record["ours_over_reference"] = ratio
+  print(f"1-minute load average {load_before:.1f} before, {load_after:.1f} after on "
+        f"{os.cpu_count()} CPUs; 'of peak, CPU time' compares FLOPs per CPU-second of this "
+        "process, which other processes on the machine hardly change")
+  print(json.dumps(record))
+
+
+if __name__ == "__main__":
+  main()
