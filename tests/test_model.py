@@ -388,6 +388,14 @@ def test_config_rejects_unknown_layer_norm_position():
     TransformerConfig(layer_norm_position="mid")
 
 
+def test_config_checks_the_attention_implementation():
+  with pytest.raises(ValueError, match="attention_implementation='flash'"):
+    TransformerConfig(attention_implementation="flash")
+  with pytest.raises(ValueError, match="'cudnn' needs dtype='bfloat16'"):
+    TransformerConfig(attention_implementation="cudnn")
+  TransformerConfig(attention_implementation="cudnn", dtype="bfloat16")
+
+
 # ---------------------------------------------------------------------------------------------
 # 9. Speed-motivated code paths give the same numbers as the plain ones
 # ---------------------------------------------------------------------------------------------
