@@ -84,17 +84,11 @@ def load_model(args):
 
 
 def make_batch(translator, sources):
-  """Translator._decode_batch's padded batch: (inputs, max_lengths, max_len) for beam_decode."""
-  src_len = bucket_length(max(len(s) for s in sources))
-  rows = bucket_length(translator.batch_size, translator.mesh.devices.size)
-  inputs = np.full((rows, src_len), PAD_ID, np.int32)
-  for row, ids in enumerate(sources):
-    inputs[row, :len(ids)] = ids
-  max_len = min(translator.max_target_len, src_len + translator.extra_len)
-  max_lengths = np.minimum((inputs != PAD_ID).sum(axis=1) + translator.extra_len, max_len)
+  """The Translator's padded batch on its mesh: (inputs, max_lengths, max_len) for beam_decode."""
+  inputs, max_lengths, max_len = translator.padded_batch(sources)
   mesh = translator.mesh
   return (jax.device_put(inputs, sharding.batch_sharding(mesh)),
-          jax.device_put(max_lengths.astype(np.int32), sharding.batch_sharding(mesh, 1)), max_len)
+          jax.device_put(max_lengths, sharding.batch_sharding(mesh, 1)), max_len)
 
 
 class Decoder:

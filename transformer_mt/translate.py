@@ -64,9 +64,13 @@ class Translator:
         outputs[index] = self.tokenizer.decode(ids)
     return outputs
 
-  def _decode_batch(self, sources: list[list[int]]) -> list[np.ndarray]:
+  def padded_batch(self, sources: list[list[int]]) -> tuple[np.ndarray, np.ndarray, int]:
+    """(inputs int32 [rows, src_len], max_lengths int32 [rows], max_len) for the decoder.
+
+    Rows are padded to a fixed count (a multiple of the device count) with empty rows and
+    the source length to a bucket, so a few shapes cover every batch.
+    """
     src_len = bucket_length(max(len(s) for s in sources))
-    # Pad the batch to a fixed number of rows (a multiple of the device count) with empty rows.
     rows = bucket_length(self.batch_size, self.mesh.devices.size)
     inputs = np.full((rows, src_len), PAD_ID, np.int32)
     for row, ids in enumerate(sources):
@@ -74,13 +78,17 @@ class Translator:
     max_len = min(self.max_target_len, src_len + self.extra_len)
     # Each sentence may grow to its own source length + extra_len (the paper's +50).
     max_lengths = np.minimum((inputs != PAD_ID).sum(axis=1) + self.extra_len, max_len)
+    return inputs, max_lengths.astype(np.int32), max_len
+
+  def _decode_batch(self, sources: list[list[int]]) -> list[np.ndarray]:
+    inputs, max_lengths, max_len = self.padded_batch(sources)
     with jax.set_mesh(self.mesh):
       # Every process decodes the same sentences, each device its slice of the rows.
       inputs = sharding.global_batch_from_host(inputs, self.mesh)
       if self.beam_size > 1:
         outputs = beam_search.beam_decode(
             self.params, inputs, self.model_config, self.beam_size, max_len, self.alpha,
-            sharding.global_batch_from_host(max_lengths.astype(np.int32), self.mesh)
+            sharding.global_batch_from_host(max_lengths, self.mesh)
         ).sequences
       else:
         outputs = decode.greedy_decode(self.params, inputs, self.model_config, max_len)
