@@ -127,3 +127,25 @@ def test_two_processes_train_like_one(tmp_path):
   with pytest.raises(ValueError, match="written by 2 processes, and this run has 1"):
     train.train(registry.load_experiment("demo", OVERRIDES + ["train.num_steps=5"]),
                 str(workdir), progress=False)
+
+
+def test_launch_detection_and_flag_errors(monkeypatch):
+  from transformer_mt import distributed
+  for name in ("SLURM_JOB_ID", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"):
+    monkeypatch.delenv(name, raising=False)
+  assert not distributed.launched_as_several_processes()
+  monkeypatch.setenv("SLURM_JOB_ID", "42")
+  monkeypatch.setenv("SLURM_NTASKS", "1")
+  assert not distributed.launched_as_several_processes()  # a one-task job is a plain run
+  monkeypatch.setenv("SLURM_NTASKS", "8")
+  assert distributed.launched_as_several_processes()
+  monkeypatch.delenv("SLURM_JOB_ID")
+  monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
+  assert distributed.launched_as_several_processes()
+
+  with pytest.raises(ValueError, match="needs all of --coordinator_address"):
+    distributed.initialize("127.0.0.1:1234", num_processes=2)
+  with pytest.raises(ValueError, match="--process_id 2 must be in 0..1"):
+    distributed.initialize("127.0.0.1:1234", 2, 2)
+  with pytest.raises(ValueError, match="must be HOST:PORT"):
+    distributed.initialize("127.0.0.1", 2, 0)

@@ -133,13 +133,13 @@ def _cmd_report(args) -> None:
 def _distributed_flags() -> argparse.ArgumentParser:
   """Flags of a multi-process launch (see transformer_mt/distributed.py)."""
   flags = argparse.ArgumentParser(add_help=False)
-  group = flags.add_argument_group("multi-process launch (SLURM and Open MPI are detected)")
+  group = flags.add_argument_group("multi-process launch (SLURM, Open MPI and TPU VMs are detected)")
   group.add_argument("--coordinator_address", default=None, metavar="HOST:PORT",
                      help="address of process 0, the same on every process")
   group.add_argument("--num_processes", type=int, default=None, help="number of processes")
   group.add_argument("--process_id", type=int, default=None, help="this process, 0..N-1")
   group.add_argument("--multihost", action="store_true",
-                     help="let JAX detect the cluster (TPU pods, Kubernetes)")
+                     help="let JAX detect another cluster it supports (e.g. Kubernetes)")
   return flags
 
 

@@ -11,19 +11,26 @@ How the processes find each other (`initialize`):
     process (any machine; e.g. two CPU processes on 127.0.0.1);
   * SLURM (`srun` with several tasks) and Open MPI (`mpirun -np N`): detected from their
     environment, nothing to pass;
-  * TPU pods and other clusters JAX knows (GKE/Kubernetes): pass `--multihost`, and JAX
-    detects the rest.
+  * Cloud TPU VMs: detected by their TPU devices; JAX reads the slice's workers from the
+    TPU metadata (a single-host slice becomes a one-process run);
+  * other clusters JAX knows (e.g. Kubernetes): pass `--multihost`, and JAX detects the rest.
 The workdir must be on a filesystem every process sees (GCS, NFS, Lustre...).
 """
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
+
+
+def on_tpu_host() -> bool:
+  """True on a Cloud TPU VM (its TPU chips appear as /dev/accel* or /dev/vfio/N)."""
+  return any(glob.glob(pattern) for pattern in ("/dev/accel*", "/dev/vfio/[0-9]*"))
 
 
 def launched_as_several_processes() -> bool:
@@ -38,8 +45,8 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   """Joins this process to a multi-process run when it is one; returns whether it did.
 
   Must run before any JAX computation. Explicit arguments win; otherwise SLURM / Open MPI
-  are detected from their environment, and `multihost=True` lets JAX auto-detect any
-  cluster it supports (TPU pods, Kubernetes). A plain single command does nothing.
+  are detected from their environment and TPU VMs by their devices; `multihost=True` lets
+  JAX auto-detect any other cluster it supports. A plain single command elsewhere does nothing.
   """
   explicit = (coordinator_address, num_processes, process_id)
   if any(value is not None for value in explicit):
@@ -55,7 +62,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
       raise ValueError(f"--coordinator_address {coordinator_address!r} must be HOST:PORT, "
                        "e.g. 10.0.0.1:8476 (the address of process 0).")
     jax.distributed.initialize(coordinator_address, num_processes, process_id)
-  elif multihost or launched_as_several_processes():
+  elif multihost or launched_as_several_processes() or on_tpu_host():
     jax.distributed.initialize()
   else:
     return False

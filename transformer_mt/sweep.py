@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import glob
 import itertools
 import json
 import logging
@@ -41,7 +40,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from transformer_mt import metrics, registry, text_files
+from transformer_mt import distributed, metrics, registry, text_files
 
 SWEEP_FILENAME = "sweep.json"
 TRIAL_FILENAME = "trial.json"
@@ -204,7 +203,7 @@ def device_groups(parallel: int) -> tuple[str, list[list[str]]]:
   opened by one process only, and a GPU backend would reserve memory the trials need):
   GPUs from CUDA_VISIBLE_DEVICES or nvidia-smi; otherwise CPU devices from XLA_FLAGS.
   """
-  if any(glob.glob(pattern) for pattern in ("/dev/accel*", "/dev/vfio/[0-9]*")):
+  if distributed.on_tpu_host():
     raise ValueError("--parallel is not supported on TPU hosts: run one trial per job with "
                      "--trial i (see --dry-run and launch/slurm_sweep.sbatch).")
   visible = os.environ.get("CUDA_VISIBLE_DEVICES")
