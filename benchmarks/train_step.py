@@ -8,8 +8,8 @@ Measures (after compilation; best of --reps steps, median shown too):
               has it): the denominator of "fraction of peak".
   ours        `train_step.jit_train_step` exactly as `train.py` builds it (sharded state on a
               1-device mesh, Adam, label smoothing 0.1, dropout 0.1) on one packed batch
-              [1, batch_tokens / max_len rows, max_len]: first-fit packing with segment ids
-              and per-sentence positions, as `input_pipeline.training_batches` makes.
+              [1, batch_tokens / max_len rows, max_len], packed by the training pipeline's
+              own first-fit packer (`input_pipeline.packed_rows`, 256 open rows).
   reference   what a user would write from the Flax docs: an encoder-decoder of
               `flax.linen.MultiHeadDotProductAttention`, `nn.Dense`, `nn.LayerNorm` with the
               same dimensions, tied embeddings, post-LN, dropout, Adam and label-smoothed
@@ -51,6 +51,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import flax.linen as nn  # noqa: E402
+import grain  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import ml_collections  # noqa: E402
@@ -88,42 +89,16 @@ def sentence_lengths(max_len: int, tokens_per_word: float, seed: int) -> tuple[n
   return lengths[rng.permutation(len(lengths))], label
 
 
-def first_fit(lengths: np.ndarray, rows: int, max_len: int, patience: int = 50) -> list[list[int]]:
-  """Sentence indices per row: each sentence goes into the first row where both its source
-  and its target still fit; stops after `patience` sentences in a row fit nowhere."""
-  used = np.zeros((rows, 2), np.int64)
-  members: list[list[int]] = [[] for _ in range(rows)]
-  misses = 0
-  for index, pair in enumerate(lengths):
-    fits = np.nonzero(np.all(used + pair <= max_len, axis=1))[0]
-    if len(fits) == 0:
-      misses += 1
-      if misses >= patience:
-        break
-      continue
-    misses = 0
-    used[fits[0]] += pair
-    members[fits[0]].append(index)
-  return members
-
-
-def packed_batch(lengths, members, max_len, vocab, rng) -> dict[str, np.ndarray]:
-  """[1, rows, max_len] arrays as `input_pipeline.training_batches` yields them."""
-  rows = len(members)
-  batch = {k: np.zeros((rows, max_len), np.int32) for k in
-           ("inputs", "targets", "inputs_positions", "targets_positions",
-            "inputs_segment_ids", "targets_segment_ids")}
-  for row, indices in enumerate(members):
-    offset = [0, 0]
-    for segment, index in enumerate(indices, start=1):
-      for side, (name, n) in enumerate(zip(("inputs", "targets"), lengths[index])):
-        span = slice(offset[side], offset[side] + n)
-        batch[name][row, span] = rng.integers(4, vocab, size=n)
-        batch[f"{name}_positions"][row, span] = np.arange(n)
-        batch[f"{name}_segment_ids"][row, span] = segment
-        offset[side] += n
-  batch = input_pipeline.shift_right_per_segment(batch)
-  return {k: v[None] for k, v in batch.items()}
+def packed_batch(lengths: np.ndarray, rows: int, max_len: int, vocab: int,
+                 seed: int) -> dict[str, np.ndarray]:
+  """[1, rows, max_len]: sentences of these (source, target) lengths with random ids, packed
+  by the training pipeline's own packer (`input_pipeline.packed_rows`); its first batch."""
+  rng = np.random.default_rng(seed)
+  examples = [{"inputs": rng.integers(4, vocab, size=s).astype(np.int32),
+               "targets": rng.integers(4, vocab, size=t).astype(np.int32)} for s, t in lengths]
+  dataset = input_pipeline.packed_rows(grain.MapDataset.source(examples).to_iter_dataset(),
+                                       rows, max_len, seed)
+  return {k: v[None] for k, v in next(iter(dataset)).items()}
 
 
 def padded_batch(packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -325,11 +300,11 @@ def main():
                              d_ff=args.d_ff, num_encoder_layers=args.layers,
                              num_decoder_layers=args.layers, dropout_rate=0.1, dtype=args.dtype)
   lengths, length_source = sentence_lengths(args.max_len, args.tokens_per_word, args.seed)
-  members = first_fit(lengths, args.batch_tokens // args.max_len, args.max_len)
-  rng = np.random.default_rng(args.seed)
-  packed = packed_batch(lengths, members, args.max_len, args.vocab_size, rng)
+  packed = packed_batch(lengths, args.batch_tokens // args.max_len, args.max_len,
+                        args.vocab_size, args.seed)
   padded = padded_batch(packed)
-  chosen = lengths[[i for row in members for i in row]]
+  # The packed sentences' (source, target) lengths: token ids are >= 4, so nonzero.
+  chosen = np.stack([(padded["inputs"] != PAD_ID).sum(1), (padded["targets"] != PAD_ID).sum(1)], 1)
   flops = useful_flops(config, chosen[:, 0], chosen[:, 1])
   target_tokens = int(chosen[:, 1].sum())
   print(f"{len(chosen)} sentences ({length_source}): {target_tokens} target tokens, mean "

@@ -127,14 +127,23 @@ def training_batches(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, bat
              .map(TokenizePair(tokenizer))
              .filter(KeepPair(max_len, counts))
              .to_iter_dataset())
-  dataset = grain.experimental.FirstFitPackIterDataset(
-      dataset, length_struct={"inputs": max_len, "targets": max_len},
-      num_packing_bins=max(local_rows, packing_bins), seed=seed, shuffle_bins=True)
-  dataset = (dataset.map(shift_right_per_segment)
-             .batch(local_rows, drop_remainder=True)
-             .map(lambda batch: {k: v.reshape(grad_accum_steps, micro, max_len)
-                                 for k, v in batch.items()}))
+  dataset = packed_rows(dataset, local_rows, max_len, seed, packing_bins)
+  dataset = dataset.map(lambda batch: {k: v.reshape(grad_accum_steps, micro, max_len)
+                                       for k, v in batch.items()})
   return iter(dataset), counts
+
+
+def packed_rows(examples: grain.IterDataset, rows: int, max_len: int, seed: int,
+                packing_bins: int = 256) -> grain.IterDataset:
+  """Tokenized {"inputs", "targets"} examples -> batches of [rows, max_len] packed rows.
+
+  First-fit packing over `packing_bins` open rows (at least `rows`), with per-sentence
+  segment ids and positions, and decoder inputs shifted right within each sentence.
+  """
+  dataset = grain.experimental.FirstFitPackIterDataset(
+      examples, length_struct={"inputs": max_len, "targets": max_len},
+      num_packing_bins=max(rows, packing_bins), seed=seed, shuffle_bins=True)
+  return dataset.map(shift_right_per_segment).batch(rows, drop_remainder=True)
 
 
 def bucket_length(length: int, multiple: int = 16) -> int:
