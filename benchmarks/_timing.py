@@ -58,8 +58,9 @@ def time_calls(call: Callable[[], Any], warmup: int = 1, reps: int = 5) -> Timin
     jax.block_until_ready(call())
     seconds.append(time.perf_counter() - start)
     cpu_seconds.append(_cpu_seconds() - cpu_start)
-  return Timing(best=min(seconds), median=statistics.median(seconds), cpu=min(cpu_seconds),
-                reps=reps)
+  return Timing(
+    best=min(seconds), median=statistics.median(seconds), cpu=min(cpu_seconds), reps=reps
+  )
 
 
 def matmul_peak(size: int = 2048, dtype: Any = jnp.float32, reps: int = 5) -> tuple[float, float]:

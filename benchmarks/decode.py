@@ -53,8 +53,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import _timing  # noqa: E402
-from transformer_mt import beam_search, data_sources, decode, registry  # noqa: E402
-from transformer_mt import sharding, translate  # noqa: E402
+from transformer_mt import beam_search, data_sources, decode, registry, sharding, translate  # noqa: E402  # noqa: E402
 from transformer_mt.input_pipeline import bucket_length  # noqa: E402
 from transformer_mt.model import Transformer  # noqa: E402
 from transformer_mt.tokenizer import EOS_ID, PAD_ID, train_tokenizer  # noqa: E402
@@ -71,15 +70,21 @@ def load_model(args):
     return translator, f"checkpoint {args.workdir}"
   config = registry.load_experiment(args.experiment)
   pairs = data_sources.load_pairs(config.data)["train"]
-  tokenizer = train_tokenizer(pairs, config.tokenizer.vocab_size, config.tokenizer.model_type,
-                              sample_size=20_000)
+  tokenizer = train_tokenizer(
+    pairs, config.tokenizer.vocab_size, config.tokenizer.model_type, sample_size=20_000
+  )
   model_config = translate.model_config_for(config, tokenizer)
   dummy = jnp.ones((1, 2), jnp.int32)
   params = nn.unbox(Transformer(model_config).init(jax.random.key(0), dummy, dummy)["params"])
   mesh = sharding.make_mesh(config.mesh)
   params = jax.device_put(params, sharding.replicated(mesh))
-  translator = translate.Translator(params=params, model_config=model_config, tokenizer=tokenizer,
-                                    mesh=mesh, **translate.decode_settings(config))
+  translator = translate.Translator(
+    params=params,
+    model_config=model_config,
+    tokenizer=tokenizer,
+    mesh=mesh,
+    **translate.decode_settings(config),
+  )
   return translator, f"random init of {args.experiment}"
 
 
@@ -87,8 +92,11 @@ def make_batch(translator, sources):
   """The Translator's padded batch on its mesh: (inputs, max_lengths, max_len) for beam_decode."""
   inputs, max_lengths, max_len = translator.padded_batch(sources)
   mesh = translator.mesh
-  return (jax.device_put(inputs, sharding.batch_sharding(mesh)),
-          jax.device_put(max_lengths, sharding.batch_sharding(mesh, 1)), max_len)
+  return (
+    jax.device_put(inputs, sharding.batch_sharding(mesh)),
+    jax.device_put(max_lengths, sharding.batch_sharding(mesh, 1)),
+    max_len,
+  )
 
 
 class Decoder:
@@ -106,19 +114,28 @@ class Decoder:
       if key not in self.compiled:
         start = time.perf_counter()
         if beam == 1:
-          lowered = decode.greedy_decode.lower(t.params, inputs, config=t.model_config,
-                                               max_len=max_len)
+          lowered = decode.greedy_decode.lower(
+            t.params, inputs, config=t.model_config, max_len=max_len
+          )
         else:
           lowered = beam_search.beam_decode.lower(
-              t.params, inputs, config=t.model_config, beam_size=beam, max_len=max_len,
-              alpha=t.alpha, max_lengths=max_lengths, always_gather=always_gather)
+            t.params,
+            inputs,
+            config=t.model_config,
+            beam_size=beam,
+            max_len=max_len,
+            alpha=t.alpha,
+            max_lengths=max_lengths,
+            always_gather=always_gather,
+          )
         self.compiled[key] = lowered.compile()
         compile_seconds = self.compile_seconds[key] = time.perf_counter() - start
       run, outputs = self.compiled[key], []
 
       def call():
-        outputs[:] = [run(t.params, inputs) if beam == 1 else
-                      run(t.params, inputs, max_lengths=max_lengths)]
+        outputs[:] = [
+          run(t.params, inputs) if beam == 1 else run(t.params, inputs, max_lengths=max_lengths)
+        ]
         return outputs[0]
 
       timing = _timing.time_calls(call, warmup=0, reps=self.reps)
@@ -136,7 +153,7 @@ def hypothesis_stats(outputs, num_real):
 def beam_sizes_table(decoder, translator, encoded, beam_sizes):
   order = sorted(encoded, key=len)
   size = translator.batch_size
-  batches = [order[i:i + size] for i in range(0, len(order), size)]
+  batches = [order[i : i + size] for i in range(0, len(order), size)]
   results = {}
   for beam in beam_sizes:
     run = compile_s = 0.0
@@ -147,17 +164,29 @@ def beam_sizes_table(decoder, translator, encoded, beam_sizes):
       run, compile_s = run + timing.best, compile_s + seconds
       batch_tokens, batch_eos, _ = hypothesis_stats(outputs, len(sources))
       tokens, eos = tokens + batch_tokens, eos + batch_eos
-    results[beam] = {"sentences_per_s": len(encoded) / run, "tokens_per_s": tokens / run,
-                     "run_s": run, "compile_s": compile_s, "tokens": tokens, "ended_in_eos": eos}
+    results[beam] = {
+      "sentences_per_s": len(encoded) / run,
+      "tokens_per_s": tokens / run,
+      "run_s": run,
+      "compile_s": compile_s,
+      "tokens": tokens,
+      "ended_in_eos": eos,
+    }
   buckets = sorted({bucket_length(max(len(s) for s in b)) for b in batches})
-  print(f"\nBeam sizes: {len(encoded)} sentences in {len(batches)} batches of "
-        f"{translator.batch_size}, source buckets {buckets}")
-  print(f"{'beam':>5} {'sent/s':>8} {'tokens/s':>9} {'run s':>7} {'compile s':>10} "
-        f"{'compile share':>13} {'tokens':>7} {'EOS':>5}")
+  print(
+    f"\nBeam sizes: {len(encoded)} sentences in {len(batches)} batches of "
+    f"{translator.batch_size}, source buckets {buckets}"
+  )
+  print(
+    f"{'beam':>5} {'sent/s':>8} {'tokens/s':>9} {'run s':>7} {'compile s':>10} "
+    f"{'compile share':>13} {'tokens':>7} {'EOS':>5}"
+  )
   for beam, r in results.items():
     share = r["compile_s"] / (r["compile_s"] + r["run_s"])
-    print(f"{beam:5d} {r['sentences_per_s']:8.2f} {r['tokens_per_s']:9.0f} {r['run_s']:7.2f} "
-          f"{r['compile_s']:10.2f} {share:13.0%} {r['tokens']:7d} {r['ended_in_eos']:5d}")
+    print(
+      f"{beam:5d} {r['sentences_per_s']:8.2f} {r['tokens_per_s']:9.0f} {r['run_s']:7.2f} "
+      f"{r['compile_s']:10.2f} {share:13.0%} {r['tokens']:7d} {r['ended_in_eos']:5d}"
+    )
   return results
 
 
@@ -165,25 +194,37 @@ def source_length_table(decoder, translator, all_encoded, beam):
   """One full batch of test-set sentences per source bucket."""
   results = []
   for bucket in SOURCE_BUCKETS:
-    sources = [s for s in all_encoded if bucket_length(len(s)) == bucket][:translator.batch_size]
+    sources = [s for s in all_encoded if bucket_length(len(s)) == bucket][: translator.batch_size]
     if len(sources) < translator.batch_size:
       continue
     inputs, max_lengths, max_len = make_batch(translator, sources)
     outputs, timing, _ = decoder(beam, inputs, max_lengths, max_len)
     tokens, eos, steps = hypothesis_stats(outputs, len(sources))
-    results.append({"bucket": bucket, "max_len": max_len, "steps": steps,
-                    "reorders": int(outputs.num_reorders), "run_s": timing.best,
-                    "ms_per_step": 1000 * timing.best / steps,
-                    "sentences_per_s": len(sources) / timing.best,
-                    "tokens_per_s": tokens / timing.best, "ended_in_eos": eos,
-                    "compile_s": decoder.compile_seconds[(beam, inputs.shape, max_len, False)]})
+    results.append(
+      {
+        "bucket": bucket,
+        "max_len": max_len,
+        "steps": steps,
+        "reorders": int(outputs.num_reorders),
+        "run_s": timing.best,
+        "ms_per_step": 1000 * timing.best / steps,
+        "sentences_per_s": len(sources) / timing.best,
+        "tokens_per_s": tokens / timing.best,
+        "ended_in_eos": eos,
+        "compile_s": decoder.compile_seconds[(beam, inputs.shape, max_len, False)],
+      }
+    )
   print(f"\nSource length: beam {beam}, one batch of {translator.batch_size} per bucket")
-  print(f"{'bucket':>6} {'max_len':>7} {'steps':>5} {'reorders':>8} {'run s':>6} {'ms/step':>8} "
-        f"{'sent/s':>7} {'tokens/s':>8} {'compile s':>9}")
+  print(
+    f"{'bucket':>6} {'max_len':>7} {'steps':>5} {'reorders':>8} {'run s':>6} {'ms/step':>8} "
+    f"{'sent/s':>7} {'tokens/s':>8} {'compile s':>9}"
+  )
   for r in results:
-    print(f"{r['bucket']:6d} {r['max_len']:7d} {r['steps']:5d} {r['reorders']:8d} "
-          f"{r['run_s']:6.2f} {r['ms_per_step']:8.1f} {r['sentences_per_s']:7.2f} "
-          f"{r['tokens_per_s']:8.0f} {r['compile_s']:9.2f}")
+    print(
+      f"{r['bucket']:6d} {r['max_len']:7d} {r['steps']:5d} {r['reorders']:8d} "
+      f"{r['run_s']:6.2f} {r['ms_per_step']:8.1f} {r['sentences_per_s']:7.2f} "
+      f"{r['tokens_per_s']:8.0f} {r['compile_s']:9.2f}"
+    )
   return results
 
 
@@ -198,8 +239,9 @@ def reorder_table(decoder, translator, sources, beam, reps):
   tokens = jnp.full((rows_per_batch,), EOS_ID + 3, jnp.int32)
   valid = jnp.repeat(inputs != PAD_ID, beam, axis=0)  # [batch * beam, src_len]
   with jax.set_mesh(t.mesh):
-    cache = beam_search._expand_to_beams(decode.init_cache(t.params, inputs, t.model_config,
-                                                           max_len), inputs.shape[0], beam)
+    cache = beam_search._expand_to_beams(
+      decode.init_cache(t.params, inputs, t.model_config, max_len), inputs.shape[0], beam
+    )
 
   def old(cache, position, reorder):  # before: step, then gather the whole cache
     cache = decode.decode_step(t.params, cache, valid, tokens, position, t.model_config)[1]
@@ -214,17 +256,22 @@ def reorder_table(decoder, translator, sources, beam, reps):
     return decode.decode_step(t.params, cache, valid, tokens, position, t.model_config)[1]
 
   variants = {
-      "step": lambda cache, position, reorder: decode.decode_step(
-          t.params, cache, valid, tokens, position, t.model_config)[1],
-      "old": old, "new": new,
-      "old_copy": lambda cache, position, reorder: beam_search.gather_rows(cache, rows),
-      "new_copy": lambda cache, position, reorder: gather_new(cache)}
+    "step": lambda cache, position, reorder: decode.decode_step(
+      t.params, cache, valid, tokens, position, t.model_config
+    )[1],
+    "old": old,
+    "new": new,
+    "old_copy": lambda cache, position, reorder: beam_search.gather_rows(cache, rows),
+    "new_copy": lambda cache, position, reorder: gather_new(cache),
+  }
 
   def loop(body):
     def run(cache, position, reorder):
       cache = jax.tree.map(lambda x: jnp.full_like(x, position) if x.ndim == 0 else x, cache)
-      return jax.lax.fori_loop(0, STEPS_PER_LOOP,
-                               lambda i, cache: body(cache, position + i, reorder), cache)
+      return jax.lax.fori_loop(
+        0, STEPS_PER_LOOP, lambda i, cache: body(cache, position + i, reorder), cache
+      )
+
     return jax.jit(run)
 
   loops = {name: loop(body) for name, body in variants.items()}
@@ -241,51 +288,78 @@ def reorder_table(decoder, translator, sources, beam, reps):
         args = (cache, jnp.array(position, jnp.int32), jnp.array(reorder))
         seconds = _timing.time_calls(lambda run=run, args=args: run(*args), warmup=0, reps=1).best
         if round_:  # the first round compiles
-          best[name, position] = min(best.get((name, position), np.inf),
-                                     1000 * seconds / STEPS_PER_LOOP)
+          best[name, position] = min(
+            best.get((name, position), np.inf), 1000 * seconds / STEPS_PER_LOOP
+          )
 
   cache_mb = sum(x.nbytes for x in jax.tree.leaves(cache)) / 1e6
-  results = {"beam": beam, "rows": rows_per_batch, "src_len": inputs.shape[1], "max_len": max_len,
-             "cache_mb": cache_mb, "positions": {}}
-  print(f"\nCache reorder: beam {beam}, {rows_per_batch} rows, source bucket {inputs.shape[1]}, "
-        f"max_len {max_len}, cache {cache_mb:.0f} MB; ms per decoder step (best of {reps})")
-  print(f"{'position':>8} {'step':>6} {'old':>6} {'new':>6} {'skipped':>7} {'old-step':>9} "
-        f"{'new-step':>9} {'old copy':>9} {'new copy':>9}")
+  results = {
+    "beam": beam,
+    "rows": rows_per_batch,
+    "src_len": inputs.shape[1],
+    "max_len": max_len,
+    "cache_mb": cache_mb,
+    "positions": {},
+  }
+  print(
+    f"\nCache reorder: beam {beam}, {rows_per_batch} rows, source bucket {inputs.shape[1]}, "
+    f"max_len {max_len}, cache {cache_mb:.0f} MB; ms per decoder step (best of {reps})"
+  )
+  print(
+    f"{'position':>8} {'step':>6} {'old':>6} {'new':>6} {'skipped':>7} {'old-step':>9} "
+    f"{'new-step':>9} {'old copy':>9} {'new copy':>9}"
+  )
   for position in positions:
     r = {name: best[name, position] for name in list(variants) + ["skipped"]}
     r["old_share"] = (r["old"] - r["step"]) / r["old"]
     r["new_share"] = (r["new"] - r["step"]) / r["new"]
     results["positions"][position] = r
-    print(f"{position:8d} {r['step']:6.1f} {r['old']:6.1f} {r['new']:6.1f} {r['skipped']:7.1f} "
-          f"{r['old'] - r['step']:5.1f} {r['old_share']:3.0%} {r['new'] - r['step']:5.1f} "
-          f"{r['new_share']:3.0%} {r['old_copy']:9.1f} {r['new_copy']:9.1f}")
+    print(
+      f"{position:8d} {r['step']:6.1f} {r['old']:6.1f} {r['new']:6.1f} {r['skipped']:7.1f} "
+      f"{r['old'] - r['step']:5.1f} {r['old_share']:3.0%} {r['new'] - r['step']:5.1f} "
+      f"{r['new_share']:3.0%} {r['old_copy']:9.1f} {r['new_copy']:9.1f}"
+    )
 
   runs = {}
   for name, always_gather in (("old", True), ("new", False)):
     outputs, timing, _ = decoder(beam, inputs, max_lengths, max_len, always_gather=always_gather)
-    runs[name] = {"run_s": timing.best, "steps": int(outputs.num_steps),
-                  "reorders": int(outputs.num_reorders), "sequences": np.asarray(outputs.sequences)}
+    runs[name] = {
+      "run_s": timing.best,
+      "steps": int(outputs.num_steps),
+      "reorders": int(outputs.num_reorders),
+      "sequences": np.asarray(outputs.sequences),
+    }
   same = bool(np.array_equal(runs["old"].pop("sequences"), runs["new"].pop("sequences")))
   results.update(search_old=runs["old"], search_new=runs["new"], same_outputs=same)
-  print(f"whole search, {runs['new']['steps']} steps: always_gather (old) "
-        f"{runs['old']['run_s']:.2f} s, now {runs['new']['run_s']:.2f} s, cache reordered at "
-        f"{runs['new']['reorders']} steps; "
-        f"outputs {'identical' if same else 'DIFFERENT'}")
+  print(
+    f"whole search, {runs['new']['steps']} steps: always_gather (old) "
+    f"{runs['old']['run_s']:.2f} s, now {runs['new']['run_s']:.2f} s, cache reordered at "
+    f"{runs['new']['reorders']} steps; "
+    f"outputs {'identical' if same else 'DIFFERENT'}"
+  )
   return results
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--workdir", help="a checkpoint directory; default: random init")
-  parser.add_argument("--experiment", default="news_ende_small",
-                      help="the registry experiment to random-init (without --workdir)")
+  parser.add_argument(
+    "--experiment",
+    default="news_ende_small",
+    help="the registry experiment to random-init (without --workdir)",
+  )
   parser.add_argument("--sentences", type=int, default=100)
-  parser.add_argument("--batch_size", type=int, default=32,
-                      help="sentences per batch (the experiment's decode.batch_size if 0)")
+  parser.add_argument(
+    "--batch_size",
+    type=int,
+    default=32,
+    help="sentences per batch (the experiment's decode.batch_size if 0)",
+  )
   parser.add_argument("--beam_sizes", default="1,4,8")
   parser.add_argument("--reps", type=int, default=1, help="timed runs of each decode (best kept)")
-  parser.add_argument("--loop_reps", type=int, default=5,
-                      help="timed rounds of the cache reorder loops (best kept)")
+  parser.add_argument(
+    "--loop_reps", type=int, default=5, help="timed rounds of the cache reorder loops (best kept)"
+  )
   args = parser.parse_args()
   load_start = os.getloadavg()[0]
 
@@ -295,25 +369,37 @@ def main():
   with open(TEST_SET, encoding="utf-8") as f:
     lines = [line.strip() for line in f]
   all_encoded = translator.tokenizer.encode(lines)
-  encoded = all_encoded[:args.sentences]
+  encoded = all_encoded[: args.sentences]
   beam_sizes = [int(b) for b in args.beam_sizes.split(",")]
   cfg = translator.model_config
-  print(f"{model}: d_model {cfg.d_model}, {cfg.num_encoder_layers}+{cfg.num_decoder_layers} "
-        f"layers, vocab {cfg.vocab_size}; alpha {translator.alpha}; {jax.device_count()} "
-        f"{jax.default_backend()} device(s); load average {load_start:.1f} on "
-        f"{os.cpu_count()} CPUs")
+  print(
+    f"{model}: d_model {cfg.d_model}, {cfg.num_encoder_layers}+{cfg.num_decoder_layers} "
+    f"layers, vocab {cfg.vocab_size}; alpha {translator.alpha}; {jax.device_count()} "
+    f"{jax.default_backend()} device(s); load average {load_start:.1f} on "
+    f"{os.cpu_count()} CPUs"
+  )
 
   decoder = Decoder(translator, args.reps)
   beams = beam_sizes_table(decoder, translator, encoded, beam_sizes)
   lengths = source_length_table(decoder, translator, all_encoded, beam=4)
-  reorder_sources = [s for s in all_encoded if bucket_length(len(s)) == 32][:translator.batch_size]
+  reorder_sources = [s for s in all_encoded if bucket_length(len(s)) == 32][: translator.batch_size]
   reorder = reorder_table(decoder, translator, reorder_sources, beam=4, reps=args.loop_reps)
   load_end = os.getloadavg()[0]
   print(f"load average {load_start:.1f} at the start, {load_end:.1f} at the end")
-  print(json.dumps({"benchmark": "decode", "model": model, "sentences": len(encoded),
-                    "batch_size": translator.batch_size, "beam_sizes": beams,
-                    "source_length": lengths, "cache_reorder": reorder,
-                    "load_average": [load_start, load_end]}))
+  print(
+    json.dumps(
+      {
+        "benchmark": "decode",
+        "model": model,
+        "sentences": len(encoded),
+        "batch_size": translator.batch_size,
+        "beam_sizes": beams,
+        "source_length": lengths,
+        "cache_reorder": reorder,
+        "load_average": [load_start, load_end],
+      }
+    )
+  )
 
 
 if __name__ == "__main__":

@@ -26,8 +26,13 @@ import jax  # noqa: E402
 import ml_collections  # noqa: E402
 
 from experiments import _defaults, news_ende_small  # noqa: E402
-from transformer_mt import (data_sources, input_pipeline, optimizer, sharding,  # noqa: E402
-                            train_step)
+from transformer_mt import (
+  data_sources,
+  input_pipeline,
+  optimizer,
+  sharding,  # noqa: E402
+  train_step,
+)
 from transformer_mt.config import TransformerConfig  # noqa: E402
 from transformer_mt.model import Transformer  # noqa: E402
 from transformer_mt.tokenizer import PAD_ID, train_tokenizer  # noqa: E402
@@ -47,8 +52,10 @@ def main():
   pairs = data_sources.load_pairs(data_config)["train"]
   start = time.perf_counter()
   tokenizer = train_tokenizer(pairs, args.vocab_size, "unigram", sample_size=60_000)
-  print(f"{len(pairs)} training pairs; SentencePiece {args.vocab_size} trained in "
-        f"{time.perf_counter() - start:.1f}s")
+  print(
+    f"{len(pairs)} training pairs; SentencePiece {args.vocab_size} trained in "
+    f"{time.perf_counter() - start:.1f}s"
+  )
   rows = input_pipeline.rows_per_batch(args.batch_tokens, args.max_len, 1, 1)
 
   batches, _ = input_pipeline.training_batches(pairs, tokenizer, rows, 1, args.max_len, seed=0)
@@ -61,19 +68,27 @@ def main():
   pipeline_seconds = time.perf_counter() - start
   slots = args.pipeline_batches * rows * args.max_len
   pipeline_rate = real_tokens / pipeline_seconds
-  print(f"pipeline:   {pipeline_rate:12,.0f} target tokens/s ({slots / pipeline_seconds:,.0f} "
-        f"slots/s, {real_tokens / slots:.1%} non-pad)")
+  print(
+    f"pipeline:   {pipeline_rate:12,.0f} target tokens/s ({slots / pipeline_seconds:,.0f} "
+    f"slots/s, {real_tokens / slots:.1%} non-pad)"
+  )
 
-  model_config = TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=512, num_heads=8,
-                                   d_ff=2048, num_encoder_layers=args.layers,
-                                   num_decoder_layers=args.layers)
+  model_config = TransformerConfig(
+    vocab_size=tokenizer.vocab_size,
+    d_model=512,
+    num_heads=8,
+    d_ff=2048,
+    num_encoder_layers=args.layers,
+    num_decoder_layers=args.layers,
+  )
   train_config = _defaults.base_config().train
   model = Transformer(model_config)
   tx, schedule = optimizer.make_optimizer(train_config, model_config.d_model)
   mesh = sharding.make_mesh(ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1}))
   state = train_step.create_sharded_state(0, model, tx, mesh)
-  step = train_step.jit_train_step(model, tx, schedule, 0.1, mesh,
-                                   train_step.state_shardings(model, tx, mesh))
+  step = train_step.jit_train_step(
+    model, tx, schedule, 0.1, mesh, train_step.state_shardings(model, tx, mesh)
+  )
   device_batch = sharding.global_batch_from_local(batch, mesh, batch_dim=1)
   state, metrics = step(state, device_batch)  # compile
   jax.block_until_ready(metrics)
@@ -84,10 +99,14 @@ def main():
     consumed += float(metrics["num_tokens"])
   jax.block_until_ready(state)
   step_rate = consumed / (time.perf_counter() - start)
-  print(f"train step: {step_rate:12,.0f} target tokens/s (base width, {args.layers}+{args.layers} "
-        f"layers, {rows}x{args.max_len} rows, {jax.device_count()} device(s))")
-  print(f"pipeline / train step = {pipeline_rate / step_rate:.1f}x "
-        f"({'OK: the pipeline is not the bottleneck' if pipeline_rate > step_rate else 'TOO SLOW'})")
+  print(
+    f"train step: {step_rate:12,.0f} target tokens/s (base width, {args.layers}+{args.layers} "
+    f"layers, {rows}x{args.max_len} rows, {jax.device_count()} device(s))"
+  )
+  print(
+    f"pipeline / train step = {pipeline_rate / step_rate:.1f}x "
+    f"({'OK: the pipeline is not the bottleneck' if pipeline_rate > step_rate else 'TOO SLOW'})"
+  )
   return 0 if pipeline_rate > step_rate else 1
 
 

@@ -48,8 +48,15 @@ from transformer_mt import optimizer, registry, sharding, train_step  # noqa: E4
 from transformer_mt.model import Transformer, count_parameters  # noqa: E402
 from transformer_mt.translate import model_config_for  # noqa: E402
 
-BATCH_KEYS = ("inputs", "targets", "targets_in", "inputs_positions", "targets_positions",
-              "inputs_segment_ids", "targets_segment_ids")
+BATCH_KEYS = (
+  "inputs",
+  "targets",
+  "targets_in",
+  "inputs_positions",
+  "targets_positions",
+  "inputs_segment_ids",
+  "targets_segment_ids",
+)
 GIB = 2.0**30
 
 
@@ -60,17 +67,29 @@ def step_memory(experiment: str, remat: bool, rows: int, accum: int) -> dict[str
   model_config = model_config_for(config).replace(remat=remat)
   model = Transformer(model_config)
   tx, schedule = optimizer.make_optimizer(config.train, model_config.d_model)
-  mesh = sharding.make_mesh(ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1}),
-                            devices=jax.devices()[:1])
+  mesh = sharding.make_mesh(
+    ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1}), devices=jax.devices()[:1]
+  )
   shardings = train_step.state_shardings(model, tx, mesh)
   state = train_step.abstract_state(model, tx, mesh)
-  batch = {k: jax.ShapeDtypeStruct((accum, rows // accum, config.data.max_len), jnp.int32)
-           for k in BATCH_KEYS}
-  step = functools.partial(train_step.train_step, model=model, tx=tx, schedule=schedule,
-                           label_smoothing=config.train.label_smoothing)
+  batch = {
+    k: jax.ShapeDtypeStruct((accum, rows // accum, config.data.max_len), jnp.int32)
+    for k in BATCH_KEYS
+  }
+  step = functools.partial(
+    train_step.train_step,
+    model=model,
+    tx=tx,
+    schedule=schedule,
+    label_smoothing=config.train.label_smoothing,
+  )
   # As train_step.jit_train_step compiles it: sharded in/out, the state donated.
-  jitted = jax.jit(step, in_shardings=(shardings, sharding.batch_sharding(mesh, 3, batch_dim=1)),
-                   out_shardings=(shardings, sharding.replicated(mesh)), donate_argnums=0)
+  jitted = jax.jit(
+    step,
+    in_shardings=(shardings, sharding.batch_sharding(mesh, 3, batch_dim=1)),
+    out_shardings=(shardings, sharding.replicated(mesh)),
+    donate_argnums=0,
+  )
   start = time.perf_counter()
   with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
     stats = jitted.lower(state, batch).compile().memory_analysis()
@@ -79,42 +98,77 @@ def step_memory(experiment: str, remat: bool, rows: int, accum: int) -> dict[str
   # What jax keeps for the backward pass: the arrays `jax.vjp`'s closure holds.
   micro = {k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for k, v in batch.items()}
   loss = lambda params, micro: train_step._micro_batch_sums(  # noqa: E731
-      params, micro, jax.random.key(0), model, config.train.label_smoothing)[0]
+    params, micro, jax.random.key(0), model, config.train.label_smoothing
+  )[0]
   closure = jax.eval_shape(lambda p, m: jax.vjp(lambda p: loss(p, m), p)[1], state.params, micro)
   residuals = sum(math.prod(leaf.shape) * leaf.dtype.itemsize for leaf in jax.tree.leaves(closure))
-  return {"parameters": count_parameters(model_config), "residuals": residuals,
-          "arguments": stats.argument_size_in_bytes, "outputs": stats.output_size_in_bytes,
-          "aliased": stats.alias_size_in_bytes, "temporaries": stats.temp_size_in_bytes,
-          "peak": (stats.argument_size_in_bytes + stats.output_size_in_bytes
-                   - stats.alias_size_in_bytes + stats.temp_size_in_bytes),
-          "target_slots": rows * config.data.max_len, "compile_seconds": compile_seconds}
+  return {
+    "parameters": count_parameters(model_config),
+    "residuals": residuals,
+    "arguments": stats.argument_size_in_bytes,
+    "outputs": stats.output_size_in_bytes,
+    "aliased": stats.alias_size_in_bytes,
+    "temporaries": stats.temp_size_in_bytes,
+    "peak": (
+      stats.argument_size_in_bytes
+      + stats.output_size_in_bytes
+      - stats.alias_size_in_bytes
+      + stats.temp_size_in_bytes
+    ),
+    "target_slots": rows * config.data.max_len,
+    "compile_seconds": compile_seconds,
+  }
+
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--experiments", nargs="+",
-                      default=["transformer_base_wmt14_ende", "transformer_big_wmt14_ende"])
-  parser.add_argument("--rows", type=int, default=12,
-                      help="packed rows per device per step (12 x 256 = 3,072 target tokens)")
+  parser.add_argument(
+    "--experiments",
+    nargs="+",
+    default=["transformer_base_wmt14_ende", "transformer_big_wmt14_ende"],
+  )
+  parser.add_argument(
+    "--rows",
+    type=int,
+    default=12,
+    help="packed rows per device per step (12 x 256 = 3,072 target tokens)",
+  )
   parser.add_argument("--accum", type=int, default=1, help="gradient-accumulation micro-batches")
   args = parser.parse_args()
 
   results = {}
-  print(f"{'experiment':30}{'remat':>6}{'params':>9}{'state GiB':>10}{'temp GiB':>10}"
-        f"{'peak GiB':>10}{'residuals GiB':>15}")
+  print(
+    f"{'experiment':30}{'remat':>6}{'params':>9}{'state GiB':>10}{'temp GiB':>10}"
+    f"{'peak GiB':>10}{'residuals GiB':>15}"
+  )
   for experiment in args.experiments:
     for remat in (False, True):
       m = step_memory(experiment, remat, args.rows, args.accum)
       results[f"{experiment}{'+remat' if remat else ''}"] = m
-      print(f"{experiment:30}{remat!s:>6}{m['parameters'] / 1e6:8.1f}M"
-            f"{m['arguments'] / GIB:10.2f}{m['temporaries'] / GIB:10.2f}{m['peak'] / GIB:10.2f}"
-            f"{m['residuals'] / GIB:15.2f}", flush=True)
+      print(
+        f"{experiment:30}{remat!s:>6}{m['parameters'] / 1e6:8.1f}M"
+        f"{m['arguments'] / GIB:10.2f}{m['temporaries'] / GIB:10.2f}{m['peak'] / GIB:10.2f}"
+        f"{m['residuals'] / GIB:15.2f}",
+        flush=True,
+      )
     plain, remat = results[experiment], results[f"{experiment}+remat"]
-    print(f"  remat: XLA {jax.default_backend()} peak {plain['peak'] / GIB:.2f} -> "
-          f"{remat['peak'] / GIB:.2f} GiB; residuals {plain['residuals'] / GIB:.2f} -> "
-          f"{remat['residuals'] / GIB:.2f} GiB (saves "
-          f"{(plain['residuals'] - remat['residuals']) / GIB:.2f} GiB)")
-  print(json.dumps({"benchmark": "memory", "backend": jax.default_backend(),
-                    "rows_per_device": args.rows, "accum": args.accum, "results": results}))
+    print(
+      f"  remat: XLA {jax.default_backend()} peak {plain['peak'] / GIB:.2f} -> "
+      f"{remat['peak'] / GIB:.2f} GiB; residuals {plain['residuals'] / GIB:.2f} -> "
+      f"{remat['residuals'] / GIB:.2f} GiB (saves "
+      f"{(plain['residuals'] - remat['residuals']) / GIB:.2f} GiB)"
+    )
+  print(
+    json.dumps(
+      {
+        "benchmark": "memory",
+        "backend": jax.default_backend(),
+        "rows_per_device": args.rows,
+        "accum": args.accum,
+        "results": results,
+      }
+    )
+  )
 
 
 if __name__ == "__main__":

@@ -34,15 +34,21 @@ from transformer_mt import input_pipeline  # noqa: E402
 from transformer_mt.config import TransformerConfig  # noqa: E402
 
 
-def full_rows(rows: int, length: int, vocab: int,
-              rng: np.random.Generator) -> dict[str, np.ndarray]:
+def full_rows(
+  rows: int, length: int, vocab: int, rng: np.random.Generator
+) -> dict[str, np.ndarray]:
   """[1, rows, length] packed-format batch with one unpadded sentence per row."""
   tokens = lambda: rng.integers(4, vocab, size=(rows, length)).astype(np.int32)  # noqa: E731
   positions = np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length)).copy()
   segments = np.ones((rows, length), np.int32)
-  batch = {"inputs": tokens(), "targets": tokens(), "inputs_positions": positions,
-           "targets_positions": positions.copy(), "inputs_segment_ids": segments,
-           "targets_segment_ids": segments.copy()}
+  batch = {
+    "inputs": tokens(),
+    "targets": tokens(),
+    "inputs_positions": positions,
+    "targets_positions": positions.copy(),
+    "inputs_segment_ids": segments,
+    "targets_segment_ids": segments.copy(),
+  }
   batch = input_pipeline.shift_right_per_segment(batch)
   return {k: v[None] for k, v in batch.items()}
 
@@ -66,24 +72,44 @@ def main():
   parser.add_argument("--reps", type=int, default=5)
   args = parser.parse_args()
 
-  config = TransformerConfig(vocab_size=args.vocab_size, d_model=args.d_model, num_heads=args.heads,
-                             d_ff=args.d_ff, num_encoder_layers=args.layers,
-                             num_decoder_layers=args.layers, dropout_rate=0.1)
+  config = TransformerConfig(
+    vocab_size=args.vocab_size,
+    d_model=args.d_model,
+    num_heads=args.heads,
+    d_ff=args.d_ff,
+    num_encoder_layers=args.layers,
+    num_decoder_layers=args.layers,
+    dropout_rate=0.1,
+  )
   rng = np.random.default_rng(0)
-  sweeps = {"length": [(length, args.tokens) for length in args.lengths],
-            "tokens": [(args.length, tokens) for tokens in args.token_budgets]}
+  sweeps = {
+    "length": [(length, args.tokens) for length in args.lengths],
+    "tokens": [(args.length, tokens) for tokens in args.token_budgets],
+  }
   record = {"benchmark": "scaling", "config": vars(args)}
-  print(f"{'sweep':8}{'length':>8}{'rows':>6}{'tokens':>8}{'step s (best)':>15}{'median':>9}"
-        f"{'tokens/s':>10}")
+  print(
+    f"{'sweep':8}{'length':>8}{'rows':>6}{'tokens':>8}{'step s (best)':>15}{'median':>9}"
+    f"{'tokens/s':>10}"
+  )
   for sweep, shapes in sweeps.items():
     rows_out = []
     for length, tokens in shapes:
       rows = tokens // length
       timing = time_ours(config, full_rows(rows, length, args.vocab_size, rng), 0.1, args.reps)
-      rows_out.append({"length": length, "rows": rows, "tokens": rows * length,
-                       "step_seconds": timing.best, "step_seconds_median": timing.median})
-      print(f"{sweep:8}{length:8d}{rows:6d}{rows * length:8d}{timing.best:15.3f}"
-            f"{timing.median:9.3f}{rows * length / timing.best:10,.0f}", flush=True)
+      rows_out.append(
+        {
+          "length": length,
+          "rows": rows,
+          "tokens": rows * length,
+          "step_seconds": timing.best,
+          "step_seconds_median": timing.median,
+        }
+      )
+      print(
+        f"{sweep:8}{length:8d}{rows:6d}{rows * length:8d}{timing.best:15.3f}"
+        f"{timing.median:9.3f}{rows * length / timing.best:10,.0f}",
+        flush=True,
+      )
     x = [r[sweep] for r in rows_out]
     exponent = fitted_exponent(x, [r["step_seconds"] for r in rows_out])
     print(f"  step time ~ {sweep}^{exponent:.2f}")

@@ -78,8 +78,10 @@ def sentence_lengths(max_len: int, tokens_per_word: float, seed: int) -> tuple[n
   rng = np.random.default_rng(seed)
   source, target = NEWS.with_suffix(".en"), NEWS.with_suffix(".de")
   if source.exists() and target.exists():
-    words = [[len(line.split()) for line in path.read_text(encoding="utf-8").splitlines()]
-             for path in (source, target)]
+    words = [
+      [len(line.split()) for line in path.read_text(encoding="utf-8").splitlines()]
+      for path in (source, target)
+    ]
     lengths = np.round(np.asarray(words, np.float64).T * tokens_per_word).astype(np.int64) + 1
     label = f"newstest2014 EN-DE words x {tokens_per_word} + EOS"
   else:
@@ -89,15 +91,22 @@ def sentence_lengths(max_len: int, tokens_per_word: float, seed: int) -> tuple[n
   return lengths[rng.permutation(len(lengths))], label
 
 
-def packed_batch(lengths: np.ndarray, rows: int, max_len: int, vocab: int,
-                 seed: int) -> dict[str, np.ndarray]:
+def packed_batch(
+  lengths: np.ndarray, rows: int, max_len: int, vocab: int, seed: int
+) -> dict[str, np.ndarray]:
   """[1, rows, max_len]: sentences of these (source, target) lengths with random ids, packed
   by the training pipeline's own packer (`input_pipeline.packed_rows`); its first batch."""
   rng = np.random.default_rng(seed)
-  examples = [{"inputs": rng.integers(4, vocab, size=s).astype(np.int32),
-               "targets": rng.integers(4, vocab, size=t).astype(np.int32)} for s, t in lengths]
-  dataset = input_pipeline.packed_rows(grain.MapDataset.source(examples).to_iter_dataset(),
-                                       rows, max_len, seed)
+  examples = [
+    {
+      "inputs": rng.integers(4, vocab, size=s).astype(np.int32),
+      "targets": rng.integers(4, vocab, size=t).astype(np.int32),
+    }
+    for s, t in lengths
+  ]
+  dataset = input_pipeline.packed_rows(
+    grain.MapDataset.source(examples).to_iter_dataset(), rows, max_len, seed
+  )
   return {k: v[None] for k, v in next(iter(dataset)).items()}
 
 
@@ -107,18 +116,21 @@ def padded_batch(packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   for row in range(packed["inputs"].shape[1]):
     segment_ids = {side: packed[f"{side}_segment_ids"][0, row] for side in ("inputs", "targets")}
     for segment in range(1, segment_ids["inputs"].max() + 1):
-      sentences.append(tuple(packed[side][0, row][segment_ids[side] == segment]
-                             for side in ("inputs", "targets")))
+      sentences.append(
+        tuple(packed[side][0, row][segment_ids[side] == segment] for side in ("inputs", "targets"))
+      )
   src_len = max(len(s) for s, _ in sentences)
   tgt_len = max(len(t) for _, t in sentences)
-  batch = {"inputs": np.full((len(sentences), src_len), PAD_ID, np.int32),
-           "targets": np.full((len(sentences), tgt_len), PAD_ID, np.int32),
-           "targets_in": np.full((len(sentences), tgt_len), PAD_ID, np.int32)}
+  batch = {
+    "inputs": np.full((len(sentences), src_len), PAD_ID, np.int32),
+    "targets": np.full((len(sentences), tgt_len), PAD_ID, np.int32),
+    "targets_in": np.full((len(sentences), tgt_len), PAD_ID, np.int32),
+  }
   for row, (source, target) in enumerate(sentences):
-    batch["inputs"][row, :len(source)] = source
-    batch["targets"][row, :len(target)] = target
+    batch["inputs"][row, : len(source)] = source
+    batch["targets"][row, : len(target)] = target
     batch["targets_in"][row, 0] = BOS_ID
-    batch["targets_in"][row, 1:len(target)] = target[:-1]
+    batch["targets_in"][row, 1 : len(target)] = target[:-1]
   return batch
 
 
@@ -145,18 +157,22 @@ def parameter_groups(config: TransformerConfig) -> dict[str, int]:
   return counts
 
 
-def useful_flops(config: TransformerConfig, source_lengths: np.ndarray,
-                 target_lengths: np.ndarray) -> dict[str, float]:
+def useful_flops(
+  config: TransformerConfig, source_lengths: np.ndarray, target_lengths: np.ndarray
+) -> dict[str, float]:
   """The docstring's formula, term by term, for one step over these sentences."""
   p = parameter_groups(config)
   s, t = source_lengths.astype(np.float64), target_lengths.astype(np.float64)
   d_attn = config.num_heads * config.per_head_dim
   terms = {
-      "encoder": 6.0 * p["encoder"] * s.sum(),
-      "decoder": 6.0 * (p["decoder"] - p["cross_kv"]) * t.sum() + 6.0 * p["cross_kv"] * s.sum(),
-      "vocab_projection": 6.0 * config.d_model * config.output_vocab_size * t.sum(),
-      "attention": 12.0 * d_attn * (config.num_encoder_layers * np.sum(s * s)
-                                    + config.num_decoder_layers * np.sum(t * t + t * s)),
+    "encoder": 6.0 * p["encoder"] * s.sum(),
+    "decoder": 6.0 * (p["decoder"] - p["cross_kv"]) * t.sum() + 6.0 * p["cross_kv"] * s.sum(),
+    "vocab_projection": 6.0 * config.d_model * config.output_vocab_size * t.sum(),
+    "attention": 12.0
+    * d_attn
+    * (
+      config.num_encoder_layers * np.sum(s * s) + config.num_decoder_layers * np.sum(t * t + t * s)
+    ),
   }
   terms["total"] = sum(terms.values())
   return terms
@@ -176,11 +192,15 @@ class ReferenceLayer(nn.Module):
   @nn.compact
   def __call__(self, x, self_mask, encoded=None, cross_mask=None, deterministic=False):
     cfg = self.config
-    attention = functools.partial(nn.MultiHeadDotProductAttention, num_heads=cfg.num_heads,
-                                  dropout_rate=cfg.attention_dropout_rate,
-                                  deterministic=deterministic)
+    attention = functools.partial(
+      nn.MultiHeadDotProductAttention,
+      num_heads=cfg.num_heads,
+      dropout_rate=cfg.attention_dropout_rate,
+      deterministic=deterministic,
+    )
     sublayer = lambda x, y: nn.LayerNorm(epsilon=1e-6)(  # noqa: E731
-        x + nn.Dropout(cfg.dropout_rate)(y, deterministic=deterministic))
+      x + nn.Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
+    )
     x = sublayer(x, attention()(x, x, mask=self_mask))
     if self.cross:
       x = sublayer(x, attention()(x, encoded, mask=cross_mask))
@@ -194,22 +214,24 @@ class ReferenceTransformer(nn.Module):
   @nn.compact
   def __call__(self, inputs, targets_in, deterministic=False):
     cfg = self.config
-    embed = nn.Embed(cfg.vocab_size, cfg.d_model,
-                     embedding_init=nn.initializers.normal(stddev=cfg.d_model**-0.5))
+    embed = nn.Embed(
+      cfg.vocab_size, cfg.d_model, embedding_init=nn.initializers.normal(stddev=cfg.d_model**-0.5)
+    )
     position = np.arange(max(inputs.shape[1], targets_in.shape[1]))[:, None]
     angle = position / 10000 ** (np.arange(0, cfg.d_model, 2) / cfg.d_model)
     table = np.stack([np.sin(angle), np.cos(angle)], -1).reshape(len(position), cfg.d_model)
 
     def embed_tokens(tokens):
-      x = embed(tokens) * np.sqrt(cfg.d_model) + table[None, :tokens.shape[1]]
+      x = embed(tokens) * np.sqrt(cfg.d_model) + table[None, : tokens.shape[1]]
       return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
 
     source_mask = nn.make_attention_mask(inputs > 0, inputs > 0)
     x = embed_tokens(inputs)
     for _ in range(cfg.num_encoder_layers):
       x = ReferenceLayer(cfg, cross=False)(x, source_mask, deterministic=deterministic)
-    self_mask = nn.combine_masks(nn.make_attention_mask(targets_in > 0, targets_in > 0),
-                                 nn.make_causal_mask(targets_in))
+    self_mask = nn.combine_masks(
+      nn.make_attention_mask(targets_in > 0, targets_in > 0), nn.make_causal_mask(targets_in)
+    )
     cross_mask = nn.make_attention_mask(targets_in > 0, inputs > 0)
     y = embed_tokens(targets_in)
     for _ in range(cfg.num_decoder_layers):
@@ -221,8 +243,9 @@ def reference_train_step(model, tx, label_smoothing):
   """Adam on the label-smoothed cross-entropy averaged over non-pad target tokens, jitted."""
 
   def loss_fn(params, batch, key):
-    logits = model.apply({"params": params}, batch["inputs"], batch["targets_in"],
-                         rngs={"dropout": key})
+    logits = model.apply(
+      {"params": params}, batch["inputs"], batch["targets_in"], rngs={"dropout": key}
+    )
     vocab = logits.shape[-1]
     soft = optax.smooth_labels(jax.nn.one_hot(batch["targets"], vocab), label_smoothing)
     weights = (batch["targets"] > 0).astype(jnp.float32)
@@ -248,11 +271,13 @@ def reference_train_step(model, tx, label_smoothing):
 def time_ours(config, batch, label_smoothing, reps):
   model = Transformer(config)
   tx, schedule = optimizer.make_optimizer(_defaults.base_config().train, config.d_model)
-  mesh = sharding.make_mesh(ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1}),
-                            devices=jax.devices()[:1])
+  mesh = sharding.make_mesh(
+    ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1}), devices=jax.devices()[:1]
+  )
   state = train_step.create_sharded_state(0, model, tx, mesh)
-  step = train_step.jit_train_step(model, tx, schedule, label_smoothing, mesh,
-                                   train_step.state_shardings(model, tx, mesh))
+  step = train_step.jit_train_step(
+    model, tx, schedule, label_smoothing, mesh, train_step.state_shardings(model, tx, mesh)
+  )
   device_batch = sharding.global_batch_from_local(batch, mesh, batch_dim=1)
   holder = {"state": state}
 
@@ -266,8 +291,11 @@ def time_ours(config, batch, label_smoothing, reps):
 def time_reference(config, batch, label_smoothing, reps):
   model = ReferenceTransformer(config)
   tx, _ = optimizer.make_optimizer(_defaults.base_config().train, config.d_model)
-  params = jax.jit(lambda: model.init(jax.random.key(0), batch["inputs"][:1],
-                                      batch["targets_in"][:1], deterministic=True)["params"])()
+  params = jax.jit(
+    lambda: model.init(
+      jax.random.key(0), batch["inputs"][:1], batch["targets_in"][:1], deterministic=True
+    )["params"]
+  )()
   step = reference_train_step(model, tx, label_smoothing)
   device_batch = jax.device_put(batch)
   holder = {"state": (params, tx.init(params), jnp.array(0, jnp.int32))}
@@ -296,23 +324,35 @@ def main():
   parser.add_argument("--seed", type=int, default=0)
   args = parser.parse_args()
 
-  config = TransformerConfig(vocab_size=args.vocab_size, d_model=args.d_model, num_heads=args.heads,
-                             d_ff=args.d_ff, num_encoder_layers=args.layers,
-                             num_decoder_layers=args.layers, dropout_rate=0.1, dtype=args.dtype)
+  config = TransformerConfig(
+    vocab_size=args.vocab_size,
+    d_model=args.d_model,
+    num_heads=args.heads,
+    d_ff=args.d_ff,
+    num_encoder_layers=args.layers,
+    num_decoder_layers=args.layers,
+    dropout_rate=0.1,
+    dtype=args.dtype,
+  )
   lengths, length_source = sentence_lengths(args.max_len, args.tokens_per_word, args.seed)
-  packed = packed_batch(lengths, args.batch_tokens // args.max_len, args.max_len,
-                        args.vocab_size, args.seed)
+  packed = packed_batch(
+    lengths, args.batch_tokens // args.max_len, args.max_len, args.vocab_size, args.seed
+  )
   padded = padded_batch(packed)
   # The packed sentences' (source, target) lengths: token ids are >= 4, so nonzero.
   chosen = np.stack([(padded["inputs"] != PAD_ID).sum(1), (padded["targets"] != PAD_ID).sum(1)], 1)
   flops = useful_flops(config, chosen[:, 0], chosen[:, 1])
   target_tokens = int(chosen[:, 1].sum())
-  print(f"{len(chosen)} sentences ({length_source}): {target_tokens} target tokens, mean "
-        f"{chosen[:, 1].mean():.1f}; ours packed {packed['inputs'].shape[1:]} "
-        f"({target_tokens / packed['targets'].size:.1%} of target slots real), reference padded "
-        f"{padded['targets'].shape} ({target_tokens / padded['targets'].size:.1%} real)")
-  print(f"useful FLOPs/step {flops['total']:.3e}: " + ", ".join(
-      f"{k} {v / flops['total']:.0%}" for k, v in flops.items() if k != "total"))
+  print(
+    f"{len(chosen)} sentences ({length_source}): {target_tokens} target tokens, mean "
+    f"{chosen[:, 1].mean():.1f}; ours packed {packed['inputs'].shape[1:]} "
+    f"({target_tokens / packed['targets'].size:.1%} of target slots real), reference padded "
+    f"{padded['targets'].shape} ({target_tokens / padded['targets'].size:.1%} real)"
+  )
+  print(
+    f"useful FLOPs/step {flops['total']:.3e}: "
+    + ", ".join(f"{k} {v / flops['total']:.0%}" for k, v in flops.items() if k != "total")
+  )
 
   dtypes = {"float32": jnp.float32}
   if _timing.hardware_has_bf16():
@@ -324,37 +364,56 @@ def main():
     results["reference"] = time_reference(config, padded, 0.1, args.reps)
   # The peak again after the steps, keeping the better one: on a shared machine a quiet
   # moment during either measurement is the closer estimate of what the hardware does.
-  peaks = {name: tuple(map(max, peaks[name], _timing.matmul_peak(args.matmul_size, dtype)))
-           for name, dtype in dtypes.items()}
+  peaks = {
+    name: tuple(map(max, peaks[name], _timing.matmul_peak(args.matmul_size, dtype)))
+    for name, dtype in dtypes.items()
+  }
   peak, cpu_peak = peaks.get(args.dtype, peaks["float32"])
   load_after = os.getloadavg()[0]
 
-  print(f"\n{'':22}{'step s best/median':>20}{'target tok/s':>13}{'GFLOP/s':>9}{'of peak':>9}"
-        f"{'of peak, CPU time':>19}")
+  print(
+    f"\n{'':22}{'step s best/median':>20}{'target tok/s':>13}{'GFLOP/s':>9}{'of peak':>9}"
+    f"{'of peak, CPU time':>19}"
+  )
   for name, (value, _) in peaks.items():
     print(f"{'matmul ' + name + ' peak':22}{'':>20}{'':>13}{value / 1e9:9.1f}")
-  record = {"benchmark": "train_step", "device": jax.devices()[0].device_kind,
-            "load_average": [load_before, load_after], "config": vars(args),
-            "lengths": length_source, "sentences": len(chosen), "target_tokens": target_tokens,
-            "useful_flops_per_step": flops["total"], "flops_terms": flops,
-            "matmul_peak_flops": {name: value for name, (value, _) in peaks.items()}}
+  record = {
+    "benchmark": "train_step",
+    "device": jax.devices()[0].device_kind,
+    "load_average": [load_before, load_after],
+    "config": vars(args),
+    "lengths": length_source,
+    "sentences": len(chosen),
+    "target_tokens": target_tokens,
+    "useful_flops_per_step": flops["total"],
+    "flops_terms": flops,
+    "matmul_peak_flops": {name: value for name, (value, _) in peaks.items()},
+  }
   for name, timing in results.items():
     achieved = timing.rate(flops["total"])
     cpu_fraction = timing.cpu_rate(flops["total"]) / cpu_peak
-    print(f"{name + ' (' + args.dtype + ')':22}{timing.best:10.3f} / {timing.median:7.3f}"
-          f"{timing.rate(target_tokens):13,.0f}{achieved / 1e9:9.1f}{achieved / peak:9.1%}"
-          f"{cpu_fraction:19.1%}")
-    record[name] = {"step_seconds": timing.best, "step_seconds_median": timing.median,
-                    "target_tokens_per_second": timing.rate(target_tokens),
-                    "flops_per_second": achieved, "fraction_of_peak": achieved / peak,
-                    "fraction_of_peak_cpu_time": cpu_fraction}
+    print(
+      f"{name + ' (' + args.dtype + ')':22}{timing.best:10.3f} / {timing.median:7.3f}"
+      f"{timing.rate(target_tokens):13,.0f}{achieved / 1e9:9.1f}{achieved / peak:9.1%}"
+      f"{cpu_fraction:19.1%}"
+    )
+    record[name] = {
+      "step_seconds": timing.best,
+      "step_seconds_median": timing.median,
+      "target_tokens_per_second": timing.rate(target_tokens),
+      "flops_per_second": achieved,
+      "fraction_of_peak": achieved / peak,
+      "fraction_of_peak_cpu_time": cpu_fraction,
+    }
   if "reference" in results:
     ratio = results["reference"].best / results["ours"].best
     print(f"ours / reference: {ratio:.2f}x target tokens/s")
     record["ours_over_reference"] = ratio
-  print(f"1-minute load average {load_before:.1f} before, {load_after:.1f} after on "
-        f"{os.cpu_count()} CPUs; 'of peak, CPU time' compares FLOPs per CPU-second of this "
-        "process, which other processes on the machine hardly change")
+  print(
+    f"1-minute load average {load_before:.1f} before, {load_after:.1f} after on "
+    f"{os.cpu_count()} CPUs; 'of peak, CPU time' compares FLOPs per CPU-second of this "
+    "process, which other processes on the machine hardly change"
+  )
   print(json.dumps(record))
 
 

@@ -23,12 +23,15 @@ def base_config() -> ml_collections.ConfigDict:
   config.model = model_defaults()
 
   config.data = ml_collections.ConfigDict()
-  # Where pairs come from: "synthetic" (generated offline), "tfds" (WMT via TFDS) or "local" (text files).
+  # Where pairs come from: "synthetic" (generated offline), "tfds" (WMT via TFDS) or "local"
+  # (text files).
   config.data.source = "synthetic"
-  # Translation direction, as language codes (file suffixes for "local"; TFDS feature names for "tfds").
+  # Translation direction, as language codes (file suffixes for "local"; TFDS feature names for
+  # "tfds").
   config.data.source_lang = "en"
   config.data.target_lang = "de"
-  # Synthetic corpus: number of training / held-out test / validation pairs and the generator's seed.
+  # Synthetic corpus: number of training / held-out test / validation pairs and the generator's
+  # seed.
   config.data.num_train = 50_000
   config.data.num_eval = 500
   config.data.num_validation = 0
@@ -41,11 +44,13 @@ def base_config() -> ml_collections.ConfigDict:
   config.data.tfds_manual_dir = ""
   # Local text: the folder prefixes are relative to ("" = ../shared/data beside the repository).
   config.data.root = ""
-  # Local text: file prefixes (globs allowed) of each split, read as PREFIX.<source_lang>/<target_lang>.
+  # Local text: file prefixes (globs allowed) of each split, read as
+  # PREFIX.<source_lang>/<target_lang>.
   config.data.train_prefixes = []
   config.data.validation_prefixes = []
   config.data.test_prefixes = []
-  # Training pairs with a side longer than this many tokens are dropped (and counted); also the packed row length.
+  # Training pairs with a side longer than this many tokens are dropped (and counted); also the
+  # packed row length.
   config.data.max_len = 64
 
   config.tokenizer = ml_collections.ConfigDict()

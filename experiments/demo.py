@@ -16,20 +16,33 @@ from transformer_mt.sweep import Sweep
 
 def get_config():
   config = _defaults.base_config()
-  config.description = "Small Transformer on the offline synthetic language pair (~3 min on 2 CPU cores)"
-  config.model.update(d_model=128, num_heads=4, d_ff=512, num_encoder_layers=2,
-                      num_decoder_layers=2, dropout_rate=0.0)
-  config.data.update(source="synthetic", num_train=50_000, num_eval=500, num_validation=200, seed=0,
-                     max_len=32)
+  config.description = (
+    "Small Transformer on the offline synthetic language pair (~3 min on 2 CPU cores)"
+  )
+  config.model.update(
+    d_model=128, num_heads=4, d_ff=512, num_encoder_layers=2, num_decoder_layers=2, dropout_rate=0.0
+  )
+  config.data.update(
+    source="synthetic", num_train=50_000, num_eval=500, num_validation=200, seed=0, max_len=32
+  )
   # BPE with 2000 pieces keeps nearly every synthetic word whole (~10.5 tokens a sentence).
   config.tokenizer.update(vocab_size=2000, model_type="bpe", sample_size=100_000)
   # 32 packed rows of 32 tokens: ~95 sentence pairs per update.
-  config.train.update(num_steps=2000, batch_tokens=1024, eval_every=0, warmup_steps=500, lr_scale=0.5,
-                      label_smoothing=0.1, log_every=100, checkpoint_every=500, keep_checkpoints=2)
+  config.train.update(
+    num_steps=2000,
+    batch_tokens=1024,
+    eval_every=0,
+    warmup_steps=500,
+    lr_scale=0.5,
+    label_smoothing=0.1,
+    log_every=100,
+    checkpoint_every=500,
+    keep_checkpoints=2,
+  )
   config.decode.update(max_len=64, batch_size=128)
   return config
 
 
 def get_sweep():
-  """`run.py sweep --experiment demo --workdir W`: the learning-rate scale against the warmup length."""
+  """`run.py sweep --experiment demo --workdir W`: learning-rate scale against warmup length."""
   return Sweep(grid={"train.lr_scale": [0.5, 1.0], "train.warmup_steps": [250, 500]})

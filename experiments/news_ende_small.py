@@ -15,31 +15,58 @@ from experiments import _defaults
 from transformer_mt.sweep import Sweep, choice, uniform
 
 TRAIN_SETS = ["news-test2008", "newssyscomb2009"] + [
-    f"newstest{year}" for year in (2009, 2010, 2011, 2012, 2015, 2016, 2017, 2018, 2019, 2020)]
+  f"newstest{year}" for year in (2009, 2010, 2011, 2012, 2015, 2016, 2017, 2018, 2019, 2020)
+]
 
 
 def get_config():
   config = _defaults.base_config()
   config.description = "Small EN->DE Transformer on the 28k shared news pairs; BLEU on newstest2014"
-  config.model.update(d_model=256, num_heads=4, d_ff=1024, num_encoder_layers=3,
-                      num_decoder_layers=3, dropout_rate=0.1)
+  config.model.update(
+    d_model=256,
+    num_heads=4,
+    d_ff=1024,
+    num_encoder_layers=3,
+    num_decoder_layers=3,
+    dropout_rate=0.1,
+  )
   config.data.update(
-      source="local", source_lang="en", target_lang="de", max_len=128,
-      train_prefixes=[f"news/en-de/{name}" for name in TRAIN_SETS],
-      validation_prefixes=["news/en-de/newstest2013"],
-      test_prefixes=["news/en-de/newstest2014"])
+    source="local",
+    source_lang="en",
+    target_lang="de",
+    max_len=128,
+    train_prefixes=[f"news/en-de/{name}" for name in TRAIN_SETS],
+    validation_prefixes=["news/en-de/newstest2013"],
+    test_prefixes=["news/en-de/newstest2014"],
+  )
   config.tokenizer.update(vocab_size=8000, model_type="unigram", sample_size=60_000)
-  config.train.update(num_steps=3000, batch_tokens=4096, warmup_steps=1000, lr_scale=1.0,
-                      log_every=50, eval_every=500, bleu_every=1000, bleu_sentences=500,
-                      checkpoint_every=500, keep_checkpoints=5)
+  config.train.update(
+    num_steps=3000,
+    batch_tokens=4096,
+    warmup_steps=1000,
+    lr_scale=1.0,
+    log_every=50,
+    eval_every=500,
+    bleu_every=1000,
+    bleu_sentences=500,
+    checkpoint_every=500,
+    keep_checkpoints=5,
+  )
   config.decode.update(max_len=256, batch_size=64)
   return config
 
 
 def get_sweep():
-  """`run.py sweep --experiment news_ende_small --workdir W train.num_steps=2000`: a random search over
-  regularization (3 draws) at two learning-rate scales."""
-  return Sweep(grid={"train.lr_scale": [1.0, 2.0]},
-               random={"model.dropout_rate": uniform(0.0, 0.3),
-                       "train.label_smoothing": choice(0.0, 0.1, 0.2)},
-               num_random=3, seed=0)
+  """A random search over regularization (3 draws) at two learning-rate scales.
+
+  `run.py sweep --experiment news_ende_small --workdir W train.num_steps=2000`
+  """
+  return Sweep(
+    grid={"train.lr_scale": [1.0, 2.0]},
+    random={
+      "model.dropout_rate": uniform(0.0, 0.3),
+      "train.label_smoothing": choice(0.0, 0.1, 0.2),
+    },
+    num_random=3,
+    seed=0,
+  )

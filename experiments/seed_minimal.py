@@ -14,10 +14,23 @@ from experiments import demo
 
 def get_config():
   config = demo.get_config()
-  config.description = "The seeds' minimal 1-head Transformer (no residual/LN/bias) on the synthetic task"
+  config.description = (
+    "The seeds' minimal 1-head Transformer (no residual/LN/bias) on the synthetic task"
+  )
   config.model.update(
-      d_model=64, num_heads=1, head_dim=64, d_ff=64, num_encoder_layers=1, num_decoder_layers=1,
-      dropout_rate=0.0, use_residual=False, use_layer_norm=False, use_bias=False,
-      attention_output_projection=False, scale_embeddings=False, share_embeddings=False,
-      position_encoding="sinusoidal")
+    d_model=64,
+    num_heads=1,
+    head_dim=64,
+    d_ff=64,
+    num_encoder_layers=1,
+    num_decoder_layers=1,
+    dropout_rate=0.0,
+    use_residual=False,
+    use_layer_norm=False,
+    use_bias=False,
+    attention_output_projection=False,
+    scale_embeddings=False,
+    share_embeddings=False,
+    position_encoding="sinusoidal",
+  )
   return config

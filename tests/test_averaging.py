@@ -1,5 +1,6 @@
 """Checkpoint averaging returns exactly the mean of the chosen checkpoints' parameters."""
 
+import grain
 import jax
 import numpy as np
 import pytest
@@ -9,8 +10,6 @@ from transformer_mt import averaging, checkpointing, optimizer, sharding, train_
 from transformer_mt.model import Transformer
 from transformer_mt.tokenizer import train_tokenizer
 from transformer_mt.translate import model_config_for
-
-import grain
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +42,11 @@ def test_identical_checkpoints_average_to_themselves(setup, tmp_path):
   save_states(tmp_path / "run", [states[0]] * 3, config, tokenizer)
   output, steps = averaging.average_last(str(tmp_path / "run"), 3)
   assert steps == [10, 20, 30]
-  jax.tree.map(np.testing.assert_array_equal, averaged_params(output, 30, target),
-               jax.device_get(states[0].params))
+  jax.tree.map(
+    np.testing.assert_array_equal,
+    averaged_params(output, 30, target),
+    jax.device_get(states[0].params),
+  )
 
 
 def test_two_checkpoints_average_to_their_mean(setup, tmp_path):
@@ -52,7 +54,13 @@ def test_two_checkpoints_average_to_their_mean(setup, tmp_path):
   save_states(tmp_path / "run", [states[1], states[0], states[1]], config, tokenizer)
   output, steps = averaging.average_last(str(tmp_path / "run"), 2, str(tmp_path / "avg"))
   assert steps == [20, 30]
-  expected = jax.tree.map(lambda a, b: (np.asarray(a) + np.asarray(b)) / 2,
-                          jax.device_get(states[0].params), jax.device_get(states[1].params))
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
-               averaged_params(output, 30, target), expected)
+  expected = jax.tree.map(
+    lambda a, b: (np.asarray(a) + np.asarray(b)) / 2,
+    jax.device_get(states[0].params),
+    jax.device_get(states[1].params),
+  )
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+    averaged_params(output, 30, target),
+    expected,
+  )

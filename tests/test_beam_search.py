@@ -50,9 +50,11 @@ def toy_model(tables, max_len):
   """
   tables = jnp.asarray(tables)
   batch = tables.shape[0]
-  cache = {"sentence": jnp.arange(batch, dtype=jnp.int32),
-           "history": jnp.full((batch, max_len), PAD_ID, jnp.int32),
-           "index": jnp.array(0, jnp.int32)}
+  cache = {
+    "sentence": jnp.arange(batch, dtype=jnp.int32),
+    "history": jnp.full((batch, max_len), PAD_ID, jnp.int32),
+    "index": jnp.array(0, jnp.int32),
+  }
 
   def step(tokens, position, cache):
     sentence, history, index = cache["sentence"], cache["history"], cache["index"]
@@ -68,12 +70,23 @@ def toy_model(tables, max_len):
   return step, cache
 
 
-def run_toy(tables, beam, max_len, alpha, max_lengths=None, early_stopping=True,
-            always_gather=False):
+def run_toy(
+  tables, beam, max_len, alpha, max_lengths=None, early_stopping=True, always_gather=False
+):
   step, cache = toy_model(tables, max_len)
-  search = jax.jit(lambda cache, max_lengths: bs.beam_search(
-      step, cache, len(tables), beam, max_len, alpha=alpha, max_lengths=max_lengths,
-      early_stopping=early_stopping, always_gather=always_gather))
+  search = jax.jit(
+    lambda cache, max_lengths: bs.beam_search(
+      step,
+      cache,
+      len(tables),
+      beam,
+      max_len,
+      alpha=alpha,
+      max_lengths=max_lengths,
+      early_stopping=early_stopping,
+      always_gather=always_gather,
+    )
+  )
   out = search(cache, None if max_lengths is None else jnp.asarray(max_lengths, jnp.int32))
   return jax.tree.map(np.asarray, out)
 
@@ -128,8 +141,9 @@ def test_large_beam_equals_brute_force(order, alpha):
     assert found.sum() == len(expected)  # 15 and 31 hypotheses; the rest of the beam is empty
     # The first-order model has exact ties (A A B A and A B A A use the same transitions),
     # so compare sorted scores, and each returned sequence with its own brute-force score.
-    np.testing.assert_allclose(out.all_scores[b, :len(expected)], [s for s, _ in expected],
-                               atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(
+      out.all_scores[b, : len(expected)], [s for s, _ in expected], atol=1e-5, rtol=1e-5
+    )
     truth = {seq: score for score, seq in expected}
     returned = [tuple(int(t) for t in seq if t != PAD_ID) for seq in out.all_sequences[b][found]]
     assert sorted(returned) == sorted(truth)
@@ -204,22 +218,37 @@ def test_per_sentence_max_lengths():
 
 
 # A small random-init Transformer, as in tests/test_decode.py.
-CONFIG = TransformerConfig(vocab_size=40, d_model=32, num_heads=4, d_ff=64, num_encoder_layers=2,
-                           num_decoder_layers=2, deterministic=True)
+CONFIG = TransformerConfig(
+  vocab_size=40,
+  d_model=32,
+  num_heads=4,
+  d_ff=64,
+  num_encoder_layers=2,
+  num_decoder_layers=2,
+  deterministic=True,
+)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def transformer_params():
   dummy = jnp.ones((1, 2), jnp.int32)
   params = Transformer(CONFIG).init(jax.random.key(0), dummy, dummy)["params"]
-  return jax.tree.map(lambda x: x.value if hasattr(x, "value") else x, params,
-                      is_leaf=lambda x: hasattr(x, "value"))
+  return jax.tree.map(
+    lambda x: x.value if hasattr(x, "value") else x, params, is_leaf=lambda x: hasattr(x, "value")
+  )
 
 
 def transformer_inputs():
   """Three sentences with padding and one empty row."""
-  return jnp.array([[5, 9, 12, 7, EOS_ID, PAD_ID], [11, 4, EOS_ID, PAD_ID, PAD_ID, PAD_ID],
-                    [PAD_ID] * 6, [6, 6, 8, 20, 33, EOS_ID]], jnp.int32)
+  return jnp.array(
+    [
+      [5, 9, 12, 7, EOS_ID, PAD_ID],
+      [11, 4, EOS_ID, PAD_ID, PAD_ID, PAD_ID],
+      [PAD_ID] * 6,
+      [6, 6, 8, 20, 33, EOS_ID],
+    ],
+    jnp.int32,
+  )
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6])
@@ -238,8 +267,9 @@ def test_transformer_beam_scores_match_unbranched_decoding():
   Checks that the cache rows (self-attention keys/values) follow their beams.
   """
   params, inputs, max_len, beam, alpha = transformer_params(), transformer_inputs(), 6, 3, 0.6
-  out = jax.tree.map(np.asarray, bs.beam_decode(params, inputs, CONFIG, beam_size=beam,
-                                                max_len=max_len, alpha=alpha))
+  out = jax.tree.map(
+    np.asarray, bs.beam_decode(params, inputs, CONFIG, beam_size=beam, max_len=max_len, alpha=alpha)
+  )
   assert np.all(out.all_scores[:, :-1] >= out.all_scores[:, 1:])  # sorted; -inf last
   seqs = out.all_sequences.reshape(-1, max_len)  # [batch * beam, max_len]
   rows = np.repeat(np.asarray(inputs), beam, axis=0)
@@ -247,10 +277,19 @@ def test_transformer_beam_scores_match_unbranched_decoding():
   step = jax.jit(decode.decode_step, static_argnames="config")
   log_probs, fed = [], np.full(len(rows), BOS_ID, np.int32)
   for t in range(max_len):
-    logits, cache = step(params, cache, jnp.asarray(rows != PAD_ID), jnp.asarray(fed),
-                         jnp.array(t, jnp.int32), config=CONFIG)
-    log_probs.append(np.asarray(jax.nn.log_softmax(decode.never_generated(logits)))[
-        np.arange(len(rows)), seqs[:, t]])
+    logits, cache = step(
+      params,
+      cache,
+      jnp.asarray(rows != PAD_ID),
+      jnp.asarray(fed),
+      jnp.array(t, jnp.int32),
+      config=CONFIG,
+    )
+    log_probs.append(
+      np.asarray(jax.nn.log_softmax(decode.never_generated(logits)))[
+        np.arange(len(rows)), seqs[:, t]
+      ]
+    )
     fed = seqs[:, t]
   log_probs = np.stack(log_probs, axis=1)  # [batch * beam, max_len]
   for i, seq in enumerate(seqs):
@@ -269,8 +308,10 @@ def test_transformer_beam_scores_match_unbranched_decoding():
 def test_transformer_per_sentence_max_lengths():
   params, inputs, max_len = transformer_params(), transformer_inputs(), 8
   max_lengths = jnp.array([3, 8, 8, 1], jnp.int32)
-  out = jax.tree.map(np.asarray, bs.beam_decode(params, inputs, CONFIG, beam_size=2,
-                                                max_len=max_len, max_lengths=max_lengths))
+  out = jax.tree.map(
+    np.asarray,
+    bs.beam_decode(params, inputs, CONFIG, beam_size=2, max_len=max_len, max_lengths=max_lengths),
+  )
   assert np.all(np.isfinite(out.scores))
   assert np.all(out.all_sequences[0, :, 3:] == PAD_ID)
   assert np.all(out.all_sequences[3, :, 1:] == PAD_ID)
@@ -282,7 +323,9 @@ def test_same_outputs_on_1_and_8_devices():
   if jax.device_count() < 8:
     pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8 (set by conftest)")
   import ml_collections
+
   from transformer_mt import sharding
+
   params, max_len = transformer_params(), 8
   inputs = jnp.concatenate([transformer_inputs(), transformer_inputs()[::-1]])  # 8 rows
   single = bs.beam_decode(params, inputs, CONFIG, beam_size=3, max_len=max_len)
@@ -321,8 +364,9 @@ def test_skipping_unneeded_reorders_changes_nothing(alpha):
   """
   max_len = 6
   sticky = run_toy(sticky_table()[None], beam=2, max_len=max_len, alpha=alpha)
-  sticky_reference = run_toy(sticky_table()[None], beam=2, max_len=max_len, alpha=alpha,
-                             always_gather=True)
+  sticky_reference = run_toy(
+    sticky_table()[None], beam=2, max_len=max_len, alpha=alpha, always_gather=True
+  )
   np.testing.assert_array_equal(sticky.sequences[0], [A] * max_len)  # forced finish, no EOS
   assert sticky.num_steps == max_len and sticky.num_reorders == 1
   assert sticky_reference.num_reorders == max_len
@@ -341,9 +385,21 @@ def test_transformer_lazy_reordering_equals_always_gather():
   to reordering the whole cache at every step. max_len 20 spans two 16-position chunks."""
   params, inputs, max_len = transformer_params(), transformer_inputs(), 20
   max_lengths = jnp.array([20, 17, 20, 19], jnp.int32)
-  out, reference = (jax.tree.map(np.asarray, bs.beam_decode(
-      params, inputs, CONFIG, beam_size=3, max_len=max_len, max_lengths=max_lengths,
-      always_gather=always_gather)) for always_gather in (False, True))
+  out, reference = (
+    jax.tree.map(
+      np.asarray,
+      bs.beam_decode(
+        params,
+        inputs,
+        CONFIG,
+        beam_size=3,
+        max_len=max_len,
+        max_lengths=max_lengths,
+        always_gather=always_gather,
+      ),
+    )
+    for always_gather in (False, True)
+  )
   assert out.num_steps > 16  # the second chunk was reordered too
   for name in ("sequences", "scores", "all_sequences", "all_scores", "num_steps"):
     np.testing.assert_array_equal(getattr(out, name), getattr(reference, name), err_msg=name)

@@ -10,26 +10,44 @@ from transformer_mt.config import TransformerConfig
 from transformer_mt.model import Transformer
 from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
-CONFIG = TransformerConfig(vocab_size=40, d_model=32, num_heads=4, d_ff=64, num_encoder_layers=2,
-                           num_decoder_layers=2, deterministic=True)
+CONFIG = TransformerConfig(
+  vocab_size=40,
+  d_model=32,
+  num_heads=4,
+  d_ff=64,
+  num_encoder_layers=2,
+  num_decoder_layers=2,
+  deterministic=True,
+)
 
 
 def init_params(config, seed=0):
   dummy = jnp.ones((1, 2), jnp.int32)
-  return jax.tree.map(jnp.asarray, Transformer(config).init(jax.random.key(seed), dummy, dummy)["params"])
+  return jax.tree.map(
+    jnp.asarray, Transformer(config).init(jax.random.key(seed), dummy, dummy)["params"]
+  )
 
 
 def source_batch():
-  inputs = np.array([[5, 9, 12, 7, EOS_ID, PAD_ID], [11, 4, EOS_ID, PAD_ID, PAD_ID, PAD_ID],
-                     [6, 6, 8, 20, 33, EOS_ID]], np.int32)
+  inputs = np.array(
+    [
+      [5, 9, 12, 7, EOS_ID, PAD_ID],
+      [11, 4, EOS_ID, PAD_ID, PAD_ID, PAD_ID],
+      [6, 6, 8, 20, 33, EOS_ID],
+    ],
+    np.int32,
+  )
   return jnp.asarray(inputs)
 
 
 @pytest.mark.parametrize("layer_norm_position", ["post", "pre"])
 def test_cached_greedy_equals_argmax_of_full_forward(layer_norm_position):
   config = CONFIG.replace(layer_norm_position=layer_norm_position)
-  params = jax.tree.map(lambda x: x.value if hasattr(x, "value") else x, init_params(config),
-                        is_leaf=lambda x: hasattr(x, "value"))
+  params = jax.tree.map(
+    lambda x: x.value if hasattr(x, "value") else x,
+    init_params(config),
+    is_leaf=lambda x: hasattr(x, "value"),
+  )
   inputs = source_batch()
   max_len = 8
   outputs = np.asarray(decode.greedy_decode(params, inputs, config, max_len))
@@ -48,30 +66,41 @@ def test_cached_greedy_equals_argmax_of_full_forward(layer_norm_position):
 
 def test_cached_step_logits_equal_full_forward():
   """Each incremental step reproduces the full forward's logits at that position (1e-5)."""
-  params = jax.tree.map(lambda x: x.value if hasattr(x, "value") else x, init_params(CONFIG),
-                        is_leaf=lambda x: hasattr(x, "value"))
+  params = jax.tree.map(
+    lambda x: x.value if hasattr(x, "value") else x,
+    init_params(CONFIG),
+    is_leaf=lambda x: hasattr(x, "value"),
+  )
   inputs = source_batch()
-  targets_in = jnp.array([[BOS_ID, 14, 15, 16, 17], [BOS_ID, 21, 22, 23, 24],
-                          [BOS_ID, 30, 31, 32, 33]], jnp.int32)
+  targets_in = jnp.array(
+    [[BOS_ID, 14, 15, 16, 17], [BOS_ID, 21, 22, 23, 24], [BOS_ID, 30, 31, 32, 33]], jnp.int32
+  )
   full = Transformer(CONFIG).apply({"params": params}, inputs, targets_in)
   cache = decode.init_cache(params, inputs, CONFIG, max_len=5)
   for t in range(5):
-    logits, cache = decode.decode_step(params, cache, inputs != PAD_ID, targets_in[:, t],
-                                       jnp.array(t), CONFIG)
+    logits, cache = decode.decode_step(
+      params, cache, inputs != PAD_ID, targets_in[:, t], jnp.array(t), CONFIG
+    )
     np.testing.assert_allclose(logits, full[:, t], atol=1e-5, rtol=1e-5)
 
 
 def test_empty_source_rows_produce_nothing():
-  params = jax.tree.map(lambda x: x.value if hasattr(x, "value") else x, init_params(CONFIG),
-                        is_leaf=lambda x: hasattr(x, "value"))
+  params = jax.tree.map(
+    lambda x: x.value if hasattr(x, "value") else x,
+    init_params(CONFIG),
+    is_leaf=lambda x: hasattr(x, "value"),
+  )
   inputs = jnp.array([[5, 6, EOS_ID], [PAD_ID, PAD_ID, PAD_ID]], jnp.int32)
   outputs = np.asarray(decode.greedy_decode(params, inputs, CONFIG, 6))
   assert (outputs[1] == PAD_ID).all()
 
 
 def test_split_and_merge_cache():
-  params = jax.tree.map(lambda x: x.value if hasattr(x, "value") else x, init_params(CONFIG),
-                        is_leaf=lambda x: hasattr(x, "value"))
+  params = jax.tree.map(
+    lambda x: x.value if hasattr(x, "value") else x,
+    init_params(CONFIG),
+    is_leaf=lambda x: hasattr(x, "value"),
+  )
   cache = decode.init_cache(params, source_batch(), CONFIG, max_len=5)
   self_cache, cross_cache = decode.split_cache(cache)
   cross_names = {path[-1].key for path, _ in jax.tree_util.tree_leaves_with_path(cross_cache)}
@@ -91,10 +120,13 @@ def test_gather_written_rows_equals_gathering_everything(index):
   shape = (batch, length, 2, 3)  # [batch, cache length, heads, head_dim]
   rng = np.random.default_rng(index)
   written = np.arange(length)[None, :, None, None] < index
-  cache = {"layer": {
+  cache = {
+    "layer": {
       "cached_key": np.where(written, rng.normal(size=shape), 0).astype(np.float32),
       "cached_value": np.where(written, rng.normal(size=shape), 0).astype(np.float32),
-      "cache_index": np.array(index, np.int32)}}
+      "cache_index": np.array(index, np.int32),
+    }
+  }
   rows = np.array([1, 2, 0, 0, 5, 3], np.int32)  # applied twice it gives a different order
   out = jax.jit(decode.gather_written_rows)(cache, jnp.asarray(rows))
   for name in ("cached_key", "cached_value"):

@@ -13,11 +13,24 @@ from transformer_mt import cli, metrics, registry, train
 
 pytestmark = pytest.mark.slow
 
-TINY = ["model.d_model=32", "model.num_heads=2", "model.d_ff=64", "model.num_encoder_layers=1",
-        "model.num_decoder_layers=1", "model.dropout_rate=0.1", "data.num_train=2000",
-        "data.num_eval=20", "tokenizer.vocab_size=300", "tokenizer.sample_size=2000",
-        "train.batch_tokens=256", "train.log_every=5", "train.checkpoint_every=10",
-        "decode.max_len=24", "decode.batch_size=8", "mesh.data=-1"]
+TINY = [
+  "model.d_model=32",
+  "model.num_heads=2",
+  "model.d_ff=64",
+  "model.num_encoder_layers=1",
+  "model.num_decoder_layers=1",
+  "model.dropout_rate=0.1",
+  "data.num_train=2000",
+  "data.num_eval=20",
+  "tokenizer.vocab_size=300",
+  "tokenizer.sample_size=2000",
+  "train.batch_tokens=256",
+  "train.log_every=5",
+  "train.checkpoint_every=10",
+  "decode.max_len=24",
+  "decode.batch_size=8",
+  "mesh.data=-1",
+]
 
 
 def tiny_config(num_steps):
@@ -38,8 +51,11 @@ def trained(tmp_path_factory):
 def test_resumed_run_equals_uninterrupted_run(trained):
   straight, resumed, full, again = trained
   assert full["step"] == again["step"] == 20
-  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
-               jax.device_get(again["state"].params), jax.device_get(full["state"].params))
+  jax.tree.map(
+    lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+    jax.device_get(again["state"].params),
+    jax.device_get(full["state"].params),
+  )
   straight_log = {r["step"]: r["loss"] for r in metrics.read_metrics(straight) if "loss" in r}
   resumed_log = {r["step"]: r["loss"] for r in metrics.read_metrics(resumed) if "loss" in r}
   assert sorted(resumed_log) == list(range(1, 21))
@@ -69,13 +85,31 @@ def test_checkpoint_is_self_contained(trained):
 
 def test_translate_cli_keeps_every_line(trained, tmp_path, capsys):
   source = tmp_path / "source.txt"
-  source.write_bytes(b"the old dog watched these big red apples\n\nmy cats saw a bird\n"
-                     b"\xff\xfe broken bytes\n" + ("word " * 2000).encode() + b"\n"
-                     + "日本語の文です\nПривет, мир\nمرحبا بالعالم\n\n".encode())
+  source.write_bytes(
+    b"the old dog watched these big red apples\n\nmy cats saw a bird\n"
+    b"\xff\xfe broken bytes\n"
+    + ("word " * 2000).encode()
+    + b"\n"
+    + "日本語の文です\nПривет, мир\nمرحبا بالعالم\n\n".encode()
+  )
   output = tmp_path / "out.txt"
   for beam in ("1", "3"):
-    assert cli.main(["translate", "--workdir", trained[0], "--input", str(source),
-                     "--output", str(output), "--beam", beam]) == 0
+    assert (
+      cli.main(
+        [
+          "translate",
+          "--workdir",
+          trained[0],
+          "--input",
+          str(source),
+          "--output",
+          str(output),
+          "--beam",
+          beam,
+        ]
+      )
+      == 0
+    )
     lines = output.read_text(encoding="utf-8").split("\n")
     assert len(lines) == 10 and lines[-1] == ""  # 9 lines, each newline-terminated
     assert lines[1] == "" and lines[8] == "" and lines[0]
@@ -90,10 +124,18 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
 
 
 def test_run_py_list_prints_parameter_counts():
-  out = subprocess.run([sys.executable, "run.py", "list"], capture_output=True, text=True,
-                       check=True, cwd=os.path.dirname(os.path.dirname(__file__))).stdout
-  rows = {line.split()[0]: float(line.split()[1].rstrip("M")) for line in out.splitlines()[1:]
-          if "M " in line}
+  out = subprocess.run(
+    [sys.executable, "run.py", "list"],
+    capture_output=True,
+    text=True,
+    check=True,
+    cwd=os.path.dirname(os.path.dirname(__file__)),
+  ).stdout
+  rows = {
+    line.split()[0]: float(line.split()[1].rstrip("M"))
+    for line in out.splitlines()[1:]
+    if "M " in line
+  }
   assert abs(rows["transformer_base_wmt14_ende"] - 65) / 65 < 0.05  # paper: 65M
   assert abs(rows["transformer_big_wmt14_ende"] - 213) / 213 < 0.02  # paper: 213M
   assert {"transformer_base_wmt14_enfr", "transformer_big_wmt14_enfr"} <= set(rows)
@@ -107,7 +149,9 @@ def test_evaluate_writes_a_labelled_report(trained, capsys):
   report_path = os.path.join(trained[0], "eval", "test-step20-beam2.json")
   with open(report_path) as f:
     report = json.load(f)
-  assert report["num_sentences"] == 8 and report["beam_size"] == 2 and report["limited_to_first"] == 8
+  assert (
+    report["num_sentences"] == 8 and report["beam_size"] == 2 and report["limited_to_first"] == 8
+  )
   assert {"sacrebleu", "sacrebleu_signature", "paper_bleu", "paper_bleu_method"} <= set(report)
   with open(report_path.replace(".json", ".txt")) as f:
     assert len(f.read().split("\n")) == 9
@@ -122,15 +166,41 @@ def test_average_then_translate(trained, tmp_path, capsys):
   assert "already holds checkpoints" in err and "cannot average the last 9" in err
   source = tmp_path / "in.txt"
   source.write_text("my cats saw a bird\n", encoding="utf-8")
-  assert cli.main(["translate", "--workdir", output, "--input", str(source),
-                   "--output", str(tmp_path / "out.txt")]) == 0
+  assert (
+    cli.main(
+      [
+        "translate",
+        "--workdir",
+        output,
+        "--input",
+        str(source),
+        "--output",
+        str(tmp_path / "out.txt"),
+      ]
+    )
+    == 0
+  )
   assert (tmp_path / "out.txt").read_text(encoding="utf-8").count("\n") == 1
 
 
 def test_attention_and_plot_commands_write_pngs(trained, tmp_path):
   png = tmp_path / "attention.png"
-  assert cli.main(["attention", "--workdir", trained[0], "--src", "my cats saw a bird",
-                   "--output", str(png), "--layer", "mean"]) == 0
+  assert (
+    cli.main(
+      [
+        "attention",
+        "--workdir",
+        trained[0],
+        "--src",
+        "my cats saw a bird",
+        "--output",
+        str(png),
+        "--layer",
+        "mean",
+      ]
+    )
+    == 0
+  )
   assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   curves = tmp_path / "curves.png"
   assert cli.main(["plot", trained[0], "--output", str(curves)]) == 0
@@ -146,17 +216,29 @@ def test_validation_bleu_keeps_the_best_checkpoint(tmp_path, monkeypatch):
   data = tmp_path / "data"
   data.mkdir()
   from transformer_mt import synthetic
+
   splits = synthetic.generate_splits(2000, 40, seed=1)
   train_pairs, held_out = splits["train"], splits["test"]
   for name, pairs in (("train", train_pairs), ("valid", held_out)):
     (data / f"{name}.en").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
     (data / f"{name}.xx").write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
   workdir = str(tmp_path / "run")
-  config = registry.load_experiment("demo", TINY + [
-      "train.num_steps=12", "train.bleu_every=4", "train.eval_every=4", "data.source='local'",
-      f"data.root='{data}'", "data.source_lang='en'", "data.target_lang='xx'",
-      "data.train_prefixes=['train']", "data.validation_prefixes=['valid']",
-      "decode.beam_size=1"])
+  config = registry.load_experiment(
+    "demo",
+    TINY
+    + [
+      "train.num_steps=12",
+      "train.bleu_every=4",
+      "train.eval_every=4",
+      "data.source='local'",
+      f"data.root='{data}'",
+      "data.source_lang='en'",
+      "data.target_lang='xx'",
+      "data.train_prefixes=['train']",
+      "data.validation_prefixes=['valid']",
+      "decode.beam_size=1",
+    ],
+  )
   real_bleu = train._validation_bleu
   scripted = iter([3.0, 7.0, 5.0])
 
@@ -179,8 +261,22 @@ def test_reproduce_then_report(tmp_path, capsys):
   """One command per row: train -> average the last 2 -> evaluate -> results.json; then the
   report puts the row in a markdown table and draws the chart."""
   workdir = str(tmp_path / "row")
-  assert cli.main(["reproduce", "--experiment", "demo", "--workdir", workdir, *TINY, "train.num_steps=20",
-                   "evaluate.average_last=2", "data.num_eval=8"]) == 0
+  assert (
+    cli.main(
+      [
+        "reproduce",
+        "--experiment",
+        "demo",
+        "--workdir",
+        workdir,
+        *TINY,
+        "train.num_steps=20",
+        "evaluate.average_last=2",
+        "data.num_eval=8",
+      ]
+    )
+    == 0
+  )
   with open(os.path.join(workdir, "results.json")) as f:
     results = json.load(f)
   assert results["experiment"] == "demo" and results["steps"] == 20

@@ -14,8 +14,9 @@ from transformer_mt import evaluation
 
 SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
 NEWSTEST_DE = SHARED / "news" / "en-de" / "newstest2014.de"
-needs_newstest = pytest.mark.skipif(not NEWSTEST_DE.is_file(),
-                                    reason=f"{NEWSTEST_DE} (shared data) is absent")
+needs_newstest = pytest.mark.skipif(
+  not NEWSTEST_DE.is_file(), reason=f"{NEWSTEST_DE} (shared data) is absent"
+)
 # The CLI installed beside this interpreter, so it is the same sacrebleu the library imports.
 SACREBLEU_CLI = pathlib.Path(sys.executable).parent / "sacrebleu"
 
@@ -45,9 +46,25 @@ def newstest():
 def _cli_bleu(reference_path, hypotheses, tmp_path, *flags):
   hyp_path = tmp_path / "hyp.txt"
   hyp_path.write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
-  result = subprocess.run([str(SACREBLEU_CLI), str(reference_path), "-i", str(hyp_path),
-                           "-m", "bleu", "-w", "2", "--format", "json", *flags],
-                          capture_output=True, text=True, encoding="utf-8", check=True)
+  result = subprocess.run(
+    [
+      str(SACREBLEU_CLI),
+      str(reference_path),
+      "-i",
+      str(hyp_path),
+      "-m",
+      "bleu",
+      "-w",
+      "2",
+      "--format",
+      "json",
+      *flags,
+    ],
+    capture_output=True,
+    text=True,
+    encoding="utf-8",
+    check=True,
+  )
   return json.loads(result.stdout)
 
 
@@ -65,31 +82,40 @@ def test_corpus_bleu_matches_sacrebleu_command_line(newstest, tmp_path):
 def test_unigram_precision_of_the_worked_example():
   # Lowercased and without punctuation: "the sun is in the sky" against "the sun is shinning";
   # "the" is clipped to the reference's single occurrence, so 3 of 6 words match.
-  assert evaluation.unigram_precision("The sun is in the sky.", "The sun is shinning.",
-                                      lowercase=True, remove_punctuation=True) == 0.5
+  assert (
+    evaluation.unigram_precision(
+      "The sun is in the sky.", "The sun is shinning.", lowercase=True, remove_punctuation=True
+    )
+    == 0.5
+  )
 
 
 def test_unigram_precision_options_change_what_matches():
   # Case-sensitive, "the" no longer matches "The": 2 of 6. With punctuation kept, 13a makes
   # the final "." a token of its own that matches the reference's: 4 of 7.
-  assert evaluation.unigram_precision("the sun is in the sky", "The sun is shinning",
-                                      lowercase=False) == pytest.approx(2 / 6)
-  assert evaluation.unigram_precision("The sun is in the sky.", "The sun is shinning.",
-                                      remove_punctuation=False) == pytest.approx(4 / 7)
+  assert evaluation.unigram_precision(
+    "the sun is in the sky", "The sun is shinning", lowercase=False
+  ) == pytest.approx(2 / 6)
+  assert evaluation.unigram_precision(
+    "The sun is in the sky.", "The sun is shinning.", remove_punctuation=False
+  ) == pytest.approx(4 / 7)
   assert evaluation.unigram_precision("", "The sun is shinning.") == 0.0
 
 
 def test_paper_tokenize_splits_compounds_and_tokenizes_like_moses():
-  assert (evaluation.paper_tokenize("Die neue B 33-Fußgängerampel ist in Betrieb.", "de")
-          == "Die neue B 33 ##AT##-##AT## Fußgängerampel ist in Betrieb .")
+  assert (
+    evaluation.paper_tokenize("Die neue B 33-Fußgängerampel ist in Betrieb.", "de")
+    == "Die neue B 33 ##AT##-##AT## Fußgängerampel ist in Betrieb ."
+  )
   # Only a hyphen between two non-space characters is a compound hyphen; the substitution
   # does not overlap (like Perl's s///g), so in "a-b-c" the second hyphen stays.
-  assert (evaluation.paper_tokenize("a - b, x- und -y a-b-c", "de")
-          == "a - b , x- und -y a ##AT##-##AT## b-c")
+  assert (
+    evaluation.paper_tokenize("a - b, x- und -y a-b-c", "de")
+    == "a - b , x- und -y a ##AT##-##AT## b-c"
+  )
   # replace-unicode-punctuation turns the closing “ into ", which tokenizer.perl escapes;
   # the low „ is not in its table and stays.
-  assert (evaluation.paper_tokenize("„Gut“ … oder?", "de")
-          == "„ Gut &quot; ... oder ?")
+  assert evaluation.paper_tokenize("„Gut“ … oder?", "de") == "„ Gut &quot; ... oder ?"
 
 
 def test_paper_bleu_of_a_perfect_hypothesis_is_100():
@@ -109,10 +135,19 @@ def test_paper_bleu_on_newstest2014_is_a_different_finite_number(newstest, tmp_p
   # The scoring step is multi-bleu.perl's BLEU: on the same tokens, the CLI told "the text is
   # tokenized, no smoothing" gives the same number.
   ref_path = tmp_path / "ref.tok"
-  ref_path.write_text("\n".join(evaluation.paper_tokenize(line, "de") for line in references)
-                      + "\n", encoding="utf-8")
-  cli = _cli_bleu(ref_path, [evaluation.paper_tokenize(line, "de") for line in hypotheses],
-                  tmp_path, "--tokenize", "none", "--smooth-method", "none", "--force")
+  ref_path.write_text(
+    "\n".join(evaluation.paper_tokenize(line, "de") for line in references) + "\n", encoding="utf-8"
+  )
+  cli = _cli_bleu(
+    ref_path,
+    [evaluation.paper_tokenize(line, "de") for line in hypotheses],
+    tmp_path,
+    "--tokenize",
+    "none",
+    "--smooth-method",
+    "none",
+    "--force",
+  )
   assert f"{paper:.2f}" == f"{cli['score']:.2f}"
 
 
@@ -120,21 +155,32 @@ def test_bleu_report_labels_both_scores():
   hypotheses = ["Die Sonne scheint heute.", "Der Hund bellt laut-stark."]
   references = ["Die Sonne scheint.", "Der Hund bellt lautstark."]
   report = evaluation.bleu_report(hypotheses, references, "de")
-  assert set(report) == {"sacrebleu", "sacrebleu_signature", "paper_bleu", "paper_bleu_method",
-                         "num_sentences"}
+  assert set(report) == {
+    "sacrebleu",
+    "sacrebleu_signature",
+    "paper_bleu",
+    "paper_bleu_method",
+    "num_sentences",
+  }
   assert (report["sacrebleu"], report["sacrebleu_signature"]) == evaluation.corpus_bleu(
-      hypotheses, references)
+    hypotheses, references
+  )
   assert (report["paper_bleu"], report["paper_bleu_method"]) == evaluation.paper_bleu(
-      hypotheses, references, "de")
+    hypotheses, references, "de"
+  )
   assert "tok:13a" in report["sacrebleu_signature"]
   assert report["num_sentences"] == 2
 
 
-@pytest.mark.parametrize("score", [
+@pytest.mark.parametrize(
+  "score",
+  [
     evaluation.corpus_bleu,
     lambda hyps, refs: evaluation.paper_bleu(hyps, refs, "de"),
     lambda hyps, refs: evaluation.bleu_report(hyps, refs, "de"),
-], ids=["corpus_bleu", "paper_bleu", "bleu_report"])
+  ],
+  ids=["corpus_bleu", "paper_bleu", "bleu_report"],
+)
 def test_mismatched_line_counts_name_both_counts(score):
   with pytest.raises(ValueError, match=r"3 hypotheses but 2 references"):
     score(["a", "b", "c"], ["a", "b"])

@@ -17,15 +17,28 @@ from transformer_mt import checkpointing, cli, metrics, registry, train
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Long enough (a few seconds on 2 cores) that the signal lands mid-run.
 STEPS = 80
-TINY = ["model.d_model=32", "model.num_heads=2", "model.d_ff=64", "model.num_encoder_layers=1",
-        "model.num_decoder_layers=1", "model.dropout_rate=0.1", "data.num_train=2000",
-        "data.num_eval=8", "tokenizer.vocab_size=300", "tokenizer.sample_size=2000",
-        "train.batch_tokens=256", "train.log_every=5", "decode.max_len=24", "decode.beam_size=1"]
+TINY = [
+  "model.d_model=32",
+  "model.num_heads=2",
+  "model.d_ff=64",
+  "model.num_encoder_layers=1",
+  "model.num_decoder_layers=1",
+  "model.dropout_rate=0.1",
+  "data.num_train=2000",
+  "data.num_eval=8",
+  "tokenizer.vocab_size=300",
+  "tokenizer.sample_size=2000",
+  "train.batch_tokens=256",
+  "train.log_every=5",
+  "decode.max_len=24",
+  "decode.beam_size=1",
+]
 
 
 def final_params(workdir, step):
   from transformer_mt import sharding
   from transformer_mt.translate import restore_target
+
   config, tokenizer, _ = checkpointing.read_config(workdir, step)
   _, target = restore_target(config, tokenizer, sharding.make_mesh(config.mesh))
   return jax.device_get(checkpointing.restore_state(workdir, step, target).params)
@@ -40,8 +53,19 @@ def losses_by_step(workdir):
 
 
 def train_command(workdir, steps, extra=()):
-  return [sys.executable, "run.py", "train", "--experiment", "demo", "--workdir", str(workdir),
-          *TINY, f"train.num_steps={steps}", "train.checkpoint_every=5", *extra]
+  return [
+    sys.executable,
+    "run.py",
+    "train",
+    "--experiment",
+    "demo",
+    "--workdir",
+    str(workdir),
+    *TINY,
+    f"train.num_steps={steps}",
+    "train.checkpoint_every=5",
+    *extra,
+  ]
 
 
 def subprocess_env():
@@ -62,8 +86,9 @@ def wait_for_checkpoint(workdir, step, process, timeout=120):
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("uninterrupted")
-  subprocess.run(train_command(workdir, STEPS), cwd=ROOT, env=subprocess_env(), check=True,
-                 capture_output=True)
+  subprocess.run(
+    train_command(workdir, STEPS), cwd=ROOT, env=subprocess_env(), check=True, capture_output=True
+  )
   return workdir
 
 
@@ -71,15 +96,21 @@ def uninterrupted(tmp_path_factory):
 def test_sigkill_then_resume_is_bit_identical(uninterrupted, tmp_path):
   """SIGKILL at a random moment after the first checkpoint; the restarted run ends with the
   same parameters, and logs the same losses for every step, as the uninterrupted run."""
-  process = subprocess.Popen(train_command(tmp_path, STEPS), cwd=ROOT, env=subprocess_env(),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  process = subprocess.Popen(
+    train_command(tmp_path, STEPS),
+    cwd=ROOT,
+    env=subprocess_env(),
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+  )
   wait_for_checkpoint(tmp_path, 5, process)
   time.sleep(np.random.default_rng().uniform(0.0, 1.0))
   assert process.poll() is None, "the run finished before it could be killed; raise STEPS"
   process.send_signal(signal.SIGKILL)
   process.wait()
-  subprocess.run(train_command(tmp_path, STEPS), cwd=ROOT, env=subprocess_env(), check=True,
-                 capture_output=True)
+  subprocess.run(
+    train_command(tmp_path, STEPS), cwd=ROOT, env=subprocess_env(), check=True, capture_output=True
+  )
   assert_same_params(final_params(tmp_path, STEPS), final_params(uninterrupted, STEPS))
   expected, resumed = losses_by_step(uninterrupted), losses_by_step(tmp_path)
   assert sorted(resumed) == list(range(1, STEPS + 1))
@@ -88,8 +119,14 @@ def test_sigkill_then_resume_is_bit_identical(uninterrupted, tmp_path):
 
 @pytest.mark.slow
 def test_sigterm_saves_the_current_step_and_exits_0(uninterrupted, tmp_path):
-  process = subprocess.Popen(train_command(tmp_path, STEPS), cwd=ROOT, env=subprocess_env(),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  process = subprocess.Popen(
+    train_command(tmp_path, STEPS),
+    cwd=ROOT,
+    env=subprocess_env(),
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   wait_for_checkpoint(tmp_path, 5, process)
   assert process.poll() is None, "the run finished before it could be stopped; raise STEPS"
   process.send_signal(signal.SIGTERM)
@@ -98,14 +135,16 @@ def test_sigterm_saves_the_current_step_and_exits_0(uninterrupted, tmp_path):
   assert "Stopped by SIGTERM after step" in err
   stopped_at = int(err.split("Stopped by SIGTERM after step ")[1].split(";")[0])
   assert checkpointing.all_steps(str(tmp_path))[-1] == stopped_at  # saved at the stop step
-  subprocess.run(train_command(tmp_path, STEPS), cwd=ROOT, env=subprocess_env(), check=True,
-                 capture_output=True)
+  subprocess.run(
+    train_command(tmp_path, STEPS), cwd=ROOT, env=subprocess_env(), check=True, capture_output=True
+  )
   assert_same_params(final_params(tmp_path, STEPS), final_params(uninterrupted, STEPS))
 
 
 def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
   config = lambda steps: registry.load_experiment(  # noqa: E731
-      "demo", TINY + [f"train.num_steps={steps}", "train.checkpoint_every=5"])
+    "demo", TINY + [f"train.num_steps={steps}", "train.checkpoint_every=5"]
+  )
   reference = train.train(config(10), str(tmp_path / "reference"), progress=False)
   workdir = str(tmp_path / "run")
   train.train(config(10), workdir, progress=False)
@@ -125,9 +164,20 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
 @pytest.mark.parametrize("policy", ["stop", "skip"])
 def test_nan_policy(tmp_path, capsys, policy):
   workdir = tmp_path / "run"
-  status = cli.main(["train", "--experiment", "demo", "--workdir", str(workdir), *TINY,
-                     "train.num_steps=12", "train.checkpoint_every=5",
-                     "train.inject_nonfinite_at=7", f"train.nonfinite='{policy}'"])
+  status = cli.main(
+    [
+      "train",
+      "--experiment",
+      "demo",
+      "--workdir",
+      str(workdir),
+      *TINY,
+      "train.num_steps=12",
+      "train.checkpoint_every=5",
+      "train.inject_nonfinite_at=7",
+      f"train.nonfinite='{policy}'",
+    ]
+  )
   err = capsys.readouterr().err
   steps = checkpointing.all_steps(str(workdir))
   if policy == "stop":
@@ -141,26 +191,37 @@ def test_nan_policy(tmp_path, capsys, policy):
     assert status == 0 and steps[-1] == 12
     records = metrics.read_metrics(str(workdir))
     assert [r["step"] for r in records if r.get("nonfinite")] == [7]
-    assert records[-1].get("nonfinite_steps_skipped", max(
-        r.get("nonfinite_steps_skipped", 0) for r in records)) >= 1
+    assert (
+      records[-1].get(
+        "nonfinite_steps_skipped", max(r.get("nonfinite_steps_skipped", 0) for r in records)
+      )
+      >= 1
+    )
   params = final_params(str(workdir), steps[-1])
   assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(params))
 
 
 def test_model_config_that_does_not_fit_the_checkpoint(tmp_path, capsys):
   workdir = str(tmp_path / "run")
-  assert cli.main(["train", "--workdir", workdir, *TINY, "train.num_steps=5",
-                   "train.checkpoint_every=5"]) == 0
+  assert (
+    cli.main(
+      ["train", "--workdir", workdir, *TINY, "train.num_steps=5", "train.checkpoint_every=5"]
+    )
+    == 0
+  )
   capsys.readouterr()
-  assert cli.main(["train", "--workdir", workdir, *TINY, "model.d_ff=48",
-                   "train.num_steps=10"]) == 2
+  assert (
+    cli.main(["train", "--workdir", workdir, *TINY, "model.d_ff=48", "train.num_steps=10"]) == 2
+  )
   err = capsys.readouterr().err.strip()
   assert err.startswith("error: The model config does not match the checkpoint of step 5")
   assert "['wi']['kernel']: checkpoint (32, 64) vs model (32, 48)" in err
   assert len(err.splitlines()) == 1
 
 
-@pytest.mark.parametrize("argv,fragment", [
+@pytest.mark.parametrize(
+  "argv,fragment",
+  [
     (["train", "--workdir", "W", "model.num_heads=3"], "not divisible by num_heads=3"),
     (["train", "--workdir", "W", "mesh.data=3"], "needs 3 devices"),
     (["train", "--workdir", "W", "train.batch_tokens=100"], "adjust train.batch_tokens"),
@@ -169,7 +230,8 @@ def test_model_config_that_does_not_fit_the_checkpoint(tmp_path, capsys):
     (["translate", "--workdir", "W"], "does not exist"),
     (["evaluate", "--workdir", "W"], "does not exist"),
     (["average", "--workdir", "W", "--last", "2"], "does not exist"),
-])
+  ],
+)
 def test_bad_config_and_arguments_give_one_line(tmp_path, capsys, argv, fragment):
   argv = [str(tmp_path / "missing") if a == "W" else a for a in argv]
   assert cli.main(argv) == 2
@@ -183,8 +245,11 @@ def test_no_pickle_or_eval_in_the_package():
   for path in (ROOT / "transformer_mt").glob("*.py"):
     source = path.read_text(encoding="utf-8")
     for forbidden in ("import pickle", "pickle.load", "eval(", "exec(", "yaml.load("):
-      hits = [line for line in source.splitlines()
-              if forbidden in line and "literal_eval" not in line and not line.strip().startswith("#")]
+      hits = [
+        line
+        for line in source.splitlines()
+        if forbidden in line and "literal_eval" not in line and not line.strip().startswith("#")
+      ]
       assert not hits, f"{path.name}: {hits}"
   assert json.loads(json.dumps({"ok": True}))
 

@@ -17,10 +17,23 @@ from transformer_mt.model import Transformer
 from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer
 
 SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
-NEWS_TRAIN = [f"news/en-de/{name}" for name in ("news-test2008", "newssyscomb2009", "newstest2009",
-                                                "newstest2010", "newstest2011", "newstest2012",
-                                                "newstest2015", "newstest2016", "newstest2017",
-                                                "newstest2018", "newstest2019", "newstest2020")]
+NEWS_TRAIN = [
+  f"news/en-de/{name}"
+  for name in (
+    "news-test2008",
+    "newssyscomb2009",
+    "newstest2009",
+    "newstest2010",
+    "newstest2011",
+    "newstest2012",
+    "newstest2015",
+    "newstest2016",
+    "newstest2017",
+    "newstest2018",
+    "newstest2019",
+    "newstest2020",
+  )
+]
 
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} (shared data) is absent")
 
@@ -46,9 +59,10 @@ def batch_hash(batch):
 
 @needs_shared
 def test_packed_rows_are_consistent(news_pairs, news_tokenizer):
-  """Segments align source and target, positions restart per sentence, targets_in shifts within it."""
-  batches, _ = input_pipeline.training_batches(news_pairs, news_tokenizer, batch_rows=16,
-                                               grad_accum_steps=2, max_len=64, seed=0)
+  """Segments align source and target, positions restart per sentence, targets_in shifts inside."""
+  batches, _ = input_pipeline.training_batches(
+    news_pairs, news_tokenizer, batch_rows=16, grad_accum_steps=2, max_len=64, seed=0
+  )
   batch = next(batches)
   assert batch["inputs"].shape == (2, 8, 64)
   tokenize = input_pipeline.TokenizePair(news_tokenizer)
@@ -56,15 +70,18 @@ def test_packed_rows_are_consistent(news_pairs, news_tokenizer):
   rows = {k: v.reshape(16, 64) for k, v in batch.items()}
   for row in range(16):
     segments = rows["targets_segment_ids"][row]
-    assert set(segments[segments > 0]) == set(rows["inputs_segment_ids"][row][rows["inputs_segment_ids"][row] > 0])
+    assert set(segments[segments > 0]) == set(
+      rows["inputs_segment_ids"][row][rows["inputs_segment_ids"][row] > 0]
+    )
     for segment in set(segments[segments > 0]):
       source = rows["inputs"][row][rows["inputs_segment_ids"][row] == segment]
       target = rows["targets"][row][segments == segment]
       target_in = rows["targets_in"][row][segments == segment]
       assert by_source[tuple(source)] == tuple(target)  # the pair stayed together
       assert source[-1] == EOS_ID and target[-1] == EOS_ID
-      np.testing.assert_array_equal(rows["targets_positions"][row][segments == segment],
-                                    np.arange(len(target)))
+      np.testing.assert_array_equal(
+        rows["targets_positions"][row][segments == segment], np.arange(len(target))
+      )
       np.testing.assert_array_equal(target_in, np.concatenate([[BOS_ID], target[:-1]]))
     assert (rows["targets"][row][segments == 0] == PAD_ID).all()
     assert (rows["targets_in"][row][segments == 0] == PAD_ID).all()
@@ -73,8 +90,9 @@ def test_packed_rows_are_consistent(news_pairs, news_tokenizer):
 @needs_shared
 def test_packing_fills_at_least_95_percent(news_pairs, news_tokenizer):
   """Non-pad fraction of packed news rows (64 rows of 128 tokens, the news_ende_small shape)."""
-  batches, counts = input_pipeline.training_batches(news_pairs, news_tokenizer, batch_rows=32,
-                                                    grad_accum_steps=1, max_len=128, seed=0)
+  batches, counts = input_pipeline.training_batches(
+    news_pairs, news_tokenizer, batch_rows=32, grad_accum_steps=1, max_len=128, seed=0
+  )
   filled = {"inputs": 0, "targets": 0}
   total = 0
   for _ in range(20):
@@ -89,36 +107,65 @@ def test_packing_fills_at_least_95_percent(news_pairs, news_tokenizer):
 
 
 def test_changing_one_packed_sentence_leaves_the_others_unchanged():
-  config = TransformerConfig(vocab_size=50, d_model=32, num_heads=4, d_ff=64, num_encoder_layers=2,
-                             num_decoder_layers=2, deterministic=True)
-  pairs = [([5, 6, 7, EOS_ID], [8, 9, EOS_ID]), ([10, 11, EOS_ID], [12, 13, 14, 15, EOS_ID]),
-           ([16, 17, 18, 19, EOS_ID], [20, EOS_ID])]
+  config = TransformerConfig(
+    vocab_size=50,
+    d_model=32,
+    num_heads=4,
+    d_ff=64,
+    num_encoder_layers=2,
+    num_decoder_layers=2,
+    deterministic=True,
+  )
+  pairs = [
+    ([5, 6, 7, EOS_ID], [8, 9, EOS_ID]),
+    ([10, 11, EOS_ID], [12, 13, 14, 15, EOS_ID]),
+    ([16, 17, 18, 19, EOS_ID], [20, EOS_ID]),
+  ]
 
   def pack(pairs):
-    row = {k: np.zeros((1, 16), np.int32) for k in ("inputs", "targets", "inputs_positions",
-                                                     "targets_positions", "inputs_segment_ids",
-                                                     "targets_segment_ids")}
+    row = {
+      k: np.zeros((1, 16), np.int32)
+      for k in (
+        "inputs",
+        "targets",
+        "inputs_positions",
+        "targets_positions",
+        "inputs_segment_ids",
+        "targets_segment_ids",
+      )
+    }
     src_at = tgt_at = 0
     for segment, (src, tgt) in enumerate(pairs, start=1):
-      row["inputs"][0, src_at:src_at + len(src)] = src
-      row["inputs_positions"][0, src_at:src_at + len(src)] = np.arange(len(src))
-      row["inputs_segment_ids"][0, src_at:src_at + len(src)] = segment
-      row["targets"][0, tgt_at:tgt_at + len(tgt)] = tgt
-      row["targets_positions"][0, tgt_at:tgt_at + len(tgt)] = np.arange(len(tgt))
-      row["targets_segment_ids"][0, tgt_at:tgt_at + len(tgt)] = segment
+      row["inputs"][0, src_at : src_at + len(src)] = src
+      row["inputs_positions"][0, src_at : src_at + len(src)] = np.arange(len(src))
+      row["inputs_segment_ids"][0, src_at : src_at + len(src)] = segment
+      row["targets"][0, tgt_at : tgt_at + len(tgt)] = tgt
+      row["targets_positions"][0, tgt_at : tgt_at + len(tgt)] = np.arange(len(tgt))
+      row["targets_segment_ids"][0, tgt_at : tgt_at + len(tgt)] = segment
       src_at, tgt_at = src_at + len(src), tgt_at + len(tgt)
     return input_pipeline.shift_right_per_segment({k: v[0] for k, v in row.items()})
 
   def logits(row):
     b = {k: jnp.asarray(v)[None] for k, v in row.items()}
-    return np.asarray(model.apply(params, b["inputs"], b["targets_in"], b["inputs_positions"],
-                                  b["targets_positions"], b["inputs_segment_ids"],
-                                  b["targets_segment_ids"]))[0]
+    return np.asarray(
+      model.apply(
+        params,
+        b["inputs"],
+        b["targets_in"],
+        b["inputs_positions"],
+        b["targets_positions"],
+        b["inputs_segment_ids"],
+        b["targets_segment_ids"],
+      )
+    )[0]
 
   model = Transformer(config)
   original = pack(pairs)
-  params = model.init(jax.random.key(0), jnp.asarray(original["inputs"])[None],
-                      jnp.asarray(original["targets_in"])[None])
+  params = model.init(
+    jax.random.key(0),
+    jnp.asarray(original["inputs"])[None],
+    jnp.asarray(original["targets_in"])[None],
+  )
   changed_pairs = [pairs[0], ([30, 31, EOS_ID], [32, 33, 34, 35, EOS_ID]), pairs[2]]
   before, after = logits(original), logits(pack(changed_pairs))
   segments = original["targets_segment_ids"]
@@ -131,7 +178,8 @@ def test_changing_one_packed_sentence_leaves_the_others_unchanged():
 def test_resume_sees_the_same_batches(news_pairs, news_tokenizer, tmp_path):
   """Batches k+1..k+5 after a restore (through an Orbax checkpoint) equal an uninterrupted run's."""
   make = lambda: input_pipeline.training_batches(  # noqa: E731
-      news_pairs, news_tokenizer, batch_rows=8, grad_accum_steps=1, max_len=64, seed=3)[0]
+    news_pairs, news_tokenizer, batch_rows=8, grad_accum_steps=1, max_len=64, seed=3
+  )[0]
   k = 7
   uninterrupted = make()
   hashes = [batch_hash(next(uninterrupted)) for _ in range(k + 5)]
@@ -144,8 +192,9 @@ def test_resume_sees_the_same_batches(news_pairs, news_tokenizer, tmp_path):
     manager.wait_until_finished()
   restored = make()
   with ocp.CheckpointManager(str(tmp_path), item_names=("data_iter",)) as manager:
-    restored = manager.restore(k, args=ocp.args.Composite(
-        data_iter=grain.checkpoint.CheckpointRestore(restored)))["data_iter"]
+    restored = manager.restore(
+      k, args=ocp.args.Composite(data_iter=grain.checkpoint.CheckpointRestore(restored))
+    )["data_iter"]
   assert [batch_hash(next(restored)) for _ in range(5)] == hashes[k:]
   assert len(set(hashes)) == len(hashes)  # the batches do differ from step to step
 
@@ -155,19 +204,30 @@ def test_processes_read_disjoint_shards():
   tokenizer = train_tokenizer(pairs, vocab_size=50, model_type="bpe")
   seen = []
   for process in range(2):
-    batches, counts = input_pipeline.training_batches(pairs, tokenizer, batch_rows=4,
-                                                      grad_accum_steps=1, max_len=8, seed=0,
-                                                      process_index=process, process_count=2)
+    batches, counts = input_pipeline.training_batches(
+      pairs,
+      tokenizer,
+      batch_rows=4,
+      grad_accum_steps=1,
+      max_len=8,
+      seed=0,
+      process_index=process,
+      process_count=2,
+    )
     next(batches)
-    rows = {tokenizer.decode(ids[ids > 0][:ids.tolist().index(EOS_ID) + 1])
-            for ids in next(batches)["inputs"][0]}
+    rows = {
+      tokenizer.decode(ids[ids > 0][: ids.tolist().index(EOS_ID) + 1])
+      for ids in next(batches)["inputs"][0]
+    }
     seen.append(rows)
   assert seen[0] and seen[1] and not seen[0] & seen[1]
 
 
 def test_evaluation_batches_keep_every_pair():
   pairs = [("a " * n, "b " * (n + 1)) for n in range(1, 40)] + [("", "x"), ("long " * 300, "y")]
-  tokenizer = train_tokenizer(pairs + [("a b long x y", "b a")] * 5, vocab_size=20, model_type="bpe")
+  tokenizer = train_tokenizer(
+    pairs + [("a b long x y", "b a")] * 5, vocab_size=20, model_type="bpe"
+  )
   batches = list(input_pipeline.evaluation_batches(pairs, tokenizer, batch_rows=8))
   kept = sum(int((b["targets"][0] != PAD_ID).any(axis=1).sum()) for b in batches)
   assert kept == len(pairs) - 1  # every non-empty pair, the 300-word one included
@@ -183,18 +243,34 @@ def write(path, text):
 def test_bad_training_files_fail_cleanly_and_write_nothing(tmp_path, capsys, case):
   data = tmp_path / "data"
   write(data / "corpus.en", "one\ntwo\nthree\n")
-  write(data / "corpus.de", {"line_counts": "eins\nzwei\n", "utf8": b"eins\nzw\xfcei\ndrei\n",
-                             "missing": None}.get(case) or "eins\nzwei\ndrei\n")
+  write(
+    data / "corpus.de",
+    {"line_counts": "eins\nzwei\n", "utf8": b"eins\nzw\xfcei\ndrei\n", "missing": None}.get(case)
+    or "eins\nzwei\ndrei\n",
+  )
   if case == "missing":
     os.remove(data / "corpus.de")
   workdir = tmp_path / "workdir"
-  status = cli.main(["train", "--experiment", "news_ende_small", "--workdir", str(workdir),
-                     f"data.root='{data}'", "data.train_prefixes=['corpus']",
-                     "data.validation_prefixes=[]", "data.test_prefixes=[]"])
+  status = cli.main(
+    [
+      "train",
+      "--experiment",
+      "news_ende_small",
+      "--workdir",
+      str(workdir),
+      f"data.root='{data}'",
+      "data.train_prefixes=['corpus']",
+      "data.validation_prefixes=[]",
+      "data.test_prefixes=[]",
+    ]
+  )
   err = capsys.readouterr().err
   assert status == 2 and err.startswith("error: ") and "Traceback" not in err
-  expected = {"line_counts": ["corpus.en", "corpus.de", "3", "2"], "utf8": ["corpus.de", "line 2"],
-              "missing": ["corpus.de"]}[case]
+  expected = {
+    "line_counts": ["corpus.en", "corpus.de", "3", "2"],
+    "utf8": ["corpus.de", "line 2"],
+    "missing": ["corpus.de"],
+  }[case]
   for fragment in expected:
     assert fragment in err
   assert not workdir.exists()  # nothing was written half-way

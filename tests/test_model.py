@@ -34,19 +34,42 @@ VOCAB = 13
 
 def small_config(**overrides) -> TransformerConfig:
   """A tiny but complete Transformer (residuals, LayerNorm, biases, 2 heads, 2+2 layers)."""
-  values = dict(vocab_size=VOCAB, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=2,
-                num_decoder_layers=2, dropout_rate=0.0, max_len=32, deterministic=True)
+  values = dict(
+    vocab_size=VOCAB,
+    d_model=16,
+    num_heads=2,
+    d_ff=32,
+    num_encoder_layers=2,
+    num_decoder_layers=2,
+    dropout_rate=0.0,
+    max_len=32,
+    deterministic=True,
+  )
   values.update(overrides)
   return TransformerConfig(**values)
 
 
 def seed_minimal_config(**overrides) -> TransformerConfig:
   """The settings of experiments/seed_minimal.py, at d_model=8 (built here: no experiments.demo)."""
-  values = dict(vocab_size=11, target_vocab_size=13, d_model=8, num_heads=1, head_dim=8, d_ff=8,
-                num_encoder_layers=1, num_decoder_layers=1, dropout_rate=0.0, use_residual=False,
-                use_layer_norm=False, use_bias=False, attention_output_projection=False,
-                scale_embeddings=False, share_embeddings=False, position_encoding="sinusoidal",
-                deterministic=True)
+  values = dict(
+    vocab_size=11,
+    target_vocab_size=13,
+    d_model=8,
+    num_heads=1,
+    head_dim=8,
+    d_ff=8,
+    num_encoder_layers=1,
+    num_decoder_layers=1,
+    dropout_rate=0.0,
+    use_residual=False,
+    use_layer_norm=False,
+    use_bias=False,
+    attention_output_projection=False,
+    scale_embeddings=False,
+    share_embeddings=False,
+    position_encoding="sinusoidal",
+    deterministic=True,
+  )
   values.update(overrides)
   return TransformerConfig(**values)
 
@@ -72,8 +95,11 @@ def apply_with(module: nn.Module, params: dict, *args, **kwargs):
   ignore or reject (wrong names, kernel layouts, missing biases).
   """
   expected = nn.unbox(module.init(jax.random.key(0), *args, **kwargs)["params"])
-  got = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params,
-                     is_leaf=lambda x: isinstance(x, (list, np.ndarray)))
+  got = jax.tree.map(
+    lambda x: jnp.asarray(x, jnp.float32),
+    params,
+    is_leaf=lambda x: isinstance(x, (list, np.ndarray)),
+  )
   assert jax.tree.structure(got) == jax.tree.structure(expected)
   for g, e in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
     assert g.shape == e.shape
@@ -91,8 +117,12 @@ def apply_with(module: nn.Module, params: dict, *args, **kwargs):
 def test_output_shapes(share_embeddings, layer_norm_position, position_encoding):
   """Logits are [batch, tgt_len, target_vocab]; encode gives [batch, src_len, d_model]."""
   target_vocab = None if share_embeddings else 17
-  cfg = small_config(share_embeddings=share_embeddings, target_vocab_size=target_vocab,
-                     layer_norm_position=layer_norm_position, position_encoding=position_encoding)
+  cfg = small_config(
+    share_embeddings=share_embeddings,
+    target_vocab_size=target_vocab,
+    layer_norm_position=layer_norm_position,
+    position_encoding=position_encoding,
+  )
   apply, variables = init_model(cfg)
   rng = np.random.default_rng(0)
   src, tgt = random_tokens(rng, (2, 5)), random_tokens(rng, (2, 4))
@@ -133,7 +163,7 @@ def test_causal_mask_hides_future_targets(layer_norm_position):
 
 @pytest.mark.parametrize("layer_norm_position", ["post", "pre"])
 def test_padding_is_ignored(layer_norm_position):
-  """Appending pad tokens (id 0) to source and target leaves the real positions' logits unchanged."""
+  """Appending pad tokens (id 0) to source and target leaves the real positions' logits alone."""
   cfg = small_config(layer_norm_position=layer_norm_position)
   apply, variables = init_model(cfg)
   rng = np.random.default_rng(2)
@@ -144,8 +174,9 @@ def test_padding_is_ignored(layer_norm_position):
   base = apply(variables, src, tgt)
   np.testing.assert_allclose(apply(variables, padded_src, tgt), base, atol=1e-5, rtol=0)
   np.testing.assert_allclose(apply(variables, src, padded_tgt)[:, :4], base, atol=1e-5, rtol=0)
-  np.testing.assert_allclose(apply(variables, padded_src, padded_tgt)[:, :4], base,
-                             atol=1e-5, rtol=0)
+  np.testing.assert_allclose(
+    apply(variables, padded_src, padded_tgt)[:, :4], base, atol=1e-5, rtol=0
+  )
   encoded = apply(variables, src, method=Transformer.encode)
   padded_encoded = apply(variables, padded_src, method=Transformer.encode)
   np.testing.assert_allclose(padded_encoded[:, :5], encoded, atol=1e-5, rtol=0)
@@ -154,7 +185,7 @@ def test_padding_is_ignored(layer_norm_position):
 @pytest.mark.parametrize("position_encoding", ["sinusoidal", "learned"])
 @pytest.mark.parametrize("layer_norm_position", ["post", "pre"])
 def test_packed_sentences_match_unpacked(position_encoding, layer_norm_position):
-  """Two sentences packed in one row (segment ids + per-segment positions) give each one's own logits."""
+  """Two sentences packed in one row (segment ids, per-segment positions) give their own logits."""
   cfg = small_config(position_encoding=position_encoding, layer_norm_position=layer_norm_position)
   apply, variables = init_model(cfg)
   rng = np.random.default_rng(3)
@@ -169,18 +200,27 @@ def test_packed_sentences_match_unpacked(position_encoding, layer_norm_position)
   tgt_seg = jnp.array([[1, 1, 1, 1, 2, 2, 0]], jnp.int32)
   tgt_pos = jnp.array([[0, 1, 2, 3, 0, 1, 0]], jnp.int32)
 
-  packed = apply(variables, src, tgt, inputs_positions=src_pos, targets_positions=tgt_pos,
-                       inputs_segmentation=src_seg, targets_segmentation=tgt_seg)
+  packed = apply(
+    variables,
+    src,
+    tgt,
+    inputs_positions=src_pos,
+    targets_positions=tgt_pos,
+    inputs_segmentation=src_seg,
+    targets_segmentation=tgt_seg,
+  )
   alone_a = apply(variables, src_a, tgt_a)
   alone_b = apply(variables, src_b, tgt_b)
   np.testing.assert_allclose(packed[:, 0:4], alone_a, atol=1e-5, rtol=0)
   np.testing.assert_allclose(packed[:, 4:6], alone_b, atol=1e-5, rtol=0)
 
   encoded = apply(variables, src, src_pos, src_seg, method=Transformer.encode)
-  np.testing.assert_allclose(encoded[:, 0:3], apply(variables, src_a, method=Transformer.encode),
-                             atol=1e-5, rtol=0)
-  np.testing.assert_allclose(encoded[:, 3:7], apply(variables, src_b, method=Transformer.encode),
-                             atol=1e-5, rtol=0)
+  np.testing.assert_allclose(
+    encoded[:, 0:3], apply(variables, src_a, method=Transformer.encode), atol=1e-5, rtol=0
+  )
+  np.testing.assert_allclose(
+    encoded[:, 3:7], apply(variables, src_b, method=Transformer.encode), atol=1e-5, rtol=0
+  )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,12 +288,19 @@ def test_seed_minimal_matches_numpy_equations():
   apply, variables = init_model(cfg, seed=42)
   params = nn.unbox(variables["params"])
   # Exactly the parameters the equations use: no biases, no LayerNorm, no W^O in attention.
-  assert set(params) == {"source_embedder", "target_embedder", "output_projection",
-                         "encoder_layers_0", "decoder_layers_0"}
+  assert set(params) == {
+    "source_embedder",
+    "target_embedder",
+    "output_projection",
+    "encoder_layers_0",
+    "decoder_layers_0",
+  }
   assert set(params["encoder_layers_0"]) == {"self_attention", "ffn"}
   assert set(params["decoder_layers_0"]) == {"self_attention", "cross_attention", "ffn"}
-  assert all(path[-1].key in ("kernel", "embedding")
-             for path, _ in jax.tree_util.tree_flatten_with_path(params)[0])
+  assert all(
+    path[-1].key in ("kernel", "embedding")
+    for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]
+  )
 
   rng = np.random.default_rng(4)
   src = np.asarray(random_tokens(rng, (2, 5), cfg.vocab_size))
@@ -279,9 +326,17 @@ def test_seed_minimal_matches_numpy_equations():
 
 
 def toy_config(**overrides) -> TransformerConfig:
-  values = dict(vocab_size=3, d_model=2, num_heads=1, head_dim=2, d_ff=4,
-                attention_output_projection=False, use_bias=False, dropout_rate=0.0,
-                deterministic=True)
+  values = dict(
+    vocab_size=3,
+    d_model=2,
+    num_heads=1,
+    head_dim=2,
+    d_ff=4,
+    attention_output_projection=False,
+    use_bias=False,
+    dropout_rate=0.0,
+    deterministic=True,
+  )
   values.update(overrides)
   return TransformerConfig(**values)
 
@@ -302,8 +357,10 @@ def test_golden_numbers_of_worked_example():
 
   # Encoder FFN (no bias) on the attention outputs, then the residual.
   attention_out = np.array([[1.563, 0.635], [1.606, 0.803], [1.804, 0.825]], np.float32)
-  encoder_ffn = {"wi": {"kernel": [[1, 0, 1, 0], [0, 1, 0, 1]]},
-                 "wo": {"kernel": [[1, 0], [0, 1], [1, 0], [0, 1]]}}
+  encoder_ffn = {
+    "wi": {"kernel": [[1, 0, 1, 0], [0, 1, 0, 1]]},
+    "wo": {"kernel": [[1, 0], [0, 1], [1, 0], [0, 1]]},
+  }
   ffn_out = apply_with(FeedForward(cfg), encoder_ffn, attention_out[None])[0]
   np.testing.assert_allclose(ffn_out, [[3.126, 1.270], [3.212, 1.606], [3.608, 1.650]], atol=atol)
   H = attention_out + np.asarray(ffn_out)
@@ -311,16 +368,27 @@ def test_golden_numbers_of_worked_example():
 
   # Decoder step 1: self-attention over the single token x, then the residual.
   x = np.array([[0.5, 0.5]], np.float32)
-  self_attention = apply_with(MultiHeadAttention(cfg), attention_params(identity, identity, 1.1 * identity),
-                              x[None], x[None], causal_mask(1))[0]
+  self_attention = apply_with(
+    MultiHeadAttention(cfg),
+    attention_params(identity, identity, 1.1 * identity),
+    x[None],
+    x[None],
+    causal_mask(1),
+  )[0]
   np.testing.assert_allclose(self_attention, [[0.55, 0.55]], atol=atol)
   s = x + np.asarray(self_attention)
   np.testing.assert_allclose(s, [[1.05, 1.05]], atol=atol)
 
   # Cross-attention: query s, keys = values = H (identity projections).
   cross = MultiHeadAttention(cfg, is_cross_attention=True)
-  context, state = apply_with(cross, attention_params(identity, identity, identity),
-                              s[None], H[None], None, capture_intermediates=True)
+  context, state = apply_with(
+    cross,
+    attention_params(identity, identity, identity),
+    s[None],
+    H[None],
+    None,
+    capture_intermediates=True,
+  )
   projected = state["intermediates"]
   q = np.asarray(projected["query"]["__call__"][0])[0, :, 0]  # [1, d]
   k = np.asarray(projected["key"]["__call__"][0])[0, :, 0]  # [3, d]
@@ -335,8 +403,8 @@ def test_golden_numbers_of_worked_example():
 
   # Decoder FFN, with biases.
   decoder_ffn = {
-      "wi": {"kernel": [[0.2, 0.3, 0.5, -0.4], [0.6, -0.1, 0.2, 0.3]], "bias": [0.1, 0.1, 0.1, 0.1]},
-      "wo": {"kernel": [[0.4, -0.2], [0.3, 0.5], [-0.1, 0.2], [0.6, 0.3]], "bias": [0.05, -0.05]},
+    "wi": {"kernel": [[0.2, 0.3, 0.5, -0.4], [0.6, -0.1, 0.2, 0.3]], "bias": [0.1, 0.1, 0.1, 0.1]},
+    "wo": {"kernel": [[0.4, -0.2], [0.3, 0.5], [-0.1, 0.2], [0.6, 0.3]], "bias": [0.05, -0.05]},
   }
   h = apply_with(FeedForward(cfg.replace(use_bias=True)), decoder_ffn, context[None])[0]
   np.testing.assert_allclose(h, [[1.1665, 0.7642]], atol=atol)
@@ -345,8 +413,9 @@ def test_golden_numbers_of_worked_example():
   vocab = ["Le", "chat", "mange"]
   rows = np.array([[0.8, 0.2], [0.1, 0.5], [-0.2, 0.4]], np.float32)  # one row per word
   dense_logits = apply_with(nn.Dense(3, use_bias=False), {"kernel": rows.T}, h)
-  tied_logits = apply_with(Embedder(cfg, vocab_size=3), {"embedding": {"embedding": rows}}, h,
-                           method=Embedder.attend)
+  tied_logits = apply_with(
+    Embedder(cfg, vocab_size=3), {"embedding": {"embedding": rows}}, h, method=Embedder.attend
+  )
   for logits in (dense_logits, tied_logits):
     np.testing.assert_allclose(logits, [[1.0861, 0.4988, 0.0724]], atol=atol)
     probs = jax.nn.softmax(logits, axis=-1)
@@ -361,16 +430,30 @@ def test_golden_numbers_of_worked_example():
 
 def test_parameter_count_base():
   """The paper's Base model (shared 37k vocabulary) has about 65M parameters (within 5%)."""
-  cfg = TransformerConfig(vocab_size=37000, d_model=512, num_encoder_layers=6, num_decoder_layers=6,
-                          d_ff=2048, num_heads=8, share_embeddings=True)
+  cfg = TransformerConfig(
+    vocab_size=37000,
+    d_model=512,
+    num_encoder_layers=6,
+    num_decoder_layers=6,
+    d_ff=2048,
+    num_heads=8,
+    share_embeddings=True,
+  )
   n = count_parameters(cfg)
   assert abs(n - 65e6) / 65e6 < 0.05, n
 
 
 def test_parameter_count_big():
   """The paper's Big model (d 1024, d_ff 4096, 16 heads) has about 213M parameters (within 2%)."""
-  cfg = TransformerConfig(vocab_size=37000, d_model=1024, num_encoder_layers=6, num_decoder_layers=6,
-                          d_ff=4096, num_heads=16, share_embeddings=True)
+  cfg = TransformerConfig(
+    vocab_size=37000,
+    d_model=1024,
+    num_encoder_layers=6,
+    num_decoder_layers=6,
+    d_ff=4096,
+    num_heads=16,
+    share_embeddings=True,
+  )
   n = count_parameters(cfg)
   assert abs(n - 213e6) / 213e6 < 0.02, n
 
@@ -406,12 +489,19 @@ def _packed_pair(rng: np.random.Generator):
   src = jnp.concatenate([random_tokens(rng, (2, 7)), jnp.zeros((2, 2), jnp.int32)], axis=1)
   tgt = jnp.concatenate([random_tokens(rng, (2, 6)), jnp.zeros((2, 1), jnp.int32)], axis=1)
   segments = lambda lengths: jnp.asarray(  # noqa: E731
-      np.repeat([1, 2, 0], lengths)[None].repeat(2, 0))
+    np.repeat([1, 2, 0], lengths)[None].repeat(2, 0)
+  )
   positions = lambda lengths: jnp.asarray(  # noqa: E731
-      np.concatenate([np.arange(n) for n in lengths])[None].repeat(2, 0))
-  return dict(inputs=src, targets_in=tgt, inputs_segmentation=segments([3, 4, 2]),
-              targets_segmentation=segments([4, 2, 1]), inputs_positions=positions([3, 4, 2]),
-              targets_positions=positions([4, 2, 1]))
+    np.concatenate([np.arange(n) for n in lengths])[None].repeat(2, 0)
+  )
+  return dict(
+    inputs=src,
+    targets_in=tgt,
+    inputs_segmentation=segments([3, 4, 2]),
+    targets_segmentation=segments([4, 2, 1]),
+    inputs_positions=positions([3, 4, 2]),
+    targets_positions=positions([4, 2, 1]),
+  )
 
 
 def test_remat_gives_same_loss_and_gradients():
@@ -429,8 +519,9 @@ def test_remat_gives_same_loss_and_gradients():
 
     def loss_fn(p):
       logits = model.apply({"params": p}, **batch, rngs={"dropout": jax.random.key(1)})
-      return losses.cross_entropy_sums(logits, targets, (targets > 0).astype(jnp.float32),
-                                       label_smoothing=0.1)["loss"]
+      return losses.cross_entropy_sums(
+        logits, targets, (targets > 0).astype(jnp.float32), label_smoothing=0.1
+      )["loss"]
 
     return jax.jit(jax.value_and_grad(loss_fn))(params)
 
@@ -451,8 +542,10 @@ def test_remat_model_decodes_with_cache():
   params = nn.unbox(variables["params"])
   inputs = random_tokens(np.random.default_rng(8), (2, 5))
   plain = decode.greedy_decode(params, inputs, cfg, 6)
-  np.testing.assert_array_equal(decode.greedy_decode(params, inputs, cfg.replace(remat=True), 6),
-                                plain)
+  np.testing.assert_array_equal(
+    decode.greedy_decode(params, inputs, cfg.replace(remat=True), 6), plain
+  )
+
 
 def test_fused_attention_matches_explicit_path():
   """jax.nn.dot_product_attention (taken when nobody collects the weights) gives the logits of

@@ -16,8 +16,16 @@ import jax
 import numpy as np
 import pytest
 
-from transformer_mt import (checkpointing, input_pipeline, metrics, optimizer, registry, sharding,
-                            train, train_step)
+from transformer_mt import (
+  checkpointing,
+  input_pipeline,
+  metrics,
+  optimizer,
+  registry,
+  sharding,
+  train,
+  train_step,
+)
 from transformer_mt.model import Transformer
 from transformer_mt.tokenizer import Tokenizer
 from transformer_mt.translate import model_config_for, restore_target
@@ -25,12 +33,27 @@ from transformer_mt.translate import model_config_for, restore_target
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STEPS = 3
 # Adam eps 1e-4 instead of 1e-9: see tests/test_training.py (float noise in ~0 gradients).
-OVERRIDES = ["model.d_model=32", "model.num_heads=2", "model.d_ff=64", "model.num_encoder_layers=1",
-             "model.num_decoder_layers=1", "model.dropout_rate=0.1", "data.num_train=2000",
-             "data.num_eval=8", "data.num_validation=8", "tokenizer.vocab_size=300", "tokenizer.sample_size=2000",
-             "train.batch_tokens=512", "train.log_every=1", "train.adam_eps=1e-4",
-             f"train.num_steps={STEPS}", "train.eval_every=3", "train.bleu_every=3",
-             "decode.max_len=24", "decode.beam_size=2"]
+OVERRIDES = [
+  "model.d_model=32",
+  "model.num_heads=2",
+  "model.d_ff=64",
+  "model.num_encoder_layers=1",
+  "model.num_decoder_layers=1",
+  "model.dropout_rate=0.1",
+  "data.num_train=2000",
+  "data.num_eval=8",
+  "data.num_validation=8",
+  "tokenizer.vocab_size=300",
+  "tokenizer.sample_size=2000",
+  "train.batch_tokens=512",
+  "train.log_every=1",
+  "train.adam_eps=1e-4",
+  f"train.num_steps={STEPS}",
+  "train.eval_every=3",
+  "train.bleu_every=3",
+  "decode.max_len=24",
+  "decode.beam_size=2",
+]
 
 
 def free_port() -> int:
@@ -42,17 +65,41 @@ def free_port() -> int:
 def launch_two_processes(workdir, log_dir):
   """Runs both processes to completion; returns their outputs (written to files, not pipes:
   a full pipe buffer would block one process and so both, at their next collective)."""
-  env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  env = dict(
+    os.environ,
+    PYTHONUNBUFFERED="1",
+    JAX_PLATFORMS="cpu",
+    XLA_FLAGS="--xla_force_host_platform_device_count=2",
+  )
   address = f"127.0.0.1:{free_port()}"
   logs = [log_dir / f"process_{i}.log" for i in range(2)]
   processes = []
   for i, log in enumerate(logs):
     with open(log, "w") as f:
-      processes.append(subprocess.Popen(
-          [sys.executable, "run.py", "train", "--experiment", "demo", "--workdir", str(workdir),
-           "--coordinator_address", address, "--num_processes", "2", "--process_id", str(i),
-           *OVERRIDES], cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT))
+      processes.append(
+        subprocess.Popen(
+          [
+            sys.executable,
+            "run.py",
+            "train",
+            "--experiment",
+            "demo",
+            "--workdir",
+            str(workdir),
+            "--coordinator_address",
+            address,
+            "--num_processes",
+            "2",
+            "--process_id",
+            str(i),
+            *OVERRIDES,
+          ],
+          cwd=ROOT,
+          env=env,
+          stdout=f,
+          stderr=subprocess.STDOUT,
+        )
+      )
   try:
     for process in processes:
       process.wait(timeout=300)
@@ -71,19 +118,37 @@ def reference_run(workdir):
   config = registry.load_experiment("demo", OVERRIDES)
   tokenizer = Tokenizer.load(os.path.join(workdir, "tokenizer.model"))
   from transformer_mt import data_sources
+
   pairs = data_sources.load_pairs(config.data)["train"]
   model_config = model_config_for(config, tokenizer)
   model = Transformer(model_config)
   tx, schedule = optimizer.make_optimizer(config.train, model_config.d_model)
   mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
-  rows = input_pipeline.rows_per_batch(config.train.batch_tokens, config.data.max_len, 1, 2,
-                                       batch_shards=4)
-  shards = [input_pipeline.training_batches(pairs, tokenizer, rows, 1, config.data.max_len,
-                                            seed=config.train.seed, process_index=i,
-                                            process_count=2)[0] for i in range(2)]
+  rows = input_pipeline.rows_per_batch(
+    config.train.batch_tokens, config.data.max_len, 1, 2, batch_shards=4
+  )
+  shards = [
+    input_pipeline.training_batches(
+      pairs,
+      tokenizer,
+      rows,
+      1,
+      config.data.max_len,
+      seed=config.train.seed,
+      process_index=i,
+      process_count=2,
+    )[0]
+    for i in range(2)
+  ]
   state = train_step.create_sharded_state(config.train.seed, model, tx, mesh)
-  step_fn = train_step.jit_train_step(model, tx, schedule, config.train.label_smoothing, mesh,
-                                      train_step.state_shardings(model, tx, mesh))
+  step_fn = train_step.jit_train_step(
+    model,
+    tx,
+    schedule,
+    config.train.label_smoothing,
+    mesh,
+    train_step.state_shardings(model, tx, mesh),
+  )
   losses = []
   for _ in range(STEPS):
     local = [next(shard) for shard in shards]
@@ -125,12 +190,16 @@ def test_two_processes_train_like_one(tmp_path):
   config = registry.load_experiment("demo", OVERRIDES)
   assert train.train(config, str(workdir), progress=False)["step"] == STEPS
   with pytest.raises(ValueError, match="written by 2 processes, and this run has 1"):
-    train.train(registry.load_experiment("demo", OVERRIDES + ["train.num_steps=5"]),
-                str(workdir), progress=False)
+    train.train(
+      registry.load_experiment("demo", OVERRIDES + ["train.num_steps=5"]),
+      str(workdir),
+      progress=False,
+    )
 
 
 def test_launch_detection_and_flag_errors(monkeypatch):
   from transformer_mt import distributed
+
   for name in ("SLURM_JOB_ID", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"):
     monkeypatch.delenv(name, raising=False)
   assert not distributed.launched_as_several_processes()

@@ -20,24 +20,35 @@ from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.translate import Translator
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-PAIRS = [("the cat sat on the mat", "die katze sass auf der matte"),
-         ("a dog barks at night", "ein hund bellt in der nacht"),
-         ("the bird sings in the tree", "der vogel singt im baum")] * 20
+PAIRS = [
+  ("the cat sat on the mat", "die katze sass auf der matte"),
+  ("a dog barks at night", "ein hund bellt in der nacht"),
+  ("the bird sings in the tree", "der vogel singt im baum"),
+] * 20
 SOURCE = "the cat sings at night"
 
 
 @pytest.fixture(scope="module")
 def translator():
   tok = tokenizer.train_tokenizer(PAIRS, vocab_size=60, model_type="bpe")
-  config = TransformerConfig(vocab_size=tok.vocab_size, d_model=32, num_heads=2, d_ff=64,
-                             num_encoder_layers=2, num_decoder_layers=2, deterministic=True)
+  config = TransformerConfig(
+    vocab_size=tok.vocab_size,
+    d_model=32,
+    num_heads=2,
+    d_ff=64,
+    num_encoder_layers=2,
+    num_decoder_layers=2,
+    deterministic=True,
+  )
   dummy = jnp.ones((1, 2), jnp.int32)
   params = Transformer(config).init(jax.random.key(0), dummy, dummy)["params"]
-  mesh = sharding.make_mesh(ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1}),
-                            jax.devices()[:1])
+  mesh = sharding.make_mesh(
+    ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1}), jax.devices()[:1]
+  )
   # A short max_target_len keeps the random model's (EOS-less) output small.
-  return Translator(params=params, model_config=config, tokenizer=tok, mesh=mesh, batch_size=4,
-                    max_target_len=12)
+  return Translator(
+    params=params, model_config=config, tokenizer=tok, mesh=mesh, batch_size=4, max_target_len=12
+  )
 
 
 def test_cross_attention_shape_and_normalization(translator):
@@ -48,19 +59,24 @@ def test_cross_attention_shape_and_normalization(translator):
   assert weights.shape == (2, 2, 5, len(source) + 2)
   real = weights[:, :, :4]  # the real target positions
   np.testing.assert_allclose(real.sum(axis=-1), 1.0, atol=1e-5)
-  np.testing.assert_allclose(real[..., len(source):], 0.0, atol=1e-7)
+  np.testing.assert_allclose(real[..., len(source) :], 0.0, atol=1e-7)
   assert (weights >= 0).all()
 
 
 def test_cross_attention_rejects_a_batch(translator):
   with pytest.raises(ValueError, match=r"shape \[1, length>0\]"):
-    plots.cross_attention(translator.params, translator.model_config,
-                          np.ones((2, 3), np.int32), np.ones((2, 3), np.int32))
+    plots.cross_attention(
+      translator.params,
+      translator.model_config,
+      np.ones((2, 3), np.int32),
+      np.ones((2, 3), np.int32),
+    )
 
 
 @pytest.mark.parametrize("layer, head", [(None, None), (0, 1), ("mean", "mean"), (-1, 0)])
-def test_attention_heatmap_writes_a_png_and_returns_the_translation(translator, tmp_path,
-                                                                    layer, head):
+def test_attention_heatmap_writes_a_png_and_returns_the_translation(
+  translator, tmp_path, layer, head
+):
   path = tmp_path / "plots" / "attention.png"  # the missing directory is created
   text = plots.attention_heatmap(translator, SOURCE, path, layer=layer, head=head)
   data = path.read_bytes()
@@ -83,21 +99,25 @@ def test_heatmap_rows_follow_the_generated_pieces(translator, tmp_path, monkeypa
   monkeypatch.setattr(plots, "cross_attention", spy)
   text = plots.attention_heatmap(translator, SOURCE, tmp_path / "a.png", max_len=6)
   source = translator.tokenizer.encode([SOURCE])[0]
-  generated = decode.greedy_decode(translator.params, jnp.array([source], jnp.int32),
-                                   translator.model_config, 6)[0].tolist()
+  generated = decode.greedy_decode(
+    translator.params, jnp.array([source], jnp.int32), translator.model_config, 6
+  )[0].tolist()
   if EOS_ID in generated:
-    generated = generated[:generated.index(EOS_ID) + 1]
+    generated = generated[: generated.index(EOS_ID) + 1]
   assert seen["inputs"].tolist() == [source]
   assert seen["targets_in"].tolist() == [[BOS_ID] + generated[:-1]]
   assert text == translator.tokenizer.decode(generated)
 
 
-@pytest.mark.parametrize("kwargs, message", [
+@pytest.mark.parametrize(
+  "kwargs, message",
+  [
     ({"head": 2}, r"head=2 is out of range: the model has 2 attention heads.*\[0, 1\]"),
     ({"head": -3}, r"head=-3 is out of range"),
     ({"layer": 5}, r"layer=5 is out of range: the model has 2 decoder layers.*\[0, 1\]"),
     ({"layer": "last"}, r"layer='last'"),
-])
+  ],
+)
 def test_attention_heatmap_rejects_bad_indices(translator, tmp_path, kwargs, message):
   path = tmp_path / "never.png"
   with pytest.raises(ValueError, match=message):
@@ -113,13 +133,20 @@ def test_attention_heatmap_rejects_empty_source(translator, tmp_path):
 def write_metrics(workdir, validation=False, bleu=False):
   records = []
   for step in range(1, 41):
-    records.append({"step": step, "loss": 8.0 / step ** 0.3, "accuracy": step / 50,
-                    "learning_rate": 1e-3 * min(step / 10, (10 / step) ** 0.5)})
+    records.append(
+      {
+        "step": step,
+        "loss": 8.0 / step**0.3,
+        "accuracy": step / 50,
+        "learning_rate": 1e-3 * min(step / 10, (10 / step) ** 0.5),
+      }
+    )
     if step % 10 == 0:
       records.append({"step": step, "data/pairs_seen": 100.0 * step})  # no plotted key
       if validation:
-        records.append({"step": step, "validation/loss": 7.0 / step ** 0.2,
-                        "validation/accuracy": step / 60})
+        records.append(
+          {"step": step, "validation/loss": 7.0 / step**0.2, "validation/accuracy": step / 60}
+        )
       if bleu:
         records.append({"step": step, "validation/bleu": step / 2})
   # A resumed run appends steps it had already logged: the later record wins.
@@ -129,11 +156,14 @@ def write_metrics(workdir, validation=False, bleu=False):
       f.write(json.dumps(record) + "\n")
 
 
-@pytest.mark.parametrize("validation, bleu, expected", [
+@pytest.mark.parametrize(
+  "validation, bleu, expected",
+  [
     (False, False, ["loss", "learning_rate"]),
     (True, False, ["loss", "validation/loss", "learning_rate"]),
     (True, True, ["loss", "validation/loss", "learning_rate", "validation/bleu"]),
-])
+  ],
+)
 def test_training_curves(tmp_path, validation, bleu, expected):
   write_metrics(tmp_path, validation, bleu)
   path = tmp_path / "curves.png"
@@ -143,8 +173,12 @@ def test_training_curves(tmp_path, validation, bleu, expected):
 
 
 def test_series_keeps_the_last_record_of_a_repeated_step():
-  records = [{"step": 2, "loss": 3.0}, {"step": 1, "loss": 4.0}, {"step": 2, "loss": 2.5},
-             {"step": 3, "other": 1.0}]
+  records = [
+    {"step": 2, "loss": 3.0},
+    {"step": 1, "loss": 4.0},
+    {"step": 2, "loss": 2.5},
+    {"step": 3, "other": 1.0},
+  ]
   assert plots._series(records, "loss") == ([1, 2], [4.0, 2.5])
 
 

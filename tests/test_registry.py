@@ -7,9 +7,15 @@ from transformer_mt import registry
 
 def test_every_experiment_loads_with_a_description():
   names = registry.experiment_names()
-  assert {"demo", "seed_minimal", "news_ende_small", "transformer_base_wmt14_ende",
-          "transformer_big_wmt14_ende", "transformer_base_wmt14_enfr",
-          "transformer_big_wmt14_enfr"} <= set(names)
+  assert {
+    "demo",
+    "seed_minimal",
+    "news_ende_small",
+    "transformer_base_wmt14_ende",
+    "transformer_big_wmt14_ende",
+    "transformer_base_wmt14_enfr",
+    "transformer_big_wmt14_enfr",
+  } <= set(names)
   for name in names:
     assert registry.load_experiment(name).description
 
@@ -20,14 +26,23 @@ def test_unknown_experiment_lists_close_matches_first():
 
 
 def test_unknown_key_lists_close_matches_first():
-  with pytest.raises(ValueError, match=r"Unknown config key 'train.num_step'\. Valid keys: train.num_steps"):
+  with pytest.raises(
+    ValueError, match=r"Unknown config key 'train.num_step'\. Valid keys: train.num_steps"
+  ):
     registry.load_experiment("demo", ["train.num_step=3"])
 
 
 def test_overrides_are_typed_literals():
-  config = registry.load_experiment("demo", ["train.num_steps=7", "train.lr_scale=3",
-                                             "model.layer_norm_position=pre",
-                                             "model.use_bias=False", "data.source='synthetic'"])
+  config = registry.load_experiment(
+    "demo",
+    [
+      "train.num_steps=7",
+      "train.lr_scale=3",
+      "model.layer_norm_position=pre",
+      "model.use_bias=False",
+      "data.source='synthetic'",
+    ],
+  )
   assert config.train.num_steps == 7
   assert config.train.lr_scale == 3.0 and isinstance(config.train.lr_scale, float)
   assert config.model.layer_norm_position == "pre"
@@ -47,12 +62,15 @@ def test_override_code_is_rejected_and_not_run(tmp_path):
   assert not marker.exists()
 
 
-@pytest.mark.parametrize("name,size,target,vocab,dropout", [
+@pytest.mark.parametrize(
+  "name,size,target,vocab,dropout",
+  [
     ("transformer_base_wmt14_ende", "base", "de", 37000, 0.1),
     ("transformer_big_wmt14_ende", "big", "de", 37000, 0.3),
     ("transformer_base_wmt14_enfr", "base", "fr", 32000, 0.1),
     ("transformer_big_wmt14_enfr", "big", "fr", 32000, 0.1),
-])
+  ],
+)
 def test_paper_rows_have_the_papers_hyperparameters(name, size, target, vocab, dropout):
   """Every setting of Vaswani et al. (2017) section 5 / table 3 for the four WMT14 rows."""
   config = registry.load_experiment(name)
@@ -73,4 +91,8 @@ def test_paper_rows_have_the_papers_hyperparameters(name, size, target, vocab, d
   assert train.keep_checkpoints >= config.evaluate.average_last
   assert (config.decode.beam_size, config.decode.alpha, config.decode.extra_len) == (4, 0.6, 50)
   assert (data.source, data.tfds_name, data.source_lang, data.target_lang) == (
-      "tfds", "wmt14_translate", "en", target)  # validation newstest2013, test newstest2014
+    "tfds",
+    "wmt14_translate",
+    "en",
+    target,
+  )  # validation newstest2013, test newstest2014

@@ -15,18 +15,38 @@ from transformer_mt.sweep import Sweep, choice, log_uniform, randint, uniform
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STEPS = 80
-TINY = ["model.d_model=32", "model.num_heads=2", "model.d_ff=64", "model.num_encoder_layers=1",
-        "model.num_decoder_layers=1", "data.num_train=2000", "data.num_eval=8",
-        "data.num_validation=8", "tokenizer.vocab_size=300", "tokenizer.sample_size=2000",
-        "train.batch_tokens=256", "train.log_every=5", "train.checkpoint_every=5",
-        f"train.num_steps={STEPS}", "decode.max_len=24", "decode.beam_size=1"]
+TINY = [
+  "model.d_model=32",
+  "model.num_heads=2",
+  "model.d_ff=64",
+  "model.num_encoder_layers=1",
+  "model.num_decoder_layers=1",
+  "data.num_train=2000",
+  "data.num_eval=8",
+  "data.num_validation=8",
+  "tokenizer.vocab_size=300",
+  "tokenizer.sample_size=2000",
+  "train.batch_tokens=256",
+  "train.log_every=5",
+  "train.checkpoint_every=5",
+  f"train.num_steps={STEPS}",
+  "decode.max_len=24",
+  "decode.beam_size=1",
+]
 
 
 def test_grid_times_random_draws_is_deterministic():
-  definition = Sweep(grid={"a": [1, 2], "b": ["x", "y"]},
-                     random={"r": uniform(0.0, 0.5), "l": log_uniform(1e-4, 1e-2),
-                             "i": randint(1, 3), "c": choice(0.0, 0.1)},
-                     num_random=3, seed=7)
+  definition = Sweep(
+    grid={"a": [1, 2], "b": ["x", "y"]},
+    random={
+      "r": uniform(0.0, 0.5),
+      "l": log_uniform(1e-4, 1e-2),
+      "i": randint(1, 3),
+      "c": choice(0.0, 0.1),
+    },
+    num_random=3,
+    seed=7,
+  )
   trials = definition.trials()
   assert len(trials) == 2 * 2 * 3
   assert [(t["a"], t["b"]) for t in trials[:6]] == [(1, "x")] * 3 + [(1, "y")] * 3
@@ -34,8 +54,9 @@ def test_grid_times_random_draws_is_deterministic():
     assert 0.0 <= t["r"] < 0.5 and 1e-4 <= t["l"] <= 1e-2 and t["i"] in (1, 2, 3)
     assert t["c"] in (0.0, 0.1)
   assert definition.trials() == trials
-  assert Sweep(grid=definition.grid, random=definition.random, num_random=3, seed=8
-               ).trials() != trials
+  assert (
+    Sweep(grid=definition.grid, random=definition.random, num_random=3, seed=8).trials() != trials
+  )
   assert Sweep(grid={"a": [1, 2]}).trials() == [{"a": 1}, {"a": 2}]
   assert len(Sweep(random={"r": uniform(0, 1)}, num_random=4).trials()) == 4
   with pytest.raises(ValueError, match="num_random"):
@@ -65,42 +86,82 @@ def test_ranking_orders_by_validation_bleu_with_unfinished_last(tmp_path):
   scripted = {"trial_000": (12.5, 2.0), "trial_001": (30.0, 3.0), "trial_003": (12.5, 1.5)}
   for name, (bleu, loss) in scripted.items():
     (tmp_path / name).mkdir()
-    (tmp_path / name / sweep.TRIAL_FILENAME).write_text(json.dumps(
-        {"status": "finished", "trial": name, "overrides": ["k=1"], "steps": 10,
-         "validation_bleu": bleu, "test_bleu": 1.0, "final_loss": loss}))
+    (tmp_path / name / sweep.TRIAL_FILENAME).write_text(
+      json.dumps(
+        {
+          "status": "finished",
+          "trial": name,
+          "overrides": ["k=1"],
+          "steps": 10,
+          "validation_bleu": bleu,
+          "test_bleu": 1.0,
+          "final_loss": loss,
+        }
+      )
+    )
   table = sweep.ranking_table(str(tmp_path)).splitlines()
   rows = [line for line in table if line.startswith("| ") and "trial_" in line]
   # BLEU first; the tie at 12.5 goes to the lower final loss; the unfinished trial comes last.
-  assert [row.split(" | ")[1] for row in rows] == ["trial_001", "trial_003", "trial_000",
-                                                   "trial_002"]
+  assert [row.split(" | ")[1] for row in rows] == [
+    "trial_001",
+    "trial_003",
+    "trial_000",
+    "trial_002",
+  ]
   assert rows[0].startswith("| 1 |") and "30.00" in rows[0]
   assert "unfinished" in rows[3]
 
 
 def sweep_command(root, *extra):
-  return [sys.executable, "run.py", "sweep", "--experiment", "demo", "--workdir", str(root),
-          *TINY, *extra]
+  return [
+    sys.executable,
+    "run.py",
+    "sweep",
+    "--experiment",
+    "demo",
+    "--workdir",
+    str(root),
+    *TINY,
+    *extra,
+  ]
 
 
 def subprocess_env(devices):
-  return dict(os.environ, PYTHONUNBUFFERED="1",
-              XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  return dict(
+    os.environ, PYTHONUNBUFFERED="1", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}"
+  )
 
 
 @pytest.mark.slow
 def test_interrupted_sweep_resumes_without_rerunning_finished_trials(tmp_path, capsys):
   root = tmp_path / "sweep"
   # --dry-run: one command per trial, as a SLURM array would run them.
-  commands = subprocess.run(sweep_command(root, "--dry-run"), cwd=ROOT, env=subprocess_env(1),
-                            capture_output=True, text=True, check=True).stdout.splitlines()
+  commands = subprocess.run(
+    sweep_command(root, "--dry-run"),
+    cwd=ROOT,
+    env=subprocess_env(1),
+    capture_output=True,
+    text=True,
+    check=True,
+  ).stdout.splitlines()
   assert len(commands) == 4 and all(f"--trial {i}" in c for i, c in enumerate(commands))
   assert not root.exists()  # a dry run writes nothing
 
   # Trial 0 alone, as SLURM array task 0 runs it: the shipped sbatch script under bash.
-  env = dict(subprocess_env(1), SLURM_ARRAY_TASK_ID="0", SLURM_SUBMIT_DIR=str(ROOT),
-             PATH=f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}")
-  subprocess.run(["bash", str(ROOT / "launch" / "slurm_sweep.sbatch"), "demo", str(root), *TINY],
-                 cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+  env = dict(
+    subprocess_env(1),
+    SLURM_ARRAY_TASK_ID="0",
+    SLURM_SUBMIT_DIR=str(ROOT),
+    PATH=f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}",
+  )
+  subprocess.run(
+    ["bash", str(ROOT / "launch" / "slurm_sweep.sbatch"), "demo", str(root), *TINY],
+    cwd=tmp_path,
+    env=env,
+    capture_output=True,
+    text=True,
+    check=True,
+  )
   trial_0 = root / "trial_000"
   finished_0 = (trial_0 / sweep.TRIAL_FILENAME).read_text()
   metrics_0 = (trial_0 / "metrics.jsonl").read_text()
@@ -108,8 +169,14 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(tmp_path, c
   assert not (root / "trial_001").exists()
 
   # The whole sweep, stopped (SIGTERM, as on preemption) as soon as trial 1 has a checkpoint.
-  process = subprocess.Popen(sweep_command(root), cwd=ROOT, env=subprocess_env(1),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  process = subprocess.Popen(
+    sweep_command(root),
+    cwd=ROOT,
+    env=subprocess_env(1),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
   first_checkpoint = root / "trial_001" / "checkpoints" / "5" / "commit_success.txt"
   deadline = time.time() + 120
   while not first_checkpoint.exists():
@@ -125,8 +192,14 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(tmp_path, c
   assert not (root / "trial_002").exists()
 
   # Resume, two trials at a time on disjoint device groups.
-  output = subprocess.run(sweep_command(root, "--parallel", "2"), cwd=ROOT, env=subprocess_env(2),
-                          capture_output=True, text=True, check=True)
+  output = subprocess.run(
+    sweep_command(root, "--parallel", "2"),
+    cwd=ROOT,
+    env=subprocess_env(2),
+    capture_output=True,
+    text=True,
+    check=True,
+  )
   output = output.stdout + output.stderr
   assert "Skipping trial_000: finished earlier" in output
   assert "Resumed from the checkpoint" in (root / "logs" / "trial_001.log").read_text()
@@ -137,13 +210,19 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(tmp_path, c
     assert status["status"] == "finished" and status["steps"] == STEPS
     assert status["validation_bleu"] is not None
   # Trial 1 logged each step once across the two runs: the resumed part was not redone.
-  steps_1 = [json.loads(line)["step"] for line in
-             (root / "trial_001" / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+  steps_1 = [
+    json.loads(line)["step"]
+    for line in (root / "trial_001" / "metrics.jsonl").read_text().splitlines()
+    if '"loss"' in line
+  ]
   assert steps_1 == list(range(1, STEPS + 1))
 
   assert cli.main(["report", str(root)]) == 0
-  rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")
-          and "trial_" in line]
+  rows = [
+    line
+    for line in capsys.readouterr().out.splitlines()
+    if line.startswith("| ") and "trial_" in line
+  ]
   assert [row.split(" | ")[0] for row in rows] == ["| 1", "| 2", "| 3", "| 4"]
   ranked = [(-float(row.split(" | ")[3]), float(row.split(" | ")[5])) for row in rows]
   assert ranked == sorted(ranked)

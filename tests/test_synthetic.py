@@ -43,7 +43,8 @@ def test_same_seed_same_data_different_seed_different_data():
   assert pair.target_nouns != synthetic.make_language_pair(4).target_nouns
   rng_a, rng_b = np.random.default_rng(7), np.random.default_rng(7)
   assert [pair.sample_source(rng_a) for _ in range(20)] == [
-      pair.sample_source(rng_b) for _ in range(20)]
+    pair.sample_source(rng_b) for _ in range(20)
+  ]
 
 
 def test_eval_sources_distinct_and_unseen_in_train(splits):
@@ -117,8 +118,12 @@ def test_word_order_is_sov_with_adjectives_after_the_noun(pair):
 
 def test_the_verb_moves_from_after_the_subject_to_the_end(pair, splits):
   source_verbs = {w for forms in pair.source_verbs for w in forms}
-  target_verbs = {synthetic.target_verb_form(stem, tense, number)
-                  for stem in pair.target_verbs for tense in range(2) for number in range(2)}
+  target_verbs = {
+    synthetic.target_verb_form(stem, tense, number)
+    for stem in pair.target_verbs
+    for tense in range(2)
+    for number in range(2)
+  }
   for source, target in splits[1]:
     source_positions = [i for i, w in enumerate(source.split()) if w in source_verbs]
     target_positions = [i for i, w in enumerate(target.split()) if w in target_verbs]
@@ -128,8 +133,11 @@ def test_the_verb_moves_from_after_the_subject_to_the_end(pair, splits):
 
 def test_determiners_agree_with_the_nouns_gender_number_and_case(pair, splits):
   cells = _determiner_cells(pair)
-  nouns = {w: (noun, number)
-           for noun, forms in enumerate(pair.target_nouns) for number, w in enumerate(forms)}
+  nouns = {
+    w: (noun, number)
+    for noun, forms in enumerate(pair.target_nouns)
+    for number, w in enumerate(forms)
+  }
   seen_genders = {}
   for _, target in splits[0]:
     words = target.split()
@@ -168,7 +176,9 @@ def test_the_verb_agrees_with_the_subject_even_where_english_does_not(pair):
   assert _determiner_cells(pair)[pl[0]][3] == PLURAL
 
 
-@pytest.mark.parametrize("sentence", [
+@pytest.mark.parametrize(
+  "sentence",
+  [
     "",
     "the dog",
     "the dog watches",
@@ -186,13 +196,15 @@ def test_the_verb_agrees_with_the_subject_even_where_english_does_not(pair):
     "the big old red dog watches the cat",  # at most two adjectives
     "the dog watches the cat in the box on the bus with the car",  # at most two PPs
     "the Dog watches the cat",
-])
+  ],
+)
 def test_translate_rejects_ungrammatical_sentences(pair, sentence):
   with pytest.raises(ValueError, match="not a sentence of the synthetic source grammar"):
     pair.translate(sentence)
 
 
 def test_translate_accepts_the_longest_sentences(pair):
-  sentence = ("an old big apple watched the old big cake in the old big box on the old big bus"
-              " quickly")
+  sentence = (
+    "an old big apple watched the old big cake in the old big box on the old big bus quickly"
+  )
   assert len(sentence.split()) == 20 == len(pair.translate(sentence).split())

@@ -11,8 +11,7 @@ from transformer_mt.text_files import DataError
 # The shared data folder sits beside the repository root in every checkout and in CI.
 DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
 
-needs_data = pytest.mark.skipif(not DATA.is_dir(),
-                                reason=f"shared data folder {DATA} is absent")
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared data folder {DATA} is absent")
 
 
 @needs_data
@@ -34,12 +33,19 @@ def test_reads_newstest2014_en_de():
 
 @needs_data
 def test_glob_over_news_years_is_sorted_and_deduplicated():
-  files = text_files.corpus_files(["news/en-de/newstest201[0-2]", "news/en-de/newstest2011"],
-                                  "en", "de", root=DATA)
+  files = text_files.corpus_files(
+    ["news/en-de/newstest201[0-2]", "news/en-de/newstest2011"], "en", "de", root=DATA
+  )
   assert [pathlib.Path(s).name for s, _ in files] == [
-      "newstest2010.en", "newstest2011.en", "newstest2012.en"]
+    "newstest2010.en",
+    "newstest2011.en",
+    "newstest2012.en",
+  ]
   assert [pathlib.Path(t).name for _, t in files] == [
-      "newstest2010.de", "newstest2011.de", "newstest2012.de"]
+    "newstest2010.de",
+    "newstest2011.de",
+    "newstest2012.de",
+  ]
   pairs = text_files.read_corpus(["news/en-de/newstest201[0-2]"], "en", "de", root=DATA)
   expected = sum(len(text_files.read_parallel(s, t)) for s, t in files)
   assert len(pairs) == expected > 6000
@@ -53,8 +59,9 @@ def test_tatoeba_three_letter_codes():
 
 @needs_data
 def test_prefix_with_language_suffix_is_explained():
-  with pytest.raises(DataError,
-                     match=r"ends with the language suffix '\.en'.*'news/en-de/newstest2014'"):
+  with pytest.raises(
+    DataError, match=r"ends with the language suffix '\.en'.*'news/en-de/newstest2014'"
+  ):
     text_files.corpus_files(["news/en-de/newstest2014.en"], "en", "de", root=DATA)
 
 
@@ -123,7 +130,11 @@ def test_empty_lines_are_kept(tmp_path):
   source.write_text("one\n\nthree\n\n", encoding="utf-8")
   target.write_text("eins\nzwei\n\n\n", encoding="utf-8")
   assert text_files.read_parallel(source, target) == [
-      ("one", "eins"), ("", "zwei"), ("three", ""), ("", "")]
+    ("one", "eins"),
+    ("", "zwei"),
+    ("three", ""),
+    ("", ""),
+  ]
   empty = tmp_path / "empty.en"
   empty.write_bytes(b"")
   assert text_files.read_lines(empty) == []
@@ -145,7 +156,8 @@ def test_glob_with_one_side_missing_is_reported_not_skipped(tmp_path):
 
 def test_lone_string_prefix_and_bad_language(tmp_path):
   assert text_files.corpus_files("c", "en", "de", root=tmp_path) == [
-      (str(tmp_path / "c.en"), str(tmp_path / "c.de"))]
+    (str(tmp_path / "c.en"), str(tmp_path / "c.de"))
+  ]
   with pytest.raises(DataError, match="without the dot"):
     text_files.corpus_files(["c"], ".en", "de")
   with pytest.raises(DataError, match="No corpus prefixes"):

@@ -32,29 +32,40 @@ def _labelled_records(self, split, decoders=None, deserialize_method=None, **kwa
   """Replaces `DatasetBuilder.as_data_source`: text like b"en|wmt14_translate/de-en|train|3"."""
   del decoders, deserialize_method, kwargs
   config = self.builder_config
-  return [{lang: f"{lang}|{self.name}/{config.name}|{split}|{i}".encode()
-           for lang in config.language_pair} for i in range(NUM_RECORDS)]
+  return [
+    {
+      lang: f"{lang}|{self.name}/{config.name}|{split}|{i}".encode()
+      for lang in config.language_pair
+    }
+    for i in range(NUM_RECORDS)
+  ]
 
 
 @pytest.fixture
 def labelled_tfds():
-  with tfds.testing.mock_data(policy=tfds.testing.MockPolicy.USE_CODE,
-                              as_data_source_fn=_labelled_records):
+  with tfds.testing.mock_data(
+    policy=tfds.testing.MockPolicy.USE_CODE, as_data_source_fn=_labelled_records
+  ):
     yield
 
 
-@pytest.mark.parametrize("dataset,source,target,config", [
+@pytest.mark.parametrize(
+  "dataset,source,target,config",
+  [
     ("wmt14_translate", "en", "de", "de-en"),
     ("wmt14_translate", "de", "en", "de-en"),
     ("wmt14_translate", "en", "fr", "fr-en"),
     ("wmt17_translate", "en", "de", "de-en"),
     ("wmt_t2t_translate", "en", "de", "de-en"),
-])
+  ],
+)
 def test_direction_is_chosen_by_language_code(labelled_tfds, dataset, source, target, config):
   pairs = tfds_source.load_tfds_pairs(dataset, source, target, "validation", data_dir="/unused")
   assert isinstance(pairs, TranslationPairs)
-  assert pairs[2] == (f"{source}|{dataset}/{config}|validation|2",
-                      f"{target}|{dataset}/{config}|validation|2")
+  assert pairs[2] == (
+    f"{source}|{dataset}/{config}|validation|2",
+    f"{target}|{dataset}/{config}|validation|2",
+  )
 
 
 def test_length_indexing_and_iteration(labelled_tfds):
@@ -89,23 +100,31 @@ def test_tfds_default_mock_goes_through_its_array_record_data_source():
 
 def test_requests_array_record_and_passes_the_manual_dir(monkeypatch):
   calls = []
-  monkeypatch.setattr(tfds, "data_source",
-                      lambda name, **kwargs: calls.append((name, kwargs)) or [])
+  monkeypatch.setattr(
+    tfds, "data_source", lambda name, **kwargs: calls.append((name, kwargs)) or []
+  )
   tfds_source.load_tfds_pairs("wmt14_translate", "en", "de", "train", data_dir="/d")
-  tfds_source.load_tfds_pairs("wmt14_translate", "en", "de", "train", manual_dir="/m",
-                              download=False)
+  tfds_source.load_tfds_pairs(
+    "wmt14_translate", "en", "de", "train", manual_dir="/m", download=False
+  )
   (name, plain), (_, manual) = calls
   assert name == "wmt14_translate/de-en"
-  assert plain == {"split": "train", "data_dir": "/d", "download": True,
-                   "builder_kwargs": {"file_format": "array_record"}}
+  assert plain == {
+    "split": "train",
+    "data_dir": "/d",
+    "download": True,
+    "builder_kwargs": {"file_format": "array_record"},
+  }
   assert manual["download"] is False
   assert manual["download_and_prepare_kwargs"]["download_config"].manual_dir == "/m"
 
 
 def test_records_of_bytes_str_and_numpy_text():
-  records = [{"de": b"Haus", "en": "house"},
-             {"de": np.bytes_("Straße".encode()), "en": np.str_("street")},
-             {"de": np.array("Baum"), "en": np.array(b"tree")}]
+  records = [
+    {"de": b"Haus", "en": "house"},
+    {"de": np.bytes_("Straße".encode()), "en": np.str_("street")},
+    {"de": np.array("Baum"), "en": np.array(b"tree")},
+  ]
   pairs = TranslationPairs(records, "en", "de")
   assert list(pairs) == [("house", "Haus"), ("street", "Straße"), ("tree", "Baum")]
   assert all(type(text) is str for pair in pairs for text in pair)
@@ -115,20 +134,29 @@ def test_records_of_bytes_str_and_numpy_text():
     TranslationPairs(records, "en", "en")
 
 
-@pytest.mark.parametrize("dataset,source,target,names", [
+@pytest.mark.parametrize(
+  "dataset,source,target,names",
+  [
     ("wmt19_translate", "en", "de", "'wmt19_translate'"),
     ("wmt17_translate", "en", "fr", "en->fr"),
     ("wmt14_translate", "en", "cs", "en->cs"),
     ("wmt14_translate", "en", "en", "en->en"),
-])
+  ],
+)
 def test_unsupported_dataset_or_pair_lists_the_choices(monkeypatch, dataset, source, target, names):
   monkeypatch.setattr(tfds, "data_source", _must_not_be_called)
   with pytest.raises(ValueError) as info:
     tfds_source.load_tfds_pairs(dataset, source, target, "train")
   message = str(info.value)
   assert names in message
-  for choice in ("wmt14_translate", "wmt17_translate", "wmt_t2t_translate", "en->de", "de->en",
-                 "en->fr"):
+  for choice in (
+    "wmt14_translate",
+    "wmt17_translate",
+    "wmt_t2t_translate",
+    "en->de",
+    "de->en",
+    "en->fr",
+  ):
     assert choice in message
 
 
@@ -146,8 +174,9 @@ def _must_not_be_called(*args, **kwargs):
 def _offline_data_source(name, **kwargs):
   """What TFDS raises offline (after its retries): requests' ConnectionError, an OSError."""
   raise requests.exceptions.ConnectionError(
-      "HTTPConnectionPool(host='www.statmt.org', port=80): Max retries exceeded with url: "
-      "/wmt13/training-parallel-europarl-v7.tgz (Caused by NameResolutionError(...))")
+    "HTTPConnectionPool(host='www.statmt.org', port=80): Max retries exceeded with url: "
+    "/wmt13/training-parallel-europarl-v7.tgz (Caused by NameResolutionError(...))"
+  )
 
 
 def test_download_failure_names_dataset_files_and_local_options(monkeypatch):
@@ -160,23 +189,29 @@ def test_download_failure_names_dataset_files_and_local_options(monkeypatch):
   message = str(error)
   assert "wmt14_translate/de-en" in message and "data_dir=/data/tfds" in message
   assert "no network" in message and "ConnectionError" in message
-  for url in ("http://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz",
-              "http://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz",
-              "http://www.statmt.org/wmt14/training-parallel-nc-v9.tgz",
-              "http://data.statmt.org/wmt19/translation-task/dev.tgz"):
+  for url in (
+    "http://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz",
+    "http://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz",
+    "http://www.statmt.org/wmt14/training-parallel-nc-v9.tgz",
+    "http://data.statmt.org/wmt19/translation-task/dev.tgz",
+  ):
     assert url in message
   assert "data.tfds_data_dir=" in message and "data.tfds_manual_dir=" in message
   assert "tfds build wmt14_translate/de-en --file_format=array_record" in message
   assert "Traceback" not in message
 
 
-@pytest.mark.parametrize("module,expected", [
+@pytest.mark.parametrize(
+  "module,expected",
+  [
     ("tensorflow", "TensorFlow"),
     ("importlib_resources", "pip install importlib_resources"),
-])
+  ],
+)
 def test_missing_python_module_is_named(monkeypatch, module, expected):
   def data_source(name, **kwargs):
     raise ModuleNotFoundError(f"No module named '{module}'", name=module)
+
   monkeypatch.setattr(tfds, "data_source", data_source)
   with pytest.raises(DataUnavailableError, match=expected) as info:
     tfds_source.load_tfds_pairs("wmt_t2t_translate", "de", "en", "train")
@@ -187,6 +222,7 @@ def test_missing_python_module_is_named(monkeypatch, module, expected):
 def test_programming_errors_are_not_relabelled(monkeypatch):
   def data_source(name, **kwargs):
     raise TypeError("unexpected keyword argument")
+
   monkeypatch.setattr(tfds, "data_source", data_source)
   with pytest.raises(TypeError):
     tfds_source.load_tfds_pairs("wmt14_translate", "en", "de", "train")
@@ -195,8 +231,9 @@ def test_programming_errors_are_not_relabelled(monkeypatch):
 def test_not_prepared_and_download_false(tmp_path):
   """The real tfds.data_source on an empty data_dir: nothing to read, and told not to download."""
   with pytest.raises(DataUnavailableError, match="download=False") as info:
-    tfds_source.load_tfds_pairs("wmt14_translate", "en", "de", "train", data_dir=str(tmp_path),
-                                download=False)
+    tfds_source.load_tfds_pairs(
+      "wmt14_translate", "en", "de", "train", data_dir=str(tmp_path), download=False
+    )
   assert f"data_dir={tmp_path}" in str(info.value)
   assert isinstance(info.value.__cause__, KeyError)
 
@@ -208,6 +245,7 @@ def _fake_raw_files(root, dataset, config):
   """Extracted-archive folders for each URL the builder downloads; line i of a file is
   "<lang> <sub-corpus> <i>". Returns {url: folder}."""
   from tensorflow_datasets.translate import wmt
+
   builder = tfds.builder_cls(dataset)(config=config)
   source, target = builder.builder_config.language_pair
   folders = {}
@@ -232,35 +270,45 @@ def prepared_data_dir(tmp_path_factory):
   root = tmp_path_factory.mktemp("tfds")
   folders = _fake_raw_files(root / "raw", "wmt_t2t_translate", "de-en")
   with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(tfds.download.DownloadManager, "download_and_extract",
-               lambda self, urls: tree.map_structure(folders.__getitem__, urls))
+    mp.setattr(
+      tfds.download.DownloadManager,
+      "download_and_extract",
+      lambda self, urls: tree.map_structure(folders.__getitem__, urls),
+    )
     try:
       importlib.import_module("importlib_resources")
     except ImportError:
       # tfds 4.9.10 reaches for importlib_resources.abc.Traversable while preparing any
       # dataset, but neither it nor etils>=1.15 depends on it on Python 3.11; the standard
       # library has the same class.
-      mp.setitem(sys.modules, "importlib_resources",
-                 types.SimpleNamespace(abc=importlib.resources.abc))
-    pairs = tfds_source.load_tfds_pairs("wmt_t2t_translate", "en", "de", "validation",
-                                        data_dir=str(root / "data"))
+      mp.setitem(
+        sys.modules, "importlib_resources", types.SimpleNamespace(abc=importlib.resources.abc)
+      )
+    pairs = tfds_source.load_tfds_pairs(
+      "wmt_t2t_translate", "en", "de", "validation", data_dir=str(root / "data")
+    )
   assert len(pairs) == 3
   return root / "data"
 
 
 def test_reads_real_array_record_files_in_both_directions(prepared_data_dir):
-  en_de = tfds_source.load_tfds_pairs("wmt_t2t_translate", "en", "de", "test",
-                                      data_dir=str(prepared_data_dir), download=False)
+  en_de = tfds_source.load_tfds_pairs(
+    "wmt_t2t_translate", "en", "de", "test", data_dir=str(prepared_data_dir), download=False
+  )
   assert type(en_de.records).__name__ == "ArrayRecordDataSource"
   assert sorted(en_de) == [(f"en newstest2014 {i}", f"de newstest2014 {i}") for i in range(3)]
   # Already prepared: download=True reuses the files (no download is patched in here).
-  de_en = tfds_source.load_tfds_pairs("wmt_t2t_translate", "de", "en", "train",
-                                      data_dir=str(prepared_data_dir))
+  de_en = tfds_source.load_tfds_pairs(
+    "wmt_t2t_translate", "de", "en", "train", data_dir=str(prepared_data_dir)
+  )
   assert len(de_en) == 9
   assert {src.split()[0] for src, _ in de_en} == {"de"}
   assert all(src.replace("de ", "en ", 1) == tgt for src, tgt in de_en)
-  assert {src.split()[1] for src, _ in de_en} == {"europarl_v7", "commoncrawl",
-                                                   "newscommentary_v13"}
+  assert {src.split()[1] for src, _ in de_en} == {
+    "europarl_v7",
+    "commoncrawl",
+    "newscommentary_v13",
+  }
   restored = pickle.loads(pickle.dumps(de_en))
   assert list(restored) == list(de_en)
   assert restored.__getitems__([0, 8]) == [de_en[0], de_en[8]]
@@ -273,8 +321,9 @@ def test_tfrecord_copy_is_explained(prepared_data_dir, tmp_path):
   info_file = copy / "wmt_t2t_translate" / "de-en" / "1.0.0" / "dataset_info.json"
   info_file.write_text(info_file.read_text().replace('"array_record"', '"tfrecord"'))
   with pytest.raises(DataUnavailableError, match="convert_format") as info:
-    tfds_source.load_tfds_pairs("wmt_t2t_translate", "en", "de", "train", data_dir=str(copy),
-                                download=False)
+    tfds_source.load_tfds_pairs(
+      "wmt_t2t_translate", "en", "de", "train", data_dir=str(copy), download=False
+    )
   assert "array_record" in str(info.value) and "wmt_t2t_translate/de-en" in str(info.value)
 
 
@@ -284,14 +333,19 @@ def test_experiment_config_reads_tfds_splits_in_its_direction(labelled_tfds, sou
   Grain training pipeline packs them (through TFDS's random-access data source)."""
   from transformer_mt import data_sources, input_pipeline, registry
   from transformer_mt.tokenizer import train_tokenizer
-  config = registry.load_experiment("transformer_base_wmt14_ende", [f"data.source_lang='{source}'",
-                                                         f"data.target_lang='{target}'"])
+
+  config = registry.load_experiment(
+    "transformer_base_wmt14_ende", [f"data.source_lang='{source}'", f"data.target_lang='{target}'"]
+  )
   splits = data_sources.load_pairs(config.data)
   assert set(splits) == {"train", "validation", "test"}
   for split, pairs in splits.items():
-    assert pairs[0] == (f"{source}|wmt14_translate/de-en|{split}|0",
-                        f"{target}|wmt14_translate/de-en|{split}|0")
+    assert pairs[0] == (
+      f"{source}|wmt14_translate/de-en|{split}|0",
+      f"{target}|wmt14_translate/de-en|{split}|0",
+    )
   tokenizer = train_tokenizer(list(splits["train"]) * 20, vocab_size=40, model_type="bpe")
-  batches, counts = input_pipeline.training_batches(splits["train"], tokenizer, batch_rows=2,
-                                                    grad_accum_steps=1, max_len=32, seed=0)
+  batches, counts = input_pipeline.training_batches(
+    splits["train"], tokenizer, batch_rows=2, grad_accum_steps=1, max_len=32, seed=0
+  )
   assert next(batches)["inputs"].shape == (1, 2, 32) and counts.seen > 0

@@ -6,9 +6,11 @@ import pytest
 from transformer_mt import input_pipeline, tokenizer
 from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
-PAIRS = [("The cat sat on the mat.", "Die Katze saß auf der Matte."),
-         ("A dog barks at night.", "Ein Hund bellt in der Nacht."),
-         ("Über den Wolken!", "Above the clouds!")] * 30
+PAIRS = [
+  ("The cat sat on the mat.", "Die Katze saß auf der Matte."),
+  ("A dog barks at night.", "Ein Hund bellt in der Nacht."),
+  ("Über den Wolken!", "Above the clouds!"),
+] * 30
 
 
 @pytest.mark.parametrize("model_type", ["unigram", "bpe"])
@@ -27,12 +29,16 @@ def test_unknown_model_type_is_rejected():
 
 
 def test_workdir_tokenizer_is_reused(tmp_path, monkeypatch):
-  config = ml_collections.ConfigDict({"vocab_size": 45, "model_type": "unigram",
-                                      "sample_size": 1000})
+  config = ml_collections.ConfigDict(
+    {"vocab_size": 45, "model_type": "unigram", "sample_size": 1000}
+  )
   first = tokenizer.load_or_train(str(tmp_path), PAIRS, config)
   assert (tmp_path / tokenizer.MODEL_FILENAME).exists()
-  monkeypatch.setattr(tokenizer, "train_tokenizer",
-                      lambda *a, **k: pytest.fail("retrained although the workdir had one"))
+  monkeypatch.setattr(
+    tokenizer,
+    "train_tokenizer",
+    lambda *a, **k: pytest.fail("retrained although the workdir had one"),
+  )
   again = tokenizer.load_or_train(str(tmp_path), PAIRS, config)
   assert again.model_proto == first.model_proto
 
@@ -42,7 +48,9 @@ def test_empty_and_overlong_pairs_are_counted():
   counts = input_pipeline.FilterCounts()
   keep = input_pipeline.KeepPair(max_len=30, counts=counts)
   tokenize = input_pipeline.TokenizePair(tok)
-  verdicts = [keep(tokenize(pair)) for pair in
-              [PAIRS[0], ("", "Die Katze."), ("The cat.", "   "), ("The cat " * 20, "Katze")]]
+  verdicts = [
+    keep(tokenize(pair))
+    for pair in [PAIRS[0], ("", "Die Katze."), ("The cat.", "   "), ("The cat " * 20, "Katze")]
+  ]
   assert verdicts == [True, False, False, False]
   assert (counts.seen, counts.empty, counts.too_long) == (4, 2, 1)

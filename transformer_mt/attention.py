@@ -57,9 +57,11 @@ def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
 
 def _flat_xavier_uniform(in_ndim: int):
   """Glorot init of the equivalent 2-D matrix [prod(in dims), prod(out dims)], reshaped."""
+
   def init(key, shape, dtype=jnp.float32):
     fan_in, fan_out = math.prod(shape[:in_ndim]), math.prod(shape[in_ndim:])
     return nn.initializers.xavier_uniform()(key, (fan_in, fan_out), dtype).reshape(shape)
+
   return init
 
 
@@ -81,12 +83,22 @@ class HeadsProjection(nn.Module):
     cfg = self.config
     n_in = len(self.in_shape)
     kernel = self.param(
-        "kernel", nn.with_logical_partitioning(_flat_xavier_uniform(n_in), self.axes),
-        self.in_shape + self.out_shape, cfg.weight_dtype)
+      "kernel",
+      nn.with_logical_partitioning(_flat_xavier_uniform(n_in), self.axes),
+      self.in_shape + self.out_shape,
+      cfg.weight_dtype,
+    )
     letters = "abcdefgh"
-    x_dims, in_dims, out_dims = "xyz"[:x.ndim - n_in], letters[:n_in], letters[n_in:n_in + len(self.out_shape)]
-    y = jnp.einsum(f"{x_dims}{in_dims},{in_dims}{out_dims}->{x_dims}{out_dims}",
-                   x.astype(cfg.compute_dtype), kernel.astype(cfg.compute_dtype))
+    x_dims, in_dims, out_dims = (
+      "xyz"[: x.ndim - n_in],
+      letters[:n_in],
+      letters[n_in : n_in + len(self.out_shape)],
+    )
+    y = jnp.einsum(
+      f"{x_dims}{in_dims},{in_dims}{out_dims}->{x_dims}{out_dims}",
+      x.astype(cfg.compute_dtype),
+      kernel.astype(cfg.compute_dtype),
+    )
     if self.use_bias:
       bias = self.param("bias", bias_init(self.axes[n_in:]), self.out_shape, cfg.weight_dtype)
       y = y + bias.astype(cfg.compute_dtype)
@@ -105,22 +117,27 @@ class MultiHeadAttention(nn.Module):
   config: TransformerConfig
   is_cross_attention: bool = False
 
-  def _projection(self, name: str) -> "HeadsProjection":
+  def _projection(self, name: str) -> HeadsProjection:
     cfg = self.config
     # Keys get no bias: a key bias b_k shifts every logit of a query by the same q.b_k,
     # which softmax cancels. Its gradient is exactly zero, and Adam (eps 1e-9) would
     # turn the rounding noise in it into full-size random updates.
-    return HeadsProjection(cfg, in_shape=(cfg.d_model,), out_shape=(cfg.num_heads, cfg.per_head_dim),
-                           axes=("embed", "heads", "kv"), use_bias=cfg.use_bias and name != "key",
-                           name=name)
+    return HeadsProjection(
+      cfg,
+      in_shape=(cfg.d_model,),
+      out_shape=(cfg.num_heads, cfg.per_head_dim),
+      axes=("embed", "heads", "kv"),
+      use_bias=cfg.use_bias and name != "key",
+      name=name,
+    )
 
   @nn.compact
   def __call__(
-      self,
-      queries: jax.Array,
-      key_value_inputs: jax.Array | None,
-      mask: jax.Array | None,
-      cache_length: int | None = None,
+    self,
+    queries: jax.Array,
+    key_value_inputs: jax.Array | None,
+    mask: jax.Array | None,
+    cache_length: int | None = None,
   ) -> jax.Array:
     """Attends from `queries` [batch, q, d_model] to `key_value_inputs` [batch, k, d_model].
 
@@ -155,18 +172,29 @@ class MultiHeadAttention(nn.Module):
       # (a flash kernel where the backend has one; the same XLA ops on CPU).
       implementation = cfg.attention_implementation
       context = jax.nn.dot_product_attention(
-          query, key, value, mask=mask,
-          implementation=None if implementation == "auto" else implementation)
+        query,
+        key,
+        value,
+        mask=mask,
+        implementation=None if implementation == "auto" else implementation,
+      )
     # context: [batch, q, heads, head_dim]
 
     if cfg.attention_output_projection:
-      out = HeadsProjection(cfg, in_shape=(cfg.num_heads, cfg.per_head_dim),
-                            out_shape=(cfg.d_model,), axes=("heads", "kv", "embed"),
-                            use_bias=cfg.use_bias, name="out")(context)
+      out = HeadsProjection(
+        cfg,
+        in_shape=(cfg.num_heads, cfg.per_head_dim),
+        out_shape=(cfg.d_model,),
+        axes=("heads", "kv", "embed"),
+        use_bias=cfg.use_bias,
+        name="out",
+      )(context)
     else:
       if cfg.num_heads * cfg.per_head_dim != cfg.d_model:
-        raise ValueError("attention_output_projection=False needs num_heads * head_dim == d_model, "
-                         f"got {cfg.num_heads} * {cfg.per_head_dim} != {cfg.d_model}")
+        raise ValueError(
+          "attention_output_projection=False needs num_heads * head_dim == d_model, "
+          f"got {cfg.num_heads} * {cfg.per_head_dim} != {cfg.d_model}"
+        )
       out = context.reshape(context.shape[:2] + (cfg.d_model,))
     return out  # [batch, q, d_model]
 
@@ -174,15 +202,17 @@ class MultiHeadAttention(nn.Module):
     """The probabilities must exist as an array: someone collects them (attention plots
     apply with mutable=["intermediates"]), or attention dropout is applied to them."""
     cfg = self.config
-    return (self.is_mutable_collection("intermediates")
-            or (cfg.attention_dropout_rate > 0 and not cfg.deterministic))
+    return self.is_mutable_collection("intermediates") or (
+      cfg.attention_dropout_rate > 0 and not cfg.deterministic
+    )
 
   def _attend_with_weights(self, query, key, value, mask) -> jax.Array:
     """softmax(QK^T / sqrt(d_k)) V spelled out, sowing the probabilities [batch, heads, q, k]."""
     cfg = self.config
     query = query / jnp.sqrt(query.shape[-1]).astype(query.dtype)
-    logits = jnp.einsum("bqhd,bkhd->bhqk", query, key,
-                        preferred_element_type=jnp.float32)  # [batch, heads, q, k]
+    logits = jnp.einsum(
+      "bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32
+    )  # [batch, heads, q, k]
     if mask is not None:
       logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
     weights = jax.nn.softmax(logits, axis=-1).astype(cfg.compute_dtype)

@@ -15,8 +15,7 @@ from transformer_mt import checkpointing, sharding
 from transformer_mt.translate import restore_target
 
 
-def average_last(workdir: str, last_n: int, output_dir: str | None = None
-                 ) -> tuple[str, list[int]]:
+def average_last(workdir: str, last_n: int, output_dir: str | None = None) -> tuple[str, list[int]]:
   """Writes the mean parameters of the last `last_n` checkpoints of `workdir`.
 
   The running mean m_k = m_{k-1} + (x_k - m_{k-1}) / k is accumulated in float32, so
@@ -29,14 +28,18 @@ def average_last(workdir: str, last_n: int, output_dir: str | None = None
   """
   steps = checkpointing.all_steps(workdir)
   if last_n < 1 or len(steps) < last_n:
-    raise ValueError(f"{workdir} holds {len(steps)} checkpoint(s) {steps}; cannot average the last "
-                     f"{last_n}. Train with train.keep_checkpoints >= {max(last_n, 1)} to keep enough.")
+    raise ValueError(
+      f"{workdir} holds {len(steps)} checkpoint(s) {steps}; cannot average the last "
+      f"{last_n}. Train with train.keep_checkpoints >= {max(last_n, 1)} to keep enough."
+    )
   chosen = steps[-last_n:]
-  output_dir = output_dir or os.path.join(checkpointing.resolve_workdir(workdir),
-                                          f"averaged_last{last_n}")
+  output_dir = output_dir or os.path.join(
+    checkpointing.resolve_workdir(workdir), f"averaged_last{last_n}"
+  )
   if os.path.exists(checkpointing.checkpoint_dir(output_dir)):
-    raise FileExistsError(f"{output_dir} already holds checkpoints; remove it or pass another "
-                          "--output directory.")
+    raise FileExistsError(
+      f"{output_dir} already holds checkpoints; remove it or pass another --output directory."
+    )
   config, tokenizer, _ = checkpointing.read_config(workdir, chosen[-1])
   _, target = restore_target(config, tokenizer, sharding.make_mesh(config.mesh))
 
@@ -44,8 +47,9 @@ def average_last(workdir: str, last_n: int, output_dir: str | None = None
   for count, step in enumerate(chosen, start=1):
     newest = checkpointing.restore_state(workdir, step, target)
     params = jax.tree.map(lambda x: x.astype(jnp.float32), newest.params)
-    mean = params if mean is None else jax.tree.map(
-        lambda m, x, k=count: m + (x - m) / k, mean, params)
+    mean = (
+      params if mean is None else jax.tree.map(lambda m, x, k=count: m + (x - m) / k, mean, params)
+    )
     logging.info("Averaged checkpoint %d (%d of %d).", step, count, len(chosen))
   mean = jax.tree.map(lambda m, x: m.astype(x.dtype), mean, newest.params)
   averaged = newest.replace(params=mean)

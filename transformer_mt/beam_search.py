@@ -45,7 +45,8 @@ Design choices (each is tested in tests/test_beam_search.py):
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax
 import jax
@@ -99,6 +100,7 @@ def _expand_to_beams(tree: Any, batch_size: int, beam_size: int) -> Any:
 
   Row b * beam + k is beam k of sentence b, the layout `_parent_rows` indexes.
   """
+
   def expand(x):
     x = jnp.asarray(x)
     if x.ndim == 0:
@@ -106,6 +108,7 @@ def _expand_to_beams(tree: Any, batch_size: int, beam_size: int) -> Any:
     if x.shape[0] != batch_size:
       raise ValueError(f"Cache leaf of shape {x.shape} has no leading batch axis of {batch_size}.")
     return jnp.repeat(x, beam_size, axis=0)
+
   return jax.tree.map(expand, tree)
 
 
@@ -122,11 +125,20 @@ def gather_rows(tree: Any, rows: jax.Array) -> Any:
   return jax.tree.map(lambda x: x if x.ndim == 0 else jnp.take(x, rows, axis=0), tree)
 
 
-def beam_search(tokens_to_logits: TokensToLogits, initial_cache: Any, batch_size: int,
-                beam_size: int, max_len: int, alpha: float = 0.6, eos_id: int = EOS_ID,
-                bos_id: int = BOS_ID, max_lengths: jax.Array | None = None,
-                early_stopping: bool = True, gather_cache: GatherCache = gather_rows,
-                always_gather: bool = False) -> BeamSearchOutput:
+def beam_search(
+  tokens_to_logits: TokensToLogits,
+  initial_cache: Any,
+  batch_size: int,
+  beam_size: int,
+  max_len: int,
+  alpha: float = 0.6,
+  eos_id: int = EOS_ID,
+  bos_id: int = BOS_ID,
+  max_lengths: jax.Array | None = None,
+  early_stopping: bool = True,
+  gather_cache: GatherCache = gather_rows,
+  always_gather: bool = False,
+) -> BeamSearchOutput:
   """Beam search over `tokens_to_logits`; call it inside `jax.jit` (it traces one loop).
 
   Args:
@@ -157,20 +169,22 @@ def beam_search(tokens_to_logits: TokensToLogits, initial_cache: Any, batch_size
 
   # Only beam 0 is alive at first: all beams are the same empty prefix, and keeping the
   # copies alive would fill the beam with duplicates.
-  live_log_probs = jnp.tile(jnp.array([0.0] + [NEG_INF] * (beam_size - 1), jnp.float32),
-                            (batch_size, 1))  # [batch, beam]
+  live_log_probs = jnp.tile(
+    jnp.array([0.0] + [NEG_INF] * (beam_size - 1), jnp.float32), (batch_size, 1)
+  )  # [batch, beam]
   # A sentence with max length 0 is finished before the first step, with the empty hypothesis.
   empty = (max_lengths == 0)[:, None] & (jnp.arange(beam_size) == 0)[None, :]  # [batch, beam]
   initial = BeamState(
-      step=jnp.array(0, jnp.int32),
-      live_seqs=jnp.full((batch_size, beam_size, max_len), PAD_ID, jnp.int32),
-      live_log_probs=jnp.where((max_lengths == 0)[:, None], NEG_INF, live_log_probs),
-      finished_seqs=jnp.full((batch_size, beam_size, max_len), PAD_ID, jnp.int32),
-      finished_scores=jnp.where(empty, 0.0, NEG_INF).astype(jnp.float32),
-      finished_flags=empty,
-      cache=_expand_to_beams(initial_cache, batch_size, beam_size),
-      parents=jnp.tile(jnp.arange(beam_size, dtype=jnp.int32), (batch_size, 1)),
-      num_reorders=jnp.array(0, jnp.int32))
+    step=jnp.array(0, jnp.int32),
+    live_seqs=jnp.full((batch_size, beam_size, max_len), PAD_ID, jnp.int32),
+    live_log_probs=jnp.where((max_lengths == 0)[:, None], NEG_INF, live_log_probs),
+    finished_seqs=jnp.full((batch_size, beam_size, max_len), PAD_ID, jnp.int32),
+    finished_scores=jnp.where(empty, 0.0, NEG_INF).astype(jnp.float32),
+    finished_flags=empty,
+    cache=_expand_to_beams(initial_cache, batch_size, beam_size),
+    parents=jnp.tile(jnp.arange(beam_size, dtype=jnp.int32), (batch_size, 1)),
+    num_reorders=jnp.array(0, jnp.int32),
+  )
 
   def best_possible_scores(state: BeamState) -> jax.Array:
     """float32 [batch, beam]: upper bound on the final score of each live beam."""
@@ -200,13 +214,15 @@ def beam_search(tokens_to_logits: TokensToLogits, initial_cache: Any, batch_size
     # Any beam that changed parent means a gather; only when every beam of every sentence
     # extends itself is there nothing to copy.
     reorder = jnp.any(parents != jnp.arange(beam_size, dtype=jnp.int32))
-    return reorder, jax.lax.cond(reorder, gather_cache, lambda cache, rows: cache, cache,
-                                 _parent_rows(parents))
+    return reorder, jax.lax.cond(
+      reorder, gather_cache, lambda cache, rows: cache, cache, _parent_rows(parents)
+    )
 
   def body(state: BeamState) -> BeamState:
     step = state.step
-    previous = jax.lax.dynamic_index_in_dim(state.live_seqs, jnp.maximum(step - 1, 0), axis=2,
-                                            keepdims=False)  # [batch, beam]
+    previous = jax.lax.dynamic_index_in_dim(
+      state.live_seqs, jnp.maximum(step - 1, 0), axis=2, keepdims=False
+    )  # [batch, beam]
     tokens = jnp.where(step == 0, bos_id, previous).reshape(-1)  # [batch * beam]
     if always_gather:  # the cache was reordered at the end of the previous step
       reordered, cache = jnp.array(True), state.cache
@@ -240,15 +256,16 @@ def beam_search(tokens_to_logits: TokensToLogits, initial_cache: Any, batch_size
       cache = gather_rows(cache, _parent_rows(parents))
 
     return BeamState(
-        step=step + 1,
-        live_seqs=top_seqs,
-        live_log_probs=jnp.where(valid & ~finishing, top_log_probs, NEG_INF),
-        finished_seqs=all_seqs[batch_index, keep],
-        finished_scores=finished_scores,
-        finished_flags=all_flags[batch_index, keep],
-        cache=cache,
-        parents=parents,
-        num_reorders=state.num_reorders + reordered.astype(jnp.int32))
+      step=step + 1,
+      live_seqs=top_seqs,
+      live_log_probs=jnp.where(valid & ~finishing, top_log_probs, NEG_INF),
+      finished_seqs=all_seqs[batch_index, keep],
+      finished_scores=finished_scores,
+      finished_flags=all_flags[batch_index, keep],
+      cache=cache,
+      parents=parents,
+      num_reorders=state.num_reorders + reordered.astype(jnp.int32),
+    )
 
   final = jax.lax.while_loop(not_done, body, initial)
 
@@ -259,16 +276,29 @@ def beam_search(tokens_to_logits: TokensToLogits, initial_cache: Any, batch_size
   live_scores = final.live_log_probs / length_penalty(final.step, alpha)
   all_sequences = jnp.where(has_finished[:, None, None], final.finished_seqs, final.live_seqs)
   all_scores = jnp.where(has_finished[:, None], final.finished_scores, live_scores)
-  return BeamSearchOutput(sequences=all_sequences[:, 0], scores=all_scores[:, 0],
-                          all_sequences=all_sequences, all_scores=all_scores,
-                          num_steps=final.step, num_reorders=final.num_reorders)
+  return BeamSearchOutput(
+    sequences=all_sequences[:, 0],
+    scores=all_scores[:, 0],
+    all_sequences=all_sequences,
+    all_scores=all_scores,
+    num_steps=final.step,
+    num_reorders=final.num_reorders,
+  )
 
 
-@functools.partial(jax.jit, static_argnames=("config", "beam_size", "max_len", "alpha",
-                                             "always_gather"))
-def beam_decode(params: Any, inputs: jax.Array, config: TransformerConfig, beam_size: int,
-                max_len: int, alpha: float = 0.6, max_lengths: jax.Array | None = None,
-                always_gather: bool = False) -> BeamSearchOutput:
+@functools.partial(
+  jax.jit, static_argnames=("config", "beam_size", "max_len", "alpha", "always_gather")
+)
+def beam_decode(
+  params: Any,
+  inputs: jax.Array,
+  config: TransformerConfig,
+  beam_size: int,
+  max_len: int,
+  alpha: float = 0.6,
+  max_lengths: jax.Array | None = None,
+  always_gather: bool = False,
+) -> BeamSearchOutput:
   """Beam search with the Transformer for `inputs` int [batch, src_len] (0 = pad).
 
   The encoder runs once per sentence (`decode.init_cache` projects the cross-attention
@@ -291,21 +321,38 @@ def beam_decode(params: Any, inputs: jax.Array, config: TransformerConfig, beam_
   beam_inputs_valid = jnp.repeat(inputs_valid, beam_size, axis=0)  # [batch * beam, src_len]
 
   if always_gather:
+
     def tokens_to_logits(tokens, position, cache):
       logits, cache = decode.decode_step(params, cache, beam_inputs_valid, tokens, position, config)
       return decode.never_generated(logits), cache
-    return beam_search(tokens_to_logits, decode.init_cache(params, inputs, config, max_len),
-                       batch_size=batch, beam_size=beam_size, max_len=max_len, alpha=alpha,
-                       max_lengths=max_lengths, always_gather=True)
+
+    return beam_search(
+      tokens_to_logits,
+      decode.init_cache(params, inputs, config, max_len),
+      batch_size=batch,
+      beam_size=beam_size,
+      max_len=max_len,
+      alpha=alpha,
+      max_lengths=max_lengths,
+      always_gather=True,
+    )
 
   cache, cross_cache = decode.split_cache(decode.init_cache(params, inputs, config, max_len))
   cross_cache = _expand_to_beams(cross_cache, batch, beam_size)  # [batch * beam, src_len, ...]
 
   def tokens_to_logits(tokens, position, cache):
-    logits, cache = decode.decode_step(params, decode.merge_cache(cache, cross_cache),
-                                       beam_inputs_valid, tokens, position, config)
+    logits, cache = decode.decode_step(
+      params, decode.merge_cache(cache, cross_cache), beam_inputs_valid, tokens, position, config
+    )
     return decode.never_generated(logits), decode.split_cache(cache)[0]
 
-  return beam_search(tokens_to_logits, cache, batch_size=batch, beam_size=beam_size,
-                     max_len=max_len, alpha=alpha, max_lengths=max_lengths,
-                     gather_cache=decode.gather_written_rows)
+  return beam_search(
+    tokens_to_logits,
+    cache,
+    batch_size=batch,
+    beam_size=beam_size,
+    max_len=max_len,
+    alpha=alpha,
+    max_lengths=max_lengths,
+    gather_cache=decode.gather_written_rows,
+  )

@@ -20,23 +20,23 @@ import json
 import logging
 from typing import Any
 
+import grain
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
 from etils import epath
 
-import grain
 from transformer_mt.tokenizer import MODEL_FILENAME, Tokenizer
 
 
 class TokenizerCheckpointHandler(ocp.CheckpointHandler):
   """Stores the serialized SentencePiece model as a plain file in the checkpoint."""
 
-  def save(self, directory: epath.Path, args: "TokenizerSave"):
+  def save(self, directory: epath.Path, args: TokenizerSave):
     if jax.process_index() == 0:
       (directory / MODEL_FILENAME).write_bytes(args.tokenizer.model_proto)
 
-  def restore(self, directory: epath.Path, args: "TokenizerRestore | None" = None) -> Tokenizer:
+  def restore(self, directory: epath.Path, args: TokenizerRestore | None = None) -> Tokenizer:
     path = directory / MODEL_FILENAME
     if not path.exists():
       raise FileNotFoundError(f"Checkpoint has no tokenizer: {path} is missing.")
@@ -71,53 +71,93 @@ def checkpoint_dir(workdir: str) -> str:
   return str(epath.Path(workdir) / "checkpoints")
 
 
-def make_manager(workdir: str, keep: int | None = None, save_every: int = 1,
-                 read_only: bool = False) -> ocp.CheckpointManager:
+def make_manager(
+  workdir: str, keep: int | None = None, save_every: int = 1, read_only: bool = False
+) -> ocp.CheckpointManager:
   """A manager saving every `save_every` steps (plus forced saves) and keeping the last `keep`.
 
   `read_only` managers (translation, inspection) never create or delete anything.
   """
   if read_only:
-    options = ocp.CheckpointManagerOptions(read_only=True, create=False,
-                                           enable_async_checkpointing=False)
+    options = ocp.CheckpointManagerOptions(
+      read_only=True, create=False, enable_async_checkpointing=False
+    )
   else:
     # Only the fixed interval: Orbax's default policy would also save the very first step.
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep, create=True, enable_async_checkpointing=True,
-        save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(save_every))
-  return ocp.CheckpointManager(checkpoint_dir(workdir), options=options,
-                               item_names=("state", "data_iter", "config", "tokenizer"))
+      max_to_keep=keep,
+      create=True,
+      enable_async_checkpointing=True,
+      save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(save_every),
+    )
+  return ocp.CheckpointManager(
+    checkpoint_dir(workdir),
+    options=options,
+    item_names=("state", "data_iter", "config", "tokenizer"),
+  )
 
 
 def make_best_manager(workdir: str) -> ocp.CheckpointManager:
   """WORKDIR/best/checkpoints: only the checkpoint with the highest validation BLEU survives."""
   options = ocp.CheckpointManagerOptions(
-      max_to_keep=1, best_fn=lambda metrics: metrics["bleu"], best_mode="max",
-      keep_checkpoints_without_metrics=False, create=True, enable_async_checkpointing=True)
-  return ocp.CheckpointManager(checkpoint_dir(str(epath.Path(workdir) / "best")), options=options,
-                               item_names=("state", "config", "tokenizer"))
+    max_to_keep=1,
+    best_fn=lambda metrics: metrics["bleu"],
+    best_mode="max",
+    keep_checkpoints_without_metrics=False,
+    create=True,
+    enable_async_checkpointing=True,
+  )
+  return ocp.CheckpointManager(
+    checkpoint_dir(str(epath.Path(workdir) / "best")),
+    options=options,
+    item_names=("state", "config", "tokenizer"),
+  )
 
 
 def _model_items(state: Any, config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> dict:
   """What every checkpoint holds to be self-contained: state, config and tokenizer."""
-  return {"state": ocp.args.StandardSave(state),
-          "config": ocp.args.JsonSave(json.loads(config.to_json())),
-          "tokenizer": TokenizerSave(tokenizer)}
+  return {
+    "state": ocp.args.StandardSave(state),
+    "config": ocp.args.JsonSave(json.loads(config.to_json())),
+    "tokenizer": TokenizerSave(tokenizer),
+  }
 
 
-def save_best(manager: ocp.CheckpointManager, step: int, state: Any,
-              config: ml_collections.ConfigDict, tokenizer: Tokenizer, bleu: float) -> None:
+def save_best(
+  manager: ocp.CheckpointManager,
+  step: int,
+  state: Any,
+  config: ml_collections.ConfigDict,
+  tokenizer: Tokenizer,
+  bleu: float,
+) -> None:
   """Offers a checkpoint scored by validation BLEU; Orbax keeps it only if it is the best."""
-  manager.save(step, force=True, metrics={"bleu": float(bleu)},
-               args=ocp.args.Composite(**_model_items(state, config, tokenizer)))
+  manager.save(
+    step,
+    force=True,
+    metrics={"bleu": float(bleu)},
+    args=ocp.args.Composite(**_model_items(state, config, tokenizer)),
+  )
 
 
-def save(manager: ocp.CheckpointManager, step: int, state: Any, data_iterator,
-         config: ml_collections.ConfigDict, tokenizer: Tokenizer, force: bool = False) -> bool:
+def save(
+  manager: ocp.CheckpointManager,
+  step: int,
+  state: Any,
+  data_iterator,
+  config: ml_collections.ConfigDict,
+  tokenizer: Tokenizer,
+  force: bool = False,
+) -> bool:
   """Starts an asynchronous save of everything needed to resume or translate."""
-  return manager.save(step, force=force, args=ocp.args.Composite(
+  return manager.save(
+    step,
+    force=force,
+    args=ocp.args.Composite(
       data_iter=grain.checkpoint.CheckpointSave(data_iterator),
-      **_model_items(state, config, tokenizer)))
+      **_model_items(state, config, tokenizer),
+    ),
+  )
 
 
 def shape_mismatches(workdir: str, step: int, abstract_state: Any) -> list[str]:
@@ -125,12 +165,19 @@ def shape_mismatches(workdir: str, step: int, abstract_state: Any) -> list[str]:
   path = epath.Path(checkpoint_dir(resolve_workdir(workdir))) / str(step) / "state"
   saved = ocp.StandardCheckpointer().metadata(path)
   saved = getattr(saved, "item_metadata", saved)
-  saved_shapes = {jax.tree_util.keystr(k): tuple(v.shape)
-                  for k, v in jax.tree_util.tree_leaves_with_path(saved["params"])}
-  wanted = {jax.tree_util.keystr(k): tuple(v.shape)
-            for k, v in jax.tree_util.tree_leaves_with_path(abstract_state.params)}
-  problems = [f"{name}: checkpoint {saved_shapes[name]} vs model {shape}"
-              for name, shape in wanted.items() if name in saved_shapes and saved_shapes[name] != shape]
+  saved_shapes = {
+    jax.tree_util.keystr(k): tuple(v.shape)
+    for k, v in jax.tree_util.tree_leaves_with_path(saved["params"])
+  }
+  wanted = {
+    jax.tree_util.keystr(k): tuple(v.shape)
+    for k, v in jax.tree_util.tree_leaves_with_path(abstract_state.params)
+  }
+  problems = [
+    f"{name}: checkpoint {saved_shapes[name]} vs model {shape}"
+    for name, shape in wanted.items()
+    if name in saved_shapes and saved_shapes[name] != shape
+  ]
   problems += [f"{name}: only in the model" for name in wanted if name not in saved_shapes]
   problems += [f"{name}: only in the checkpoint" for name in saved_shapes if name not in wanted]
   return sorted(problems)
@@ -140,46 +187,60 @@ def check_compatible(workdir: str, step: int, abstract_state: Any) -> None:
   """Raises a ValueError listing the mismatched parameters if the model does not fit."""
   problems = shape_mismatches(workdir, step, abstract_state)
   if problems:
-    shown = "; ".join(problems[:10]) + (f"; ... ({len(problems)} in all)" if len(problems) > 10 else "")
-    raise ValueError(f"The model config does not match the checkpoint of step {step} in {workdir}: "
-                     f"{shown}. Use the config the checkpoint was trained with, or a new workdir.")
+    shown = "; ".join(problems[:10]) + (
+      f"; ... ({len(problems)} in all)" if len(problems) > 10 else ""
+    )
+    raise ValueError(
+      f"The model config does not match the checkpoint of step {step} in {workdir}: "
+      f"{shown}. Use the config the checkpoint was trained with, or a new workdir."
+    )
 
 
-def restore_training(manager: ocp.CheckpointManager, step: int, abstract_state: Any,
-                     data_iterator) -> tuple[Any, Any]:
+def restore_training(
+  manager: ocp.CheckpointManager, step: int, abstract_state: Any, data_iterator
+) -> tuple[Any, Any]:
   """Restores the train state into the shardings of `abstract_state` and the iterator in place.
 
   Args:
     abstract_state: a tree of jax.ShapeDtypeStruct with `.sharding` set (built from the
       current config, so restoring never depends on how the checkpoint was sharded).
   """
-  restored = manager.restore(step, args=ocp.args.Composite(
+  restored = manager.restore(
+    step,
+    args=ocp.args.Composite(
       state=ocp.args.StandardRestore(abstract_state),
-      data_iter=grain.checkpoint.CheckpointRestore(data_iterator)))
+      data_iter=grain.checkpoint.CheckpointRestore(data_iterator),
+    ),
+  )
   return restored["state"], restored["data_iter"]
 
 
-def read_config(workdir: str, step: int | None = None
-                ) -> tuple[ml_collections.ConfigDict, Tokenizer, int]:
+def read_config(
+  workdir: str, step: int | None = None
+) -> tuple[ml_collections.ConfigDict, Tokenizer, int]:
   """Config, tokenizer and step of a checkpoint (default: the latest), without any arrays."""
   manager = make_manager(resolve_workdir(workdir), read_only=True)
   steps = manager.all_steps()
   if not steps:
-    raise FileNotFoundError(f"No checkpoint found under {checkpoint_dir(resolve_workdir(workdir))}. "
-                            "Train first, or pass the workdir of a finished run.")
+    raise FileNotFoundError(
+      f"No checkpoint found under {checkpoint_dir(resolve_workdir(workdir))}. "
+      "Train first, or pass the workdir of a finished run."
+    )
   step = max(steps) if step is None else step
   if step not in steps:
     raise ValueError(f"No checkpoint of step {step} in {workdir}; available steps: {sorted(steps)}")
-  restored = manager.restore(step, args=ocp.args.Composite(
-      config=ocp.args.JsonRestore(), tokenizer=TokenizerRestore()))
+  restored = manager.restore(
+    step, args=ocp.args.Composite(config=ocp.args.JsonRestore(), tokenizer=TokenizerRestore())
+  )
   return ml_collections.ConfigDict(restored["config"]), restored["tokenizer"], step
 
 
 def restore_state(workdir: str, step: int, abstract_state: Any) -> Any:
   """Only the train state of a checkpoint (for translation), into the given shardings."""
   manager = make_manager(resolve_workdir(workdir), read_only=True)
-  restored = manager.restore(step, args=ocp.args.Composite(
-      state=ocp.args.StandardRestore(abstract_state)))
+  restored = manager.restore(
+    step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state))
+  )
   return restored["state"]
 
 
@@ -191,8 +252,9 @@ def resolve_workdir(path: str) -> str:
   return str(p.parent) if p.name == "checkpoints" else str(p)
 
 
-def save_inference(workdir: str, step: int, state: Any, config: ml_collections.ConfigDict,
-                   tokenizer: Tokenizer) -> str:
+def save_inference(
+  workdir: str, step: int, state: Any, config: ml_collections.ConfigDict, tokenizer: Tokenizer
+) -> str:
   """Writes a checkpoint without a data iterator (e.g. averaged parameters) and waits for it."""
   manager = make_manager(workdir, keep=None)
   manager.save(step, force=True, args=ocp.args.Composite(**_model_items(state, config, tokenizer)))
@@ -203,7 +265,9 @@ def save_inference(workdir: str, step: int, state: Any, config: ml_collections.C
 
 def saved_process_count(workdir: str, step: int) -> int | None:
   """How many processes wrote the data-iterator state of a checkpoint (None if unknown)."""
-  files = (epath.Path(checkpoint_dir(workdir)) / str(step) / "data_iter").glob("process_*-of-*.json")
+  files = (epath.Path(checkpoint_dir(workdir)) / str(step) / "data_iter").glob(
+    "process_*-of-*.json"
+  )
   counts = {int(f.name.rsplit("-of-", 1)[1].removesuffix(".json")) for f in files}
   return counts.pop() if len(counts) == 1 else None
 

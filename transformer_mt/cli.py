@@ -5,6 +5,11 @@ Also installed as the `transformer-mt` console script.
 
 User errors (unknown experiment or key, missing checkpoint, bad value) print one
 line and exit with status 2; `--debug` shows the traceback instead.
+
+Every path a user gives (flags, and the path-valued config keys in `key=value` overrides)
+is made absolute here, relative to the current directory and with `~` expanded, before
+any command runs: Orbax refuses relative paths, and a sweep's trial processes or a SLURM
+job may run from another directory.
 """
 
 from __future__ import annotations
@@ -15,10 +20,49 @@ import os
 import sys
 
 
+# Flags that name files or directories, and config keys whose values are paths.
+PATH_FLAGS = ("workdir", "workdirs", "input", "output", "source", "reference", "chart")
+PATH_KEYS = ("data.root", "data.tfds_data_dir", "data.tfds_manual_dir")
+
+
+def absolute_path(path: str | None) -> str | None:
+  """`path` relative to the current directory, `~` expanded; None, "" and "-" (stdin or
+  stdout) are returned as they are."""
+  if path in (None, "", "-"):
+    return path
+  return os.path.abspath(os.path.expanduser(path))
+
+
+def _absolute_override(override: str) -> str:
+  """`data.root=rel/dir` -> `data.root='/abs/rel/dir'`; other overrides are returned as given."""
+  from transformer_mt import registry
+
+  key, sep, text = override.partition("=")
+  if not sep or key not in PATH_KEYS:
+    return override
+  value = registry.parse_value(text, "")
+  if not isinstance(value, str):
+    raise ValueError(f"Override {key}={text}: expected a path, got {type(value).__name__}.")
+  return f"{key}={absolute_path(value)!r}"
+
+
+def resolve_paths(args: argparse.Namespace) -> None:
+  """Makes every path in `args` absolute, once, so nothing deeper sees a relative path."""
+  for name in PATH_FLAGS:
+    value = getattr(args, name, None)
+    if isinstance(value, list):
+      setattr(args, name, [absolute_path(v) for v in value])
+    elif isinstance(value, str):
+      setattr(args, name, absolute_path(value))
+  if getattr(args, "overrides", None):
+    args.overrides = [_absolute_override(o) for o in args.overrides]
+
+
 def _cmd_list(args) -> None:
   from transformer_mt import registry
   from transformer_mt.model import count_parameters
   from transformer_mt.translate import model_config_for
+
   rows = []
   for name in registry.experiment_names():
     config = registry.load_experiment(name)
@@ -27,28 +71,37 @@ def _cmd_list(args) -> None:
   print(f"{'experiment':<{width}}  {'params':>8}  description")
   for name, params, description in rows:
     print(f"{name:<{width}}  {params / 1e6:>7.2f}M  {description}")
-  print("Parameter counts include the embeddings; a tied (shared) embedding matrix is counted once.")
+  print(
+    "Parameter counts include the embeddings; a tied (shared) embedding matrix is counted once."
+  )
 
 
 def _initialize_distributed(args) -> None:
   from transformer_mt import distributed
-  distributed.initialize(args.coordinator_address, args.num_processes, args.process_id,
-                         args.multihost)
+
+  distributed.initialize(
+    args.coordinator_address, args.num_processes, args.process_id, args.multihost
+  )
 
 
 def _cmd_train(args) -> None:
   _initialize_distributed(args)
   from transformer_mt import distributed, registry, train
+
   config = registry.load_experiment(args.experiment, args.overrides)
   result = train.train(config, args.workdir)
   if distributed.is_primary():
-    print(f"Done: step {result['step']}, checkpoints in {os.path.join(args.workdir, 'checkpoints')}")
+    print(
+      f"Done: step {result['step']}, checkpoints in {os.path.join(args.workdir, 'checkpoints')}"
+    )
 
 
 def _cmd_translate(args) -> None:
   from transformer_mt import translate
-  translator = translate.load_translator(args.workdir, args.step, beam_size=args.beam,
-                                         alpha=args.alpha)
+
+  translator = translate.load_translator(
+    args.workdir, args.step, beam_size=args.beam, alpha=args.alpha
+  )
   if args.input == "-":
     lines = translate.read_lines(sys.stdin.buffer)
   else:
@@ -62,16 +115,28 @@ def _cmd_translate(args) -> None:
     sys.stdout.write(text)
   else:
     from transformer_mt.text_files import write_atomically
+
     write_atomically(args.output, text)
 
 
 def _cmd_evaluate(args) -> None:
   from transformer_mt import evaluate
-  report = evaluate.evaluate(args.workdir, args.split, args.step, args.beam, args.alpha,
-                             args.source, args.reference, args.limit)
-  print(f"{report['split']}: {report['num_sentences']} sentences, step {report['step']}, "
-        f"beam {report['beam_size']}, alpha {report['alpha']}, "
-        f"{report['sentences_per_second']:.1f} sentences/s")
+
+  report = evaluate.evaluate(
+    args.workdir,
+    args.split,
+    args.step,
+    args.beam,
+    args.alpha,
+    args.source,
+    args.reference,
+    args.limit,
+  )
+  print(
+    f"{report['split']}: {report['num_sentences']} sentences, step {report['step']}, "
+    f"beam {report['beam_size']}, alpha {report['alpha']}, "
+    f"{report['sentences_per_second']:.1f} sentences/s"
+  )
   print(f"  sacreBLEU {report['sacrebleu']:.2f}  ({report['sacrebleu_signature']})")
   print(f"  paper-comparable BLEU {report['paper_bleu']:.2f}  ({report['paper_bleu_method']})")
   print(f"  report: {report['report_path']}")
@@ -79,21 +144,25 @@ def _cmd_evaluate(args) -> None:
 
 def _cmd_average(args) -> None:
   from transformer_mt import averaging
+
   output, steps = averaging.average_last(args.workdir, args.last, args.output)
   print(f"Averaged steps {steps} into {output} (use it as --workdir for translate/evaluate).")
 
 
 def _cmd_attention(args) -> None:
   from transformer_mt import plots, translate
+
   translator = translate.load_translator(args.workdir, args.step, beam_size=1)
   layer = args.layer if args.layer in (None, "mean") else int(args.layer)
-  translation = plots.attention_heatmap(translator, args.src, args.output, layer=layer,
-                                        head=args.head)
+  translation = plots.attention_heatmap(
+    translator, args.src, args.output, layer=layer, head=args.head
+  )
   print(f"{translation}\nwrote {args.output}")
 
 
 def _cmd_plot(args) -> None:
   from transformer_mt import plots
+
   output = args.output or os.path.join(args.workdir, "curves.png")
   series = plots.training_curves(args.workdir, output)
   print(f"wrote {output} ({', '.join(series)})")
@@ -101,6 +170,7 @@ def _cmd_plot(args) -> None:
 
 def _cmd_reproduce(args) -> None:
   from transformer_mt import reproduce
+
   results = reproduce.reproduce(args.experiment, args.workdir, args.overrides)
   print(reproduce.markdown_table([results]))
   print(f"results: {os.path.join(args.workdir, reproduce.RESULTS_FILENAME)}")
@@ -108,6 +178,7 @@ def _cmd_reproduce(args) -> None:
 
 def _cmd_sweep(args) -> None:
   from transformer_mt import sweep
+
   if args.dry_run:
     print("\n".join(sweep.dry_run_commands(args.experiment, args.workdir, args.overrides)))
     return
@@ -120,6 +191,7 @@ def _cmd_sweep(args) -> None:
 
 def _cmd_report(args) -> None:
   from transformer_mt import reproduce, sweep
+
   sweeps = [w for w in args.workdirs if sweep.is_sweep_dir(w)]
   rows = [w for w in args.workdirs if w not in sweeps]
   for root in sweeps:
@@ -133,13 +205,22 @@ def _cmd_report(args) -> None:
 def _distributed_flags() -> argparse.ArgumentParser:
   """Flags of a multi-process launch (see transformer_mt/distributed.py)."""
   flags = argparse.ArgumentParser(add_help=False)
-  group = flags.add_argument_group("multi-process launch (SLURM, Open MPI and TPU VMs are detected)")
-  group.add_argument("--coordinator_address", default=None, metavar="HOST:PORT",
-                     help="address of process 0, the same on every process")
+  group = flags.add_argument_group(
+    "multi-process launch (SLURM, Open MPI and TPU VMs are detected)"
+  )
+  group.add_argument(
+    "--coordinator_address",
+    default=None,
+    metavar="HOST:PORT",
+    help="address of process 0, the same on every process",
+  )
   group.add_argument("--num_processes", type=int, default=None, help="number of processes")
   group.add_argument("--process_id", type=int, default=None, help="this process, 0..N-1")
-  group.add_argument("--multihost", action="store_true",
-                     help="let JAX detect another cluster it supports (e.g. Kubernetes)")
+  group.add_argument(
+    "--multihost",
+    action="store_true",
+    help="let JAX detect another cluster it supports (e.g. Kubernetes)",
+  )
   return flags
 
 
@@ -152,26 +233,43 @@ def build_parser() -> argparse.ArgumentParser:
   p = commands.add_parser("list", help="list experiments with parameter counts")
   p.set_defaults(func=_cmd_list)
 
-  p = commands.add_parser("train", help="train (or resume) an experiment in a workdir",
-                          parents=[distributed_flags])
+  p = commands.add_parser(
+    "train", help="train (or resume) an experiment in a workdir", parents=[distributed_flags]
+  )
   p.add_argument("--experiment", default="demo", help="experiment name (see `list`)")
   p.add_argument("--workdir", required=True, help="checkpoints, metrics and tokenizer go here")
-  p.add_argument("overrides", nargs="*", metavar="key=value",
-                 help="config overrides, e.g. train.num_steps=100")
+  p.add_argument(
+    "overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.num_steps=100"
+  )
   p.set_defaults(func=_cmd_train)
 
-  p = commands.add_parser("sweep", help="run an experiment's hyperparameter sweep, one workdir "
-                                      "per trial (resumes; --dry-run prints the commands)")
+  p = commands.add_parser(
+    "sweep",
+    help="run an experiment's hyperparameter sweep, one workdir "
+    "per trial (resumes; --dry-run prints the commands)",
+  )
   p.add_argument("--experiment", required=True, help="experiment declaring get_sweep(), e.g. demo")
   p.add_argument("--workdir", required=True, help="sweep root: ROOT/trial_000, ROOT/trial_001...")
-  p.add_argument("--parallel", type=int, default=1,
-                 help="trials at once, each on its own 1/K of the local devices (default 1)")
-  p.add_argument("--trial", type=int, default=None,
-                 help="run only trial i (e.g. $SLURM_ARRAY_TASK_ID)")
-  p.add_argument("--dry-run", action="store_true",
-                 help="print one command per trial (for a SLURM job array) and exit")
-  p.add_argument("overrides", nargs="*", metavar="key=value",
-                 help="overrides applied to every trial, e.g. train.num_steps=200")
+  p.add_argument(
+    "--parallel",
+    type=int,
+    default=1,
+    help="trials at once, each on its own 1/K of the local devices (default 1)",
+  )
+  p.add_argument(
+    "--trial", type=int, default=None, help="run only trial i (e.g. $SLURM_ARRAY_TASK_ID)"
+  )
+  p.add_argument(
+    "--dry-run",
+    action="store_true",
+    help="print one command per trial (for a SLURM job array) and exit",
+  )
+  p.add_argument(
+    "overrides",
+    nargs="*",
+    metavar="key=value",
+    help="overrides applied to every trial, e.g. train.num_steps=200",
+  )
   p.set_defaults(func=_cmd_sweep)
 
   p = commands.add_parser("translate", help="translate lines with a trained checkpoint")
@@ -179,13 +277,19 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
   p.add_argument("--input", default="-", help="file to translate (default: stdin)")
   p.add_argument("--output", default="-", help="where to write translations (default: stdout)")
-  p.add_argument("--beam", type=int, default=None, help="beam size (default: the config's; 1 = greedy)")
+  p.add_argument(
+    "--beam", type=int, default=None, help="beam size (default: the config's; 1 = greedy)"
+  )
   p.add_argument("--alpha", type=float, default=None, help="length penalty alpha (default: config)")
   p.set_defaults(func=_cmd_translate)
 
-  p = commands.add_parser("evaluate", help="translate a test set and report sacreBLEU and paper BLEU")
+  p = commands.add_parser(
+    "evaluate", help="translate a test set and report sacreBLEU and paper BLEU"
+  )
   p.add_argument("--workdir", required=True, help="workdir or averaged checkpoint directory")
-  p.add_argument("--split", default="test", help="the experiment's split to evaluate (default: test)")
+  p.add_argument(
+    "--split", default="test", help="the experiment's split to evaluate (default: test)"
+  )
   p.add_argument("--source", default=None, help="evaluate on this source file instead of --split")
   p.add_argument("--reference", default=None, help="reference file, line-aligned with --source")
   p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
@@ -196,8 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
 
   p = commands.add_parser("average", help="average the parameters of the last N checkpoints")
   p.add_argument("--workdir", required=True)
-  p.add_argument("--last", type=int, required=True, help="number of checkpoints (paper: 5 base, 20 big)")
-  p.add_argument("--output", default=None, help="output directory (default: WORKDIR/averaged_lastN)")
+  p.add_argument(
+    "--last", type=int, required=True, help="number of checkpoints (paper: 5 base, 20 big)"
+  )
+  p.add_argument(
+    "--output", default=None, help="output directory (default: WORKDIR/averaged_lastN)"
+  )
   p.set_defaults(func=_cmd_average)
 
   p = commands.add_parser("attention", help="PNG heatmap of cross-attention for one sentence")
@@ -209,16 +317,21 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--step", type=int, default=None)
   p.set_defaults(func=_cmd_attention)
 
-  p = commands.add_parser("reproduce", help="train -> average -> evaluate a table row, "
-                                          "writing WORKDIR/results.json")
-  p.add_argument("--experiment", required=True,
-                 help="experiment name, e.g. transformer_base_wmt14_ende")
+  p = commands.add_parser(
+    "reproduce", help="train -> average -> evaluate a table row, writing WORKDIR/results.json"
+  )
+  p.add_argument(
+    "--experiment", required=True, help="experiment name, e.g. transformer_base_wmt14_ende"
+  )
   p.add_argument("--workdir", required=True)
   p.add_argument("overrides", nargs="*", metavar="key=value")
   p.set_defaults(func=_cmd_reproduce)
 
-  p = commands.add_parser("report", help="markdown table (and PNG chart) of reproduced rows; "
-                                       "sweep roots are ranked by validation BLEU")
+  p = commands.add_parser(
+    "report",
+    help="markdown table (and PNG chart) of reproduced rows; "
+    "sweep roots are ranked by validation BLEU",
+  )
   p.add_argument("workdirs", nargs="+", help="workdirs holding results.json, or sweep roots")
   p.add_argument("--chart", default=None, help="also write a PNG bar chart here")
   p.set_defaults(func=_cmd_report)
@@ -238,7 +351,9 @@ def main(argv=None) -> int:
   for noisy in ("jax._src", "orbax", "etils"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
   from transformer_mt.train_step import NonFiniteError
+
   try:
+    resolve_paths(args)
     args.func(args)
   except (ValueError, FileNotFoundError, FileExistsError, KeyError, NonFiniteError) as e:
     if args.debug:

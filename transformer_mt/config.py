@@ -8,7 +8,8 @@ extra flags threaded through call sites (the flax `examples/wmt` convention).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax.numpy as jnp
 
@@ -65,18 +66,26 @@ class TransformerConfig:
   def __post_init__(self):
     errors = []
     if self.head_dim is None and self.d_model % self.num_heads:
-      errors.append(f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
-                    "set head_dim explicitly")
+      errors.append(
+        f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
+        "set head_dim explicitly"
+      )
     if self.layer_norm_position not in ("pre", "post"):
       errors.append(f"layer_norm_position={self.layer_norm_position!r} must be 'pre' or 'post'")
     if self.position_encoding not in ("sinusoidal", "learned"):
-      errors.append(f"position_encoding={self.position_encoding!r} must be 'sinusoidal' or 'learned'")
+      errors.append(
+        f"position_encoding={self.position_encoding!r} must be 'sinusoidal' or 'learned'"
+      )
     if self.share_embeddings and self.target_vocab_size not in (None, self.vocab_size):
-      errors.append("share_embeddings=True needs one shared vocabulary; "
-                    f"got vocab_size={self.vocab_size}, target_vocab_size={self.target_vocab_size}")
+      errors.append(
+        "share_embeddings=True needs one shared vocabulary; "
+        f"got vocab_size={self.vocab_size}, target_vocab_size={self.target_vocab_size}"
+      )
     if self.attention_implementation not in ("auto", "xla", "cudnn"):
-      errors.append(f"attention_implementation={self.attention_implementation!r} must be 'auto', "
-                    "'xla' or 'cudnn'")
+      errors.append(
+        f"attention_implementation={self.attention_implementation!r} must be 'auto', "
+        "'xla' or 'cudnn'"
+      )
     elif self.attention_implementation == "cudnn" and self.dtype == "float32":
       errors.append("attention_implementation='cudnn' needs dtype='bfloat16' or 'float16'")
     for name in ("dtype", "param_dtype"):
@@ -88,7 +97,7 @@ class TransformerConfig:
     if errors:
       raise ValueError("Invalid model config: " + "; ".join(errors))
 
-  def replace(self, **changes) -> "TransformerConfig":
+  def replace(self, **changes) -> TransformerConfig:
     return dataclasses.replace(self, **changes)
 
   @property
@@ -108,7 +117,7 @@ class TransformerConfig:
     return _DTYPES[self.param_dtype]
 
   @classmethod
-  def from_mapping(cls, values: Mapping[str, Any], **overrides) -> "TransformerConfig":
+  def from_mapping(cls, values: Mapping[str, Any], **overrides) -> TransformerConfig:
     """Builds a config from an ml_collections `config.model` section (or any mapping)."""
     fields = {f.name for f in dataclasses.fields(cls)}
     values = dict(values, **overrides)

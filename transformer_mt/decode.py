@@ -33,14 +33,26 @@ def init_cache(params: Any, inputs: jax.Array, config: TransformerConfig, max_le
   decode_model = Transformer(config.replace(deterministic=True, decode=True))
   batch = inputs.shape[0]
   _, variables = decode_model.apply(
-      {"params": params}, encoded, inputs != PAD_ID, jnp.full((batch, 1), BOS_ID, jnp.int32),
-      jnp.zeros((batch, 1), jnp.int32), cache_length=max_len, method=Transformer.decode,
-      mutable=["cache"])
+    {"params": params},
+    encoded,
+    inputs != PAD_ID,
+    jnp.full((batch, 1), BOS_ID, jnp.int32),
+    jnp.zeros((batch, 1), jnp.int32),
+    cache_length=max_len,
+    method=Transformer.decode,
+    mutable=["cache"],
+  )
   return variables["cache"]
 
 
-def decode_step(params: Any, cache: Any, inputs_valid: jax.Array, tokens: jax.Array,
-                position: jax.Array, config: TransformerConfig) -> tuple[jax.Array, Any]:
+def decode_step(
+  params: Any,
+  cache: Any,
+  inputs_valid: jax.Array,
+  tokens: jax.Array,
+  position: jax.Array,
+  config: TransformerConfig,
+) -> tuple[jax.Array, Any]:
   """Logits for the next token.
 
   Args:
@@ -53,9 +65,15 @@ def decode_step(params: Any, cache: Any, inputs_valid: jax.Array, tokens: jax.Ar
   """
   model = Transformer(config.replace(deterministic=True, decode=True))
   positions = jnp.full((tokens.shape[0], 1), position, jnp.int32)
-  logits, variables = model.apply({"params": params, "cache": cache}, None, inputs_valid,
-                                  tokens[:, None], positions, method=Transformer.decode,
-                                  mutable=["cache"])
+  logits, variables = model.apply(
+    {"params": params, "cache": cache},
+    None,
+    inputs_valid,
+    tokens[:, None],
+    positions,
+    method=Transformer.decode,
+    mutable=["cache"],
+  )
   return logits[:, 0], variables["cache"]
 
 
@@ -77,8 +95,9 @@ def split_cache(cache: Any) -> tuple[Any, Any]:
 
 def merge_cache(self_cache: Any, cross_cache: Any) -> Any:
   """Inverse of `split_cache`."""
-  return flax.traverse_util.unflatten_dict({**flax.traverse_util.flatten_dict(self_cache),
-                                       **flax.traverse_util.flatten_dict(cross_cache)})
+  return flax.traverse_util.unflatten_dict(
+    {**flax.traverse_util.flatten_dict(self_cache), **flax.traverse_util.flatten_dict(cross_cache)}
+  )
 
 
 def gather_written_rows(cache: Any, rows: jax.Array, chunk: int = 16) -> Any:
@@ -136,29 +155,37 @@ class GreedyState:
 
 
 @functools.partial(jax.jit, static_argnames=("config", "max_len"))
-def greedy_decode(params: Any, inputs: jax.Array, config: TransformerConfig,
-                  max_len: int) -> jax.Array:
+def greedy_decode(
+  params: Any, inputs: jax.Array, config: TransformerConfig, max_len: int
+) -> jax.Array:
   """Argmax decoding: int32 [batch, max_len] target ids, EOS included, PAD afterwards."""
   batch = inputs.shape[0]
   inputs_valid = inputs != PAD_ID
   initial = GreedyState(
-      step=jnp.array(0, jnp.int32),
-      last_tokens=jnp.full((batch,), BOS_ID, jnp.int32),
-      outputs=jnp.full((batch, max_len), PAD_ID, jnp.int32),
-      # Empty rows (all padding) count as finished from the start.
-      finished=~jnp.any(inputs_valid, axis=1),
-      cache=init_cache(params, inputs, config, max_len))
+    step=jnp.array(0, jnp.int32),
+    last_tokens=jnp.full((batch,), BOS_ID, jnp.int32),
+    outputs=jnp.full((batch, max_len), PAD_ID, jnp.int32),
+    # Empty rows (all padding) count as finished from the start.
+    finished=~jnp.any(inputs_valid, axis=1),
+    cache=init_cache(params, inputs, config, max_len),
+  )
 
   def not_done(state: GreedyState) -> jax.Array:
     return (state.step < max_len) & ~jnp.all(state.finished)
 
   def body(state: GreedyState) -> GreedyState:
-    logits, cache = decode_step(params, state.cache, inputs_valid, state.last_tokens,
-                                state.step, config)
+    logits, cache = decode_step(
+      params, state.cache, inputs_valid, state.last_tokens, state.step, config
+    )
     next_tokens = jnp.argmax(never_generated(logits), axis=-1).astype(jnp.int32)
     next_tokens = jnp.where(state.finished, PAD_ID, next_tokens)
     outputs = jax.lax.dynamic_update_slice(state.outputs, next_tokens[:, None], (0, state.step))
-    return GreedyState(step=state.step + 1, last_tokens=next_tokens, outputs=outputs,
-                       finished=state.finished | (next_tokens == EOS_ID), cache=cache)
+    return GreedyState(
+      step=state.step + 1,
+      last_tokens=next_tokens,
+      outputs=outputs,
+      finished=state.finished | (next_tokens == EOS_ID),
+      cache=cache,
+    )
 
   return jax.lax.while_loop(not_done, body, initial).outputs

@@ -35,13 +35,19 @@ def on_tpu_host() -> bool:
 
 def launched_as_several_processes() -> bool:
   """True when SLURM or Open MPI started this command as one of several tasks."""
-  counts = (os.environ.get("SLURM_NTASKS") if "SLURM_JOB_ID" in os.environ else None,
-            os.environ.get("OMPI_COMM_WORLD_SIZE"))
+  counts = (
+    os.environ.get("SLURM_NTASKS") if "SLURM_JOB_ID" in os.environ else None,
+    os.environ.get("OMPI_COMM_WORLD_SIZE"),
+  )
   return any(count is not None and count.isdigit() and int(count) > 1 for count in counts)
 
 
-def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None, multihost: bool = False) -> bool:
+def initialize(
+  coordinator_address: str | None = None,
+  num_processes: int | None = None,
+  process_id: int | None = None,
+  multihost: bool = False,
+) -> bool:
   """Joins this process to a multi-process run when it is one; returns whether it did.
 
   Must run before any JAX computation. Explicit arguments win; otherwise SLURM / Open MPI
@@ -51,23 +57,34 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   explicit = (coordinator_address, num_processes, process_id)
   if any(value is not None for value in explicit):
     if any(value is None for value in explicit):
-      raise ValueError("A multi-process launch needs all of --coordinator_address HOST:PORT, "
-                       "--num_processes N and --process_id I (0..N-1) on every process; got "
-                       f"coordinator_address={coordinator_address}, num_processes={num_processes}, "
-                       f"process_id={process_id}.")
+      raise ValueError(
+        "A multi-process launch needs all of --coordinator_address HOST:PORT, "
+        "--num_processes N and --process_id I (0..N-1) on every process; got "
+        f"coordinator_address={coordinator_address}, num_processes={num_processes}, "
+        f"process_id={process_id}."
+      )
     if not 0 <= process_id < num_processes:
-      raise ValueError(f"--process_id {process_id} must be in 0..{num_processes - 1} "
-                       f"(--num_processes {num_processes}).")
+      raise ValueError(
+        f"--process_id {process_id} must be in 0..{num_processes - 1} "
+        f"(--num_processes {num_processes})."
+      )
     if ":" not in coordinator_address:
-      raise ValueError(f"--coordinator_address {coordinator_address!r} must be HOST:PORT, "
-                       "e.g. 10.0.0.1:8476 (the address of process 0).")
+      raise ValueError(
+        f"--coordinator_address {coordinator_address!r} must be HOST:PORT, "
+        "e.g. 10.0.0.1:8476 (the address of process 0)."
+      )
     jax.distributed.initialize(coordinator_address, num_processes, process_id)
   elif multihost or launched_as_several_processes() or on_tpu_host():
     jax.distributed.initialize()
   else:
     return False
-  logging.info("Process %d of %d: %d local devices, %d in all.", jax.process_index(),
-               jax.process_count(), jax.local_device_count(), jax.device_count())
+  logging.info(
+    "Process %d of %d: %d local devices, %d in all.",
+    jax.process_index(),
+    jax.process_count(),
+    jax.local_device_count(),
+    jax.device_count(),
+  )
   if jax.process_index() != 0:
     # Only process 0 reports; the others still print warnings and errors.
     logging.getLogger().setLevel(logging.WARNING)

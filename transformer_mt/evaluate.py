@@ -17,10 +17,16 @@ from transformer_mt import checkpointing, data_sources, evaluation, text_files
 from transformer_mt.translate import load_translator
 
 
-def evaluate(workdir: str, split: str = "test", step: int | None = None,
-             beam_size: int | None = None, alpha: float | None = None,
-             source_file: str | None = None, reference_file: str | None = None,
-             limit: int | None = None) -> dict[str, Any]:
+def evaluate(
+  workdir: str,
+  split: str = "test",
+  step: int | None = None,
+  beam_size: int | None = None,
+  alpha: float | None = None,
+  source_file: str | None = None,
+  reference_file: str | None = None,
+  limit: int | None = None,
+) -> dict[str, Any]:
   """Translates the experiment's `split` (or the given files) and writes the BLEU report.
 
   Args:
@@ -31,27 +37,40 @@ def evaluate(workdir: str, split: str = "test", step: int | None = None,
   config, _, step = checkpointing.read_config(workdir, step)
   if source_file or reference_file:
     if not (source_file and reference_file):
-      raise ValueError("Pass both --source and --reference, or neither (to use the config's split).")
+      raise ValueError(
+        "Pass both --source and --reference, or neither (to use the config's split)."
+      )
     pairs = text_files.read_parallel(source_file, reference_file)
     name = os.path.basename(source_file)
   else:
     splits = data_sources.load_pairs(config.data)
     if split not in splits:
-      raise ValueError(f"The experiment's data has no {split!r} split (it has {sorted(splits)}); "
-                       "pass --split or --source/--reference.")
+      raise ValueError(
+        f"The experiment's data has no {split!r} split (it has {sorted(splits)}); "
+        "pass --split or --source/--reference."
+      )
     pairs, name = splits[split], split
   pairs = list(pairs[:limit] if limit else pairs)
   translator = load_translator(workdir, step, beam_size=beam_size, alpha=alpha)
   start = time.perf_counter()
   hypotheses = translator.translate([source for source, _ in pairs], progress=True)
   seconds = time.perf_counter() - start
-  report = evaluation.bleu_report(hypotheses, [target for _, target in pairs],
-                                  config.data.get("target_lang", "en"))
-  report.update({
-      "workdir": os.path.abspath(workdir), "step": step, "split": name,
-      "num_sentences": len(pairs), "limited_to_first": limit, "beam_size": translator.beam_size,
-      "alpha": translator.alpha, "seconds": seconds, "sentences_per_second": len(pairs) / seconds,
-  })
+  report = evaluation.bleu_report(
+    hypotheses, [target for _, target in pairs], config.data.get("target_lang", "en")
+  )
+  report.update(
+    {
+      "workdir": os.path.abspath(workdir),
+      "step": step,
+      "split": name,
+      "num_sentences": len(pairs),
+      "limited_to_first": limit,
+      "beam_size": translator.beam_size,
+      "alpha": translator.alpha,
+      "seconds": seconds,
+      "sentences_per_second": len(pairs) / seconds,
+    }
+  )
   out_dir = os.path.join(checkpointing.resolve_workdir(workdir), "eval")
   os.makedirs(out_dir, exist_ok=True)
   stem = os.path.join(out_dir, f"{name}-step{step}-beam{translator.beam_size}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
-from typing import Sequence
+from collections.abc import Sequence
 
 import sacrebleu
 import sacremoses
@@ -25,8 +25,10 @@ import sacremoses
 def _check_aligned(hypotheses: Sequence[str], references: Sequence[str]) -> None:
   """BLEU silently pairs line i with line i, so an off-by-one file would score garbage."""
   if len(hypotheses) != len(references):
-    raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references: "
-                     "translations must be line-aligned with the references.")
+    raise ValueError(
+      f"{len(hypotheses)} hypotheses but {len(references)} references: "
+      "translations must be line-aligned with the references."
+    )
 
 
 def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:
@@ -45,19 +47,19 @@ def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[f
 _COMPOUND_HYPHEN = re.compile(r"(\S)-(\S)", re.ASCII)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _moses_tokenizer(language: str) -> sacremoses.MosesTokenizer:
   """One tokenizer per language: building it loads the nonbreaking-prefix lists."""
   return sacremoses.MosesTokenizer(lang=language)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _punct_normalizer(language: str) -> sacremoses.MosesPunctNormalizer:
   return sacremoses.MosesPunctNormalizer(lang=language)
 
 
 def paper_tokenize(line: str, language: str) -> str:
-  """One detokenized line as get_ende_bleu.sh hands it to multi-bleu.perl.
+  r"""One detokenized line as get_ende_bleu.sh hands it to multi-bleu.perl.
 
   The script's three text steps, in its order:
   1. `replace-unicode-punctuation.perl` (full-width CJK punctuation and digits, curly
@@ -71,13 +73,15 @@ def paper_tokenize(line: str, language: str) -> str:
      intact "rich-text" into "rich ##AT##-##AT## text" (the Stanford/GNMT convention).
   """
   text = _punct_normalizer(language).replace_unicode_punct(line)
-  text = _moses_tokenizer(language).tokenize(text, aggressive_dash_splits=False,
-                                             return_str=True, escape=True)
+  text = _moses_tokenizer(language).tokenize(
+    text, aggressive_dash_splits=False, return_str=True, escape=True
+  )
   return _COMPOUND_HYPHEN.sub(r"\1 ##AT##-##AT## \2", text)
 
 
-def paper_bleu(hypotheses: Sequence[str], references: Sequence[str],
-               language: str) -> tuple[float, str]:
+def paper_bleu(
+  hypotheses: Sequence[str], references: Sequence[str], language: str
+) -> tuple[float, str]:
   """Tokenized "paper-comparable" BLEU (0-100) as tensor2tensor's get_ende_bleu.sh computes
   it, and a description of the procedure.
 
@@ -98,25 +102,26 @@ def paper_bleu(hypotheses: Sequence[str], references: Sequence[str],
   ref_tokens = [paper_tokenize(line, language) for line in references]
   metric = sacrebleu.metrics.BLEU(tokenize="none", smooth_method="none", force=True)
   score = metric.corpus_score(hyp_tokens, [ref_tokens])
-  method = (f"tokenized BLEU as in tensor2tensor get_ende_bleu.sh: sacremoses "
-            f"{sacremoses.__version__} replace-unicode-punctuation + tokenizer -l {language} "
-            f"(escaped, no -a), compound splitting ##AT##-##AT##, multi-bleu.perl "
-            f"equivalent sacreBLEU {metric.get_signature()}")
+  method = (
+    f"tokenized BLEU as in tensor2tensor get_ende_bleu.sh: sacremoses "
+    f"{sacremoses.__version__} replace-unicode-punctuation + tokenizer -l {language} "
+    f"(escaped, no -a), compound splitting ##AT##-##AT##, multi-bleu.perl "
+    f"equivalent sacreBLEU {metric.get_signature()}"
+  )
   return score.score, method
 
 
-def bleu_report(hypotheses: Sequence[str], references: Sequence[str],
-                target_language: str) -> dict:
+def bleu_report(hypotheses: Sequence[str], references: Sequence[str], target_language: str) -> dict:
   """Both BLEU numbers, each next to the label that says how it was computed, so a reader
   cannot mistake the inflated tokenized number for the official one."""
   sacre_score, signature = corpus_bleu(hypotheses, references)
   paper_score, method = paper_bleu(hypotheses, references, target_language)
   return {
-      "sacrebleu": sacre_score,
-      "sacrebleu_signature": signature,
-      "paper_bleu": paper_score,
-      "paper_bleu_method": method,
-      "num_sentences": len(hypotheses),
+    "sacrebleu": sacre_score,
+    "sacrebleu_signature": signature,
+    "paper_bleu": paper_score,
+    "paper_bleu_method": method,
+    "num_sentences": len(hypotheses),
   }
 
 
@@ -126,8 +131,9 @@ def _strip_punctuation(text: str) -> str:
   return "".join(ch for ch in text if not unicodedata.category(ch).startswith("P"))
 
 
-def unigram_precision(hypothesis: str, reference: str, lowercase: bool = True,
-                      remove_punctuation: bool = True) -> float:
+def unigram_precision(
+  hypothesis: str, reference: str, lowercase: bool = True, remove_punctuation: bool = True
+) -> float:
   """Clipped unigram precision (0-1) of one hypothesis against one reference: the first of
   BLEU's four n-gram precisions, e.g. for explaining BLEU with a worked example.
 

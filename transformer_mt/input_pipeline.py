@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import grain
 import numpy as np
@@ -60,8 +60,7 @@ class TokenizePair:
   def __call__(self, pair: tuple[str, str]) -> dict[str, np.ndarray]:
     source, target = pair
     source_ids, target_ids = self._tokenizer.encode([source.strip(), target.strip()])
-    return {"inputs": np.asarray(source_ids, np.int32),
-            "targets": np.asarray(target_ids, np.int32)}
+    return {"inputs": np.asarray(source_ids, np.int32), "targets": np.asarray(target_ids, np.int32)}
 
 
 class KeepPair:
@@ -88,8 +87,9 @@ def shift_right_per_segment(packed: dict[str, np.ndarray]) -> dict[str, np.ndarr
   return dict(packed, targets_in=targets_in)
 
 
-def rows_per_batch(batch_tokens: int, max_len: int, grad_accum_steps: int,
-                   process_count: int, batch_shards: int = 1) -> int:
+def rows_per_batch(
+  batch_tokens: int, max_len: int, grad_accum_steps: int, process_count: int, batch_shards: int = 1
+) -> int:
   """Packed rows per update for a budget of `batch_tokens` target tokens (padding included).
 
   Each micro-batch (rows / grad_accum_steps) is split over `batch_shards` devices (the
@@ -99,17 +99,25 @@ def rows_per_batch(batch_tokens: int, max_len: int, grad_accum_steps: int,
   unit = math.lcm(grad_accum_steps * batch_shards, grad_accum_steps * process_count)
   if rows < 1 or rows % unit:
     raise ValueError(
-        f"train.batch_tokens={batch_tokens} gives {rows} rows of data.max_len={max_len} tokens; "
-        f"the rows must be a positive multiple of {unit} (grad_accum_steps={grad_accum_steps} x "
-        f"data-parallel shards={batch_shards}, and processes={process_count}); "
-        f"adjust train.batch_tokens (e.g. {max(unit, rows // unit * unit) * max_len}).")
+      f"train.batch_tokens={batch_tokens} gives {rows} rows of data.max_len={max_len} tokens; "
+      f"the rows must be a positive multiple of {unit} (grad_accum_steps={grad_accum_steps} x "
+      f"data-parallel shards={batch_shards}, and processes={process_count}); "
+      f"adjust train.batch_tokens (e.g. {max(unit, rows // unit * unit) * max_len})."
+    )
   return rows
 
 
-def training_batches(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, batch_rows: int,
-                     grad_accum_steps: int, max_len: int, seed: int,
-                     process_index: int = 0, process_count: int = 1, packing_bins: int = 256
-                     ) -> tuple[Iterator[dict[str, np.ndarray]], FilterCounts]:
+def training_batches(
+  pairs: Sequence[tuple[str, str]],
+  tokenizer: Tokenizer,
+  batch_rows: int,
+  grad_accum_steps: int,
+  max_len: int,
+  seed: int,
+  process_index: int = 0,
+  process_count: int = 1,
+  packing_bins: int = 256,
+) -> tuple[Iterator[dict[str, np.ndarray]], FilterCounts]:
   """An endless Grain iterator of packed [accum, micro, max_len] batches, and its filter counts.
 
   `batch_rows` counts packed rows over all processes; each process reads every
@@ -121,28 +129,36 @@ def training_batches(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, bat
   local_rows = batch_rows // process_count
   micro = local_rows // grad_accum_steps
   counts = FilterCounts()
-  dataset = (grain.MapDataset.source(pairs)[process_index::process_count]
-             .shuffle(seed=seed)
-             .repeat(None)
-             .map(TokenizePair(tokenizer))
-             .filter(KeepPair(max_len, counts))
-             .to_iter_dataset())
+  dataset = (
+    grain.MapDataset.source(pairs)[process_index::process_count]
+    .shuffle(seed=seed)
+    .repeat(None)
+    .map(TokenizePair(tokenizer))
+    .filter(KeepPair(max_len, counts))
+    .to_iter_dataset()
+  )
   dataset = packed_rows(dataset, local_rows, max_len, seed, packing_bins)
-  dataset = dataset.map(lambda batch: {k: v.reshape(grad_accum_steps, micro, max_len)
-                                       for k, v in batch.items()})
+  dataset = dataset.map(
+    lambda batch: {k: v.reshape(grad_accum_steps, micro, max_len) for k, v in batch.items()}
+  )
   return iter(dataset), counts
 
 
-def packed_rows(examples: grain.IterDataset, rows: int, max_len: int, seed: int,
-                packing_bins: int = 256) -> grain.IterDataset:
+def packed_rows(
+  examples: grain.IterDataset, rows: int, max_len: int, seed: int, packing_bins: int = 256
+) -> grain.IterDataset:
   """Tokenized {"inputs", "targets"} examples -> batches of [rows, max_len] packed rows.
 
   First-fit packing over `packing_bins` open rows (at least `rows`), with per-sentence
   segment ids and positions, and decoder inputs shifted right within each sentence.
   """
   dataset = grain.experimental.FirstFitPackIterDataset(
-      examples, length_struct={"inputs": max_len, "targets": max_len},
-      num_packing_bins=max(rows, packing_bins), seed=seed, shuffle_bins=True)
+    examples,
+    length_struct={"inputs": max_len, "targets": max_len},
+    num_packing_bins=max(rows, packing_bins),
+    seed=seed,
+    shuffle_bins=True,
+  )
   return dataset.map(shift_right_per_segment).batch(rows, drop_remainder=True)
 
 
@@ -151,8 +167,9 @@ def bucket_length(length: int, multiple: int = 16) -> int:
   return max(multiple, -(-length // multiple) * multiple)
 
 
-def evaluation_batches(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, batch_rows: int
-                       ) -> Iterator[dict[str, np.ndarray]]:
+def evaluation_batches(
+  pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, batch_rows: int
+) -> Iterator[dict[str, np.ndarray]]:
   """Padded [1, batch_rows, bucket] batches covering every non-empty pair exactly once.
 
   Pairs are sorted by length so each batch pads little; rows beyond the last pair
@@ -162,14 +179,16 @@ def evaluation_batches(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, b
   examples = [tokenize(pair) for pair in pairs if pair[0].strip() and pair[1].strip()]
   examples.sort(key=lambda e: max(len(e["inputs"]), len(e["targets"])))
   for start in range(0, len(examples), batch_rows):
-    chunk = examples[start:start + batch_rows]
+    chunk = examples[start : start + batch_rows]
     length = bucket_length(max(max(len(e["inputs"]), len(e["targets"])) for e in chunk))
-    batch = {k: np.full((batch_rows, length), PAD_ID, np.int32)
-             for k in ("inputs", "targets", "targets_in")}
+    batch = {
+      k: np.full((batch_rows, length), PAD_ID, np.int32)
+      for k in ("inputs", "targets", "targets_in")
+    }
     for row, example in enumerate(chunk):
       source, target = example["inputs"], example["targets"]
-      batch["inputs"][row, :len(source)] = source
-      batch["targets"][row, :len(target)] = target
+      batch["inputs"][row, : len(source)] = source
+      batch["targets"][row, : len(target)] = target
       batch["targets_in"][row, 0] = BOS_ID
-      batch["targets_in"][row, 1:len(target)] = target[:-1]
+      batch["targets_in"][row, 1 : len(target)] = target[:-1]
     yield {k: v[None] for k, v in batch.items()}

@@ -10,8 +10,9 @@ import jax
 import jax.numpy as jnp
 
 
-def cross_entropy_sums(logits: jax.Array, targets: jax.Array, weights: jax.Array,
-                       label_smoothing: float = 0.0) -> dict[str, jax.Array]:
+def cross_entropy_sums(
+  logits: jax.Array, targets: jax.Array, weights: jax.Array, label_smoothing: float = 0.0
+) -> dict[str, jax.Array]:
   """Summed losses of one (micro-)batch; divide by `num_tokens` to get means.
 
   Computed without materializing q or log p over the vocabulary: since sum_k q(k) = 1,
@@ -36,11 +37,12 @@ def cross_entropy_sums(logits: jax.Array, targets: jax.Array, weights: jax.Array
   target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
   token_nll = log_z - target_logit
   token_loss = (1.0 - label_smoothing) * token_nll + label_smoothing * (
-      log_z - jnp.mean(logits, axis=-1))
+    log_z - jnp.mean(logits, axis=-1)
+  )
   correct = (target_logit >= jnp.max(logits, axis=-1)).astype(jnp.float32)
   return {
-      "loss": jnp.sum(token_loss * weights),
-      "nll": jnp.sum(token_nll * weights),
-      "correct": jnp.sum(correct * weights),
-      "num_tokens": jnp.sum(weights),
+    "loss": jnp.sum(token_loss * weights),
+    "nll": jnp.sum(token_nll * weights),
+    "correct": jnp.sum(correct * weights),
+    "num_tokens": jnp.sum(weights),
   }

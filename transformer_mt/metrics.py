@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import numpy as np
@@ -23,7 +24,10 @@ class MetricWriter:
     self._tensorboard = None
     if self.enabled:
       from tensorboardX import SummaryWriter  # slow import: only the writing process pays it
-      self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
+
+      self._jsonl = open(  # noqa: SIM115 - kept open for the run, closed in close()
+        os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8"
+      )
       self._tensorboard = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
   def write(self, step: int, scalars: Mapping[str, Any]) -> None:

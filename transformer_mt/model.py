@@ -14,8 +14,16 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_mt.attention import (MultiHeadAttention, bias_init, causal_mask, combine_masks,
-                                      dense_init, padding_mask, segment_mask, sinusoidal_encoding)
+from transformer_mt.attention import (
+  MultiHeadAttention,
+  bias_init,
+  causal_mask,
+  combine_masks,
+  dense_init,
+  padding_mask,
+  segment_mask,
+  sinusoidal_encoding,
+)
 from transformer_mt.config import TransformerConfig
 
 PAD_ID = 0
@@ -29,9 +37,18 @@ class FeedForward(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     cfg = self.config
-    dense = lambda features, axes, name: nn.Dense(  # noqa: E731
-        features, use_bias=cfg.use_bias, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
-        kernel_init=dense_init(axes), bias_init=bias_init(axes[-1:]), name=name)
+
+    def dense(features, axes, name):
+      return nn.Dense(
+        features,
+        use_bias=cfg.use_bias,
+        dtype=cfg.compute_dtype,
+        param_dtype=cfg.weight_dtype,
+        kernel_init=dense_init(axes),
+        bias_init=bias_init(axes[-1:]),
+        name=name,
+      )
+
     hidden = nn.relu(dense(cfg.d_ff, ("embed", "mlp"), "wi")(x))  # [batch, len, d_ff]
     hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
     if cfg.relu_dropout_rate > 0:
@@ -41,9 +58,14 @@ class FeedForward(nn.Module):
 
 def layer_norm(cfg: TransformerConfig, name: str | None = None) -> nn.LayerNorm:
   return nn.LayerNorm(
-      epsilon=1e-6, use_bias=cfg.use_bias, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
-      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
-      bias_init=bias_init(("embed",)), name=name)
+    epsilon=1e-6,
+    use_bias=cfg.use_bias,
+    dtype=cfg.compute_dtype,
+    param_dtype=cfg.weight_dtype,
+    scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+    bias_init=bias_init(("embed",)),
+    name=name,
+  )
 
 
 class SublayerConnection(nn.Module):
@@ -72,7 +94,9 @@ class EncoderLayer(nn.Module):
   def __call__(self, x: jax.Array, mask: jax.Array | None) -> jax.Array:
     attention = MultiHeadAttention(self.config, name="self_attention")
     x = SublayerConnection(self.config, name="attention_block")(x, lambda h: attention(h, h, mask))
-    return SublayerConnection(self.config, name="ffn_block")(x, FeedForward(self.config, name="ffn"))
+    return SublayerConnection(self.config, name="ffn_block")(
+      x, FeedForward(self.config, name="ffn")
+    )
 
 
 class DecoderLayer(nn.Module):
@@ -84,9 +108,11 @@ class DecoderLayer(nn.Module):
     self_attention = MultiHeadAttention(cfg, name="self_attention")
     cross_attention = MultiHeadAttention(cfg, is_cross_attention=True, name="cross_attention")
     y = SublayerConnection(cfg, name="self_attention_block")(
-        y, lambda h: self_attention(h, h, self_mask, cache_length))
+      y, lambda h: self_attention(h, h, self_mask, cache_length)
+    )
     y = SublayerConnection(cfg, name="cross_attention_block")(
-        y, lambda h: cross_attention(h, encoded, cross_mask))
+      y, lambda h: cross_attention(h, encoded, cross_mask)
+    )
     return SublayerConnection(cfg, name="ffn_block")(y, FeedForward(cfg, name="ffn"))
 
 
@@ -99,14 +125,24 @@ class Embedder(nn.Module):
   def setup(self):
     cfg = self.config
     self.embedding = nn.Embed(
-        self.vocab_size, cfg.d_model, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
-        embedding_init=nn.with_logical_partitioning(
-            nn.initializers.normal(stddev=cfg.d_model**-0.5), ("vocab", "embed")))
+      self.vocab_size,
+      cfg.d_model,
+      dtype=cfg.compute_dtype,
+      param_dtype=cfg.weight_dtype,
+      embedding_init=nn.with_logical_partitioning(
+        nn.initializers.normal(stddev=cfg.d_model**-0.5), ("vocab", "embed")
+      ),
+    )
     if cfg.position_encoding == "learned":
       self.position_embedding = nn.Embed(
-          cfg.max_len, cfg.d_model, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
-          embedding_init=nn.with_logical_partitioning(
-              nn.initializers.normal(stddev=0.02), (None, "embed")))
+        cfg.max_len,
+        cfg.d_model,
+        dtype=cfg.compute_dtype,
+        param_dtype=cfg.weight_dtype,
+        embedding_init=nn.with_logical_partitioning(
+          nn.initializers.normal(stddev=0.02), (None, "embed")
+        ),
+      )
     self.dropout = nn.Dropout(cfg.dropout_rate)
 
   def __call__(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
@@ -168,9 +204,13 @@ class Transformer(nn.Module):
     if not cfg.share_embeddings:
       self.target_embedder = Embedder(cfg, cfg.output_vocab_size)
       self.output_projection = nn.Dense(
-          cfg.output_vocab_size, use_bias=cfg.use_bias, dtype=cfg.compute_dtype,
-          param_dtype=cfg.weight_dtype, kernel_init=dense_init(("embed", "vocab")),
-          bias_init=bias_init(("vocab",)))
+        cfg.output_vocab_size,
+        use_bias=cfg.use_bias,
+        dtype=cfg.compute_dtype,
+        param_dtype=cfg.weight_dtype,
+        kernel_init=dense_init(("embed", "vocab")),
+        bias_init=bias_init(("vocab",)),
+      )
     # Remat only matters under jax.grad; decoding with the KV cache never needs it.
     remat = nn.remat if cfg.remat and not cfg.decode else lambda layer: layer
     self.encoder_layers = [remat(EncoderLayer)(cfg) for _ in range(cfg.num_encoder_layers)]
@@ -193,8 +233,16 @@ class Transformer(nn.Module):
       x = self.encoder_norm(x)
     return x
 
-  def decode(self, encoded, inputs_valid, targets_in, targets_positions=None,
-             inputs_segmentation=None, targets_segmentation=None, cache_length=None):
+  def decode(
+    self,
+    encoded,
+    inputs_valid,
+    targets_in,
+    targets_positions=None,
+    inputs_segmentation=None,
+    targets_segmentation=None,
+    cache_length=None,
+  ):
     """Decoder logits.
 
     Args:
@@ -219,31 +267,45 @@ class Transformer(nn.Module):
       self_mask = None  # the attention cache masks not-yet-written positions itself.
       cross_mask = inputs_valid[:, None, None, :]  # [batch, 1, 1, src_len]
     else:
-      self_mask = combine_masks(padding_mask(targets_valid, targets_valid),
-                                causal_mask(targets_in.shape[1]))
+      self_mask = combine_masks(
+        padding_mask(targets_valid, targets_valid), causal_mask(targets_in.shape[1])
+      )
       cross_mask = padding_mask(targets_valid, inputs_valid)
       if targets_segmentation is not None:
-        self_mask = combine_masks(self_mask, segment_mask(targets_segmentation, targets_segmentation))
-        cross_mask = combine_masks(cross_mask,
-                                   segment_mask(targets_segmentation, inputs_segmentation))
+        self_mask = combine_masks(
+          self_mask, segment_mask(targets_segmentation, targets_segmentation)
+        )
+        cross_mask = combine_masks(
+          cross_mask, segment_mask(targets_segmentation, inputs_segmentation)
+        )
     embedder = self.source_embedder if cfg.share_embeddings else self.target_embedder
     y = embedder(targets_in, targets_positions)
     for layer in self.decoder_layers:
       y = layer(y, encoded, self_mask, cross_mask, cache_length)
     if cfg.use_layer_norm and cfg.layer_norm_position == "pre":
       y = self.decoder_norm(y)
-    if cfg.share_embeddings:
-      logits = embedder.attend(y)
-    else:
-      logits = self.output_projection(y)
+    logits = embedder.attend(y) if cfg.share_embeddings else self.output_projection(y)
     return logits.astype(jnp.float32)  # [batch, tgt_len, vocab]
 
-  def __call__(self, inputs, targets_in, inputs_positions=None, targets_positions=None,
-               inputs_segmentation=None, targets_segmentation=None):
+  def __call__(
+    self,
+    inputs,
+    targets_in,
+    inputs_positions=None,
+    targets_positions=None,
+    inputs_segmentation=None,
+    targets_segmentation=None,
+  ):
     """Teacher-forced logits [batch, tgt_len, vocab] for source `inputs` and shifted targets."""
     encoded = self.encode(inputs, inputs_positions, inputs_segmentation)
-    return self.decode(encoded, inputs != PAD_ID, targets_in, targets_positions,
-                       inputs_segmentation, targets_segmentation)
+    return self.decode(
+      encoded,
+      inputs != PAD_ID,
+      targets_in,
+      targets_positions,
+      inputs_segmentation,
+      targets_segmentation,
+    )
 
 
 def count_parameters(config: TransformerConfig) -> int:

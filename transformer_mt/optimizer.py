@@ -23,12 +23,14 @@ def paper_learning_rate(d_model: int, warmup_steps: int, scale: float = 1.0) -> 
   return schedule
 
 
-def make_optimizer(train_config: ml_collections.ConfigDict, d_model: int
-                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def make_optimizer(
+  train_config: ml_collections.ConfigDict, d_model: int
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """Adam with the paper's schedule, optionally preceded by global-norm clipping."""
   schedule = paper_learning_rate(d_model, train_config.warmup_steps, train_config.lr_scale)
-  adam = optax.adam(schedule, b1=train_config.adam_b1, b2=train_config.adam_b2,
-                    eps=train_config.adam_eps)
+  adam = optax.adam(
+    schedule, b1=train_config.adam_b1, b2=train_config.adam_b2, eps=train_config.adam_eps
+  )
   if train_config.grad_clip_norm and train_config.grad_clip_norm > 0:
     return optax.chain(optax.clip_by_global_norm(train_config.grad_clip_norm), adam), schedule
   return adam, schedule

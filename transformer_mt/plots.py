@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -32,22 +33,26 @@ _BLEU_SERIES = (("validation/bleu", "validation BLEU"),)
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
-def _cross_attention_weights(params: Any, inputs: jax.Array, targets_in: jax.Array,
-                             config: TransformerConfig) -> jax.Array:
+def _cross_attention_weights(
+  params: Any, inputs: jax.Array, targets_in: jax.Array, config: TransformerConfig
+) -> jax.Array:
   """float32 [layers, batch, heads, tgt_len, src_len]; jitted so a large model is not run
   op by op."""
   model = Transformer(config.replace(deterministic=True, decode=False))
   _, variables = model.apply({"params": params}, inputs, targets_in, mutable=["intermediates"])
   intermediates = variables["intermediates"]
   # `sow` appends to a tuple; one forward pass leaves exactly one entry per module.
-  return jnp.stack([
+  return jnp.stack(
+    [
       intermediates[f"decoder_layers_{i}"]["cross_attention"]["attention_weights"][0]
       for i in range(config.num_decoder_layers)
-  ]).astype(jnp.float32)
+    ]
+  ).astype(jnp.float32)
 
 
-def cross_attention(params: Any, model_config: TransformerConfig, inputs: Any,
-                    targets_in: Any) -> np.ndarray:
+def cross_attention(
+  params: Any, model_config: TransformerConfig, inputs: Any, targets_in: Any
+) -> np.ndarray:
   """Cross-attention probabilities of every decoder layer for one sentence pair.
 
   Args:
@@ -65,8 +70,9 @@ def cross_attention(params: Any, model_config: TransformerConfig, inputs: Any,
   for name, array in (("inputs", inputs), ("targets_in", targets_in)):
     if array.ndim != 2 or array.shape[0] != 1 or array.shape[1] == 0:
       raise ValueError(f"{name} must have shape [1, length>0] (one sentence), got {array.shape}")
-  weights = _cross_attention_weights(params, jnp.asarray(inputs, jnp.int32),
-                                     jnp.asarray(targets_in, jnp.int32), model_config)
+  weights = _cross_attention_weights(
+    params, jnp.asarray(inputs, jnp.int32), jnp.asarray(targets_in, jnp.int32), model_config
+  )
   return np.asarray(jax.device_get(weights))[:, 0]
 
 
@@ -74,16 +80,19 @@ def _check_index(name: str, value: Any, count: int, allowed: str) -> None:
   """Raises unless `value` is None, "mean" or an int in [-count, count) (negative from the end)."""
   if value is None or value == "mean":
     return
-  if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-    if -count <= value < count:
-      return
-  raise ValueError(f"{name}={value!r} is out of range: the model has {count} {allowed}, so "
-                   f"{name} must be an int in [0, {count - 1}] (or [-{count}, -1] counting from "
-                   f"the end), 'mean', or None")
+  is_int = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+  if is_int and -count <= value < count:
+    return
+  raise ValueError(
+    f"{name}={value!r} is out of range: the model has {count} {allowed}, so "
+    f"{name} must be an int in [0, {count - 1}] (or [-{count}, -1] counting from "
+    f"the end), 'mean', or None"
+  )
 
 
-def _select(weights: np.ndarray, layer: int | str | None, head: int | str | None
-            ) -> tuple[np.ndarray, str]:
+def _select(
+  weights: np.ndarray, layer: int | str | None, head: int | str | None
+) -> tuple[np.ndarray, str]:
   """[layers, heads, q, k] -> [q, k] and the words for the title."""
   num_layers, num_heads = weights.shape[:2]
   if layer == "mean":
@@ -99,6 +108,7 @@ def _select(weights: np.ndarray, layer: int | str | None, head: int | str | None
 
 def _new_figure(width: float, height: float):
   from matplotlib.figure import Figure  # imported here: training never pays for matplotlib
+
   return Figure(figsize=(width, height), layout="constrained")
 
 
@@ -111,9 +121,14 @@ def _save(figure, path: str | os.PathLike) -> str:
   return path
 
 
-def attention_heatmap(translator, source_text: str, path: str | os.PathLike,
-                      layer: int | str | None = None, head: int | str | None = None,
-                      max_len: int | None = None) -> str:
+def attention_heatmap(
+  translator,
+  source_text: str,
+  path: str | os.PathLike,
+  layer: int | str | None = None,
+  head: int | str | None = None,
+  max_len: int | None = None,
+) -> str:
   """Translates `source_text` greedily and writes its cross-attention as a PNG heatmap.
 
   The translation is decoded with the KV cache exactly as `Translator.translate` does;
@@ -142,7 +157,7 @@ def attention_heatmap(translator, source_text: str, path: str | os.PathLike,
     raise ValueError("source_text is empty: there is nothing to translate or plot.")
   source_ids = tokenizer.encode([source_text.strip()])[0]
   if len(source_ids) > translator.max_source_len:  # as translate() does, without dropping it
-    source_ids = source_ids[:translator.max_source_len - 1] + [EOS_ID]
+    source_ids = source_ids[: translator.max_source_len - 1] + [EOS_ID]
   if max_len is None:
     max_len = min(translator.max_target_len, len(source_ids) + translator.extra_len)
   if max_len < 1:
@@ -155,7 +170,7 @@ def attention_heatmap(translator, source_text: str, path: str | os.PathLike,
     outputs = decode.greedy_decode(translator.params, device_inputs, config, int(max_len))
     generated = [int(t) for t in np.asarray(jax.device_get(outputs))[0]]
     if EOS_ID in generated:
-      generated = generated[:generated.index(EOS_ID) + 1]
+      generated = generated[: generated.index(EOS_ID) + 1]
     else:  # stopped by max_len: the PAD tail is not output
       generated = [t for t in generated if t != PAD_ID]
     targets_in = np.asarray([[BOS_ID] + generated[:-1]], np.int32)
@@ -164,8 +179,10 @@ def attention_heatmap(translator, source_text: str, path: str | os.PathLike,
   matrix, description = _select(weights, layer, head)
   source_pieces, target_pieces = tokenizer.pieces(source_ids), tokenizer.pieces(generated)
   # About a quarter inch per cell, so the rotated piece labels do not overlap.
-  figure = _new_figure(width=min(40.0, max(4.5, 0.28 * len(source_pieces) + 2.5)),
-                       height=min(40.0, max(3.5, 0.28 * len(target_pieces) + 2.0)))
+  figure = _new_figure(
+    width=min(40.0, max(4.5, 0.28 * len(source_pieces) + 2.5)),
+    height=min(40.0, max(3.5, 0.28 * len(target_pieces) + 2.0)),
+  )
   axes = figure.add_subplot()
   # vmin=0 but no fixed vmax: spread-out attention over a long source would be invisible
   # on a 0-1 scale.
@@ -204,19 +221,25 @@ def training_curves(workdir: str | os.PathLike, path: str | os.PathLike) -> list
   workdir = os.fspath(workdir)
   metrics_path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.exists(metrics_path):
-    raise FileNotFoundError(f"No metrics.jsonl in {workdir!r}: is it a training workdir, and "
-                            "has the run logged a step yet?")
+    raise FileNotFoundError(
+      f"No metrics.jsonl in {workdir!r}: is it a training workdir, and "
+      "has the run logged a step yet?"
+    )
   records = metrics.read_metrics(workdir)
   panels = []  # (y label, [(key, legend label, steps, values)])
-  for ylabel, candidates in (("loss", _LOSS_SERIES), ("learning rate", _LEARNING_RATE_SERIES),
-                             ("BLEU", _BLEU_SERIES)):
+  for ylabel, candidates in (
+    ("loss", _LOSS_SERIES),
+    ("learning rate", _LEARNING_RATE_SERIES),
+    ("BLEU", _BLEU_SERIES),
+  ):
     lines = [(key, label) + _series(records, key) for key, label in candidates]
     lines = [line for line in lines if line[2]]
     if lines:
       panels.append((ylabel, lines))
   if not panels:
-    known = [key for series in (_LOSS_SERIES, _LEARNING_RATE_SERIES, _BLEU_SERIES)
-             for key, _ in series]
+    known = [
+      key for series in (_LOSS_SERIES, _LEARNING_RATE_SERIES, _BLEU_SERIES) for key, _ in series
+    ]
     raise ValueError(f"{metrics_path} has none of the series {known} to plot.")
 
   figure = _new_figure(width=6.5, height=2.4 * len(panels) + 0.6)
@@ -233,7 +256,6 @@ def training_curves(workdir: str | os.PathLike, path: str | os.PathLike) -> list
     if len(lines) > 1 or ylabel == "BLEU":
       axes.legend(fontsize=8)
   axes_list[-1].set_xlabel("step")
-  figure.suptitle(f"Training curves: {os.path.basename(os.path.normpath(workdir))}",
-                  fontsize=10)
+  figure.suptitle(f"Training curves: {os.path.basename(os.path.normpath(workdir))}", fontsize=10)
   _save(figure, path)
   return plotted

@@ -7,7 +7,7 @@ import ast
 import difflib
 import importlib
 import pkgutil
-from typing import Sequence
+from collections.abc import Sequence
 
 import ml_collections
 
@@ -15,8 +15,9 @@ import experiments
 
 
 def experiment_names() -> list[str]:
-  return sorted(m.name for m in pkgutil.iter_modules(experiments.__path__)
-                if not m.name.startswith("_"))
+  return sorted(
+    m.name for m in pkgutil.iter_modules(experiments.__path__) if not m.name.startswith("_")
+  )
 
 
 def _suggest(name: str, valid: Sequence[str]) -> str:
@@ -57,8 +58,10 @@ def parse_value(text: str, current):
   except (ValueError, SyntaxError):
     if isinstance(current, str) and "(" not in text:
       return text
-    raise ValueError(f"Cannot parse {text!r}: override values must be Python literals "
-                     "(numbers, True/False/None, 'quoted strings', lists).") from None
+    raise ValueError(
+      f"Cannot parse {text!r}: override values must be Python literals "
+      "(numbers, True/False/None, 'quoted strings', lists)."
+    ) from None
 
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str]) -> None:
@@ -66,7 +69,9 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str])
   for override in overrides:
     key, sep, text = override.partition("=")
     if not sep or not key:
-      raise ValueError(f"Override {override!r} is not of the form key=value (e.g. train.num_steps=100).")
+      raise ValueError(
+        f"Override {override!r} is not of the form key=value (e.g. train.num_steps=100)."
+      )
     if key not in valid:
       raise ValueError(f"Unknown config key {key!r}. Valid keys: {_suggest(key, valid)}")
     *parents, leaf = key.split(".")
@@ -80,5 +85,7 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str])
     try:
       section[leaf] = value
     except TypeError as e:
-      raise ValueError(f"Override {key}={text}: expected a value of type "
-                       f"{type(current).__name__}, got {type(value).__name__}.") from e
+      raise ValueError(
+        f"Override {key}={text}: expected a value of type "
+        f"{type(current).__name__}, got {type(value).__name__}."
+      ) from e

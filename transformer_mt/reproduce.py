@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 
@@ -38,30 +39,34 @@ def reproduce(name: str, workdir: str, overrides: Sequence[str] = ()) -> dict[st
   if trained.get("preempted"):
     raise RuntimeError("Training was stopped by a signal; rerun the same command to resume.")
   last_n = config.evaluate.get("average_last", 0)
-  eval_dir, averaged = (_averaged_dir(workdir, last_n) if last_n > 1
-                        else (workdir, checkpointing.all_steps(workdir)[-1:]))
+  eval_dir, averaged = (
+    _averaged_dir(workdir, last_n)
+    if last_n > 1
+    else (workdir, checkpointing.all_steps(workdir)[-1:])
+  )
   scores = evaluate.evaluate(eval_dir, "test")
   model = model_config_for(config)
   results = {
-      "experiment": name,
-      "description": config.description,
-      "paper_bleu": config.get("paper_bleu"),
-      "sacrebleu": scores["sacrebleu"],
-      "sacrebleu_signature": scores["sacrebleu_signature"],
-      "paper_comparable_bleu": scores["paper_bleu"],
-      "paper_comparable_method": scores["paper_bleu_method"],
-      "parameters": count_parameters(model),
-      "steps": trained["step"],
-      "averaged_steps": averaged,
-      "beam_size": scores["beam_size"],
-      "alpha": scores["alpha"],
-      "test_sentences": scores["num_sentences"],
-      "wall_seconds_this_run": time.perf_counter() - start,
-      "hardware": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
-      "overrides": list(overrides),
+    "experiment": name,
+    "description": config.description,
+    "paper_bleu": config.get("paper_bleu"),
+    "sacrebleu": scores["sacrebleu"],
+    "sacrebleu_signature": scores["sacrebleu_signature"],
+    "paper_comparable_bleu": scores["paper_bleu"],
+    "paper_comparable_method": scores["paper_bleu_method"],
+    "parameters": count_parameters(model),
+    "steps": trained["step"],
+    "averaged_steps": averaged,
+    "beam_size": scores["beam_size"],
+    "alpha": scores["alpha"],
+    "test_sentences": scores["num_sentences"],
+    "wall_seconds_this_run": time.perf_counter() - start,
+    "hardware": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
+    "overrides": list(overrides),
   }
-  text_files.write_atomically(os.path.join(workdir, RESULTS_FILENAME),
-                              json.dumps(results, indent=2))
+  text_files.write_atomically(
+    os.path.join(workdir, RESULTS_FILENAME), json.dumps(results, indent=2)
+  )
   return results
 
 
@@ -70,8 +75,9 @@ def load_results(workdirs: Sequence[str]) -> list[dict[str, Any]]:
   for workdir in workdirs:
     path = os.path.join(workdir, RESULTS_FILENAME)
     if not os.path.exists(path):
-      raise FileNotFoundError(f"{path} does not exist; run `run.py reproduce NAME --workdir "
-                              f"{workdir}` first.")
+      raise FileNotFoundError(
+        f"{path} does not exist; run `run.py reproduce NAME --workdir {workdir}` first."
+      )
     with open(path, encoding="utf-8") as f:
       rows.append(dict(json.load(f), workdir=workdir))
   return rows
@@ -81,15 +87,18 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
   def fmt(value, spec=".2f"):
     return "–" if value is None else format(value, spec)
 
-  lines = ["| experiment | paper BLEU | ours: paper-comparable | ours: sacreBLEU | params | steps "
-           "| wall time (this run) | hardware |",
-           "|---|---|---|---|---|---|---|---|"]
+  lines = [
+    "| experiment | paper BLEU | ours: paper-comparable | ours: sacreBLEU | params | steps "
+    "| wall time (this run) | hardware |",
+    "|---|---|---|---|---|---|---|---|",
+  ]
   for r in rows:
     lines.append(
-        f"| {r['experiment']} | {fmt(r.get('paper_bleu'), '.1f')} | "
-        f"{fmt(r['paper_comparable_bleu'])} | {fmt(r['sacrebleu'])} | "
-        f"{r['parameters'] / 1e6:.1f}M | {r['steps']} | "
-        f"{r['wall_seconds_this_run'] / 60:.1f} min | {r['hardware']} |")
+      f"| {r['experiment']} | {fmt(r.get('paper_bleu'), '.1f')} | "
+      f"{fmt(r['paper_comparable_bleu'])} | {fmt(r['sacrebleu'])} | "
+      f"{r['parameters'] / 1e6:.1f}M | {r['steps']} | "
+      f"{r['wall_seconds_this_run'] / 60:.1f} min | {r['hardware']} |"
+    )
   signatures = sorted({r["sacrebleu_signature"] for r in rows})
   lines.append("")
   lines.append("sacreBLEU signature(s): " + "; ".join(signatures))
@@ -98,14 +107,20 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
 
 def bar_chart(rows: Sequence[dict[str, Any]], path: str) -> None:
   from matplotlib.figure import Figure
+
   figure = Figure(figsize=(max(5, 1.6 * len(rows)), 4))
   axes = figure.add_subplot()
   names = [r["experiment"] for r in rows]
   positions = range(len(rows))
-  axes.bar([p - 0.2 for p in positions], [r.get("paper_bleu") or 0 for r in rows], 0.4,
-           label="paper")
-  axes.bar([p + 0.2 for p in positions], [r["paper_comparable_bleu"] for r in rows], 0.4,
-           label="ours (paper-comparable)")
+  axes.bar(
+    [p - 0.2 for p in positions], [r.get("paper_bleu") or 0 for r in rows], 0.4, label="paper"
+  )
+  axes.bar(
+    [p + 0.2 for p in positions],
+    [r["paper_comparable_bleu"] for r in rows],
+    0.4,
+    label="ours (paper-comparable)",
+  )
   axes.set_xticks(list(positions), names, rotation=20, ha="right", fontsize=8)
   axes.set_ylabel("BLEU")
   axes.legend()

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -25,14 +26,14 @@ MESH_AXES = ("data", "fsdp", "tensor")
 # Logical axis -> mesh axes. Flax uses the first rule whose mesh axes are still free,
 # so an activation's "embed" falls back to unsharded once "batch" has taken "fsdp".
 LOGICAL_AXIS_RULES = (
-    ("batch", ("data", "fsdp")),
-    ("vocab", "tensor"),
-    ("mlp", "tensor"),
-    ("heads", "tensor"),
-    ("embed", "fsdp"),
-    ("embed", None),
-    ("kv", None),
-    ("length", None),
+  ("batch", ("data", "fsdp")),
+  ("vocab", "tensor"),
+  ("mlp", "tensor"),
+  ("heads", "tensor"),
+  ("embed", "fsdp"),
+  ("embed", None),
+  ("kv", None),
+  ("length", None),
 )
 
 
@@ -41,27 +42,35 @@ def mesh_shape(mesh_config: ml_collections.ConfigDict, num_devices: int) -> tupl
   sizes = [int(mesh_config[axis]) for axis in MESH_AXES]
   free = [i for i, s in enumerate(sizes) if s == -1]
   if len(free) > 1 or any(s == 0 or s < -1 for s in sizes):
-    raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))}: each size must be positive, "
-                     "and at most one may be -1 (fill with the remaining devices)")
+    raise ValueError(
+      f"mesh {dict(zip(MESH_AXES, sizes))}: each size must be positive, "
+      "and at most one may be -1 (fill with the remaining devices)"
+    )
   fixed = math.prod(s for s in sizes if s != -1)
   if free:
     if num_devices % fixed:
-      raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))}: {num_devices} devices are not "
-                       f"divisible by the fixed axes' product {fixed}")
+      raise ValueError(
+        f"mesh {dict(zip(MESH_AXES, sizes))}: {num_devices} devices are not "
+        f"divisible by the fixed axes' product {fixed}"
+      )
     sizes[free[0]] = num_devices // fixed
   if math.prod(sizes) != num_devices:
-    raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices "
-                     f"but {num_devices} are available; set mesh.data=-1 to use them all")
+    raise ValueError(
+      f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices "
+      f"but {num_devices} are available; set mesh.data=-1 to use them all"
+    )
   return tuple(sizes)
 
 
-def make_mesh(mesh_config: ml_collections.ConfigDict,
-              devices: Sequence[jax.Device] | None = None) -> Mesh:
+def make_mesh(
+  mesh_config: ml_collections.ConfigDict, devices: Sequence[jax.Device] | None = None
+) -> Mesh:
   """A mesh over `devices` (default: every device of every process)."""
   devices = list(jax.devices() if devices is None else devices)
   shape = mesh_shape(mesh_config, len(devices))
-  return jax.make_mesh(shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3,
-                       devices=devices)
+  return jax.make_mesh(
+    shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3, devices=devices
+  )
 
 
 def _fit_spec_to_shape(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
@@ -71,15 +80,20 @@ def _fit_spec_to_shape(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) 
     names = (axes,) if isinstance(axes, str) else (axes or ())
     size = math.prod(mesh.shape[name] for name in names)
     if size > 1 and dim % size:
-      logging.warning("Replicating a dimension of size %d: mesh axes %s (size %d) do not "
-                      "divide it.", dim, names, size)
+      logging.warning(
+        "Replicating a dimension of size %d: mesh axes %s (size %d) do not divide it.",
+        dim,
+        names,
+        size,
+      )
       axes = None
     fitted.append(axes)
   return PartitionSpec(*fitted)
 
 
-def logical_shardings(abstract_tree: Any, mesh: Mesh,
-                      rules: Sequence[tuple[str, Any]] = LOGICAL_AXIS_RULES) -> Any:
+def logical_shardings(
+  abstract_tree: Any, mesh: Mesh, rules: Sequence[tuple[str, Any]] = LOGICAL_AXIS_RULES
+) -> Any:
   """NamedShardings for a tree of (boxed) abstract arrays from `jax.eval_shape`.
 
   Leaves boxed with logical names are sharded by `rules`; other leaves (step
@@ -93,8 +107,9 @@ def logical_shardings(abstract_tree: Any, mesh: Mesh,
     spec = spec if isinstance(spec, PartitionSpec) else PartitionSpec()
     return NamedSharding(mesh, _fit_spec_to_shape(spec, leaf.shape, mesh))
 
-  return jax.tree.map(to_sharding, mesh_specs, shapes,
-                      is_leaf=lambda x: isinstance(x, PartitionSpec) or x is None)
+  return jax.tree.map(
+    to_sharding, mesh_specs, shapes, is_leaf=lambda x: isinstance(x, PartitionSpec) or x is None
+  )
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 2, batch_dim: int = 0) -> NamedSharding:
@@ -108,13 +123,15 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
 
 
-def global_batch_from_local(local_batch: dict[str, np.ndarray], mesh: Mesh,
-                            batch_dim: int = 0) -> dict[str, jax.Array]:
+def global_batch_from_local(
+  local_batch: dict[str, np.ndarray], mesh: Mesh, batch_dim: int = 0
+) -> dict[str, jax.Array]:
   """Assembles each process's slice of the batch into global sharded arrays.
 
   With one process this is a sharded device_put; with several, each process
   passes only the rows it read and the result spans all of them.
   """
+
   def put(array):
     sharding = batch_sharding(mesh, array.ndim, batch_dim)
     if jax.process_count() == 1:
@@ -130,6 +147,7 @@ def global_batch_from_host(batch: Any, mesh: Mesh, batch_dim: int = 0) -> Any:
   Unlike `global_batch_from_local`, every process holds all rows and each device takes
   its slice. `batch` is an array or a tree of arrays.
   """
+
   def put(array):
     array = np.asarray(array)
     sharding = batch_sharding(mesh, array.ndim, batch_dim)

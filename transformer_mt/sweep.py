@@ -36,7 +36,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -64,7 +65,9 @@ class Distribution:
       return int(rng.integers(self.low, self.high + 1))
     if self.kind == "choice":
       return self.choices[int(rng.integers(len(self.choices)))]
-    raise ValueError(f"Unknown distribution {self.kind!r}: use uniform, log_uniform, int or choice.")
+    raise ValueError(
+      f"Unknown distribution {self.kind!r}: use uniform, log_uniform, int or choice."
+    )
 
 
 def uniform(low: float, high: float) -> Distribution:
@@ -121,15 +124,19 @@ def trial_overrides(trial: dict[str, Any]) -> list[str]:
 def load_sweep(name: str) -> Sweep:
   module = registry.experiment_module(name)
   if not hasattr(module, "get_sweep"):
-    with_sweeps = [n for n in registry.experiment_names()
-                   if hasattr(registry.experiment_module(n), "get_sweep")]
-    raise ValueError(f"Experiment {name!r} declares no sweep (a get_sweep() function in "
-                     f"experiments/{name}.py). Experiments with sweeps: {', '.join(with_sweeps)}")
+    with_sweeps = [
+      n for n in registry.experiment_names() if hasattr(registry.experiment_module(n), "get_sweep")
+    ]
+    raise ValueError(
+      f"Experiment {name!r} declares no sweep (a get_sweep() function in "
+      f"experiments/{name}.py). Experiments with sweeps: {', '.join(with_sweeps)}"
+    )
   return module.get_sweep()
 
 
-def plan(name: str, root: str, overrides: Sequence[str] = ()
-         ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def plan(
+  name: str, root: str, overrides: Sequence[str] = ()
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
   """([{"name", "workdir", "overrides"}] per trial, the sweep record), validated.
 
   Every trial's config is built (so an unknown key fails before anything runs), and the
@@ -139,26 +146,38 @@ def plan(name: str, root: str, overrides: Sequence[str] = ()
   swept = set(sweep.grid) | set(sweep.random)
   for override in overrides:
     if override.partition("=")[0] in swept:
-      raise ValueError(f"{override!r} sets a key the sweep varies; change the sweep in "
-                       f"experiments/{name}.py instead.")
+      raise ValueError(
+        f"{override!r} sets a key the sweep varies; change the sweep in "
+        f"experiments/{name}.py instead."
+      )
   trials = []
   for index, values in enumerate(sweep.trials()):
     trial_name = f"trial_{index:03d}"
     config = registry.load_experiment(name, list(overrides) + trial_overrides(values))
     if not config.train.get("bleu_every"):
       raise ValueError("Sweeps rank trials by validation BLEU: set train.bleu_every > 0.")
-    trials.append({"name": trial_name, "workdir": os.path.join(root, trial_name),
-                   "overrides": trial_overrides(values)})
-  record = {"experiment": name, "overrides": list(overrides),
-            "trials": [{"name": t["name"], "overrides": t["overrides"]} for t in trials]}
+    trials.append(
+      {
+        "name": trial_name,
+        "workdir": os.path.join(root, trial_name),
+        "overrides": trial_overrides(values),
+      }
+    )
+  record = {
+    "experiment": name,
+    "overrides": list(overrides),
+    "trials": [{"name": t["name"], "overrides": t["overrides"]} for t in trials],
+  }
   path = os.path.join(root, SWEEP_FILENAME)
   if os.path.exists(path):
     with open(path, encoding="utf-8") as f:
       previous = json.load(f)
     if previous != record:
-      raise ValueError(f"{path} records a different sweep (experiment, overrides or trials "
-                       f"changed since it started): {previous}. Use a new --workdir, or rerun with "
-                       "the same experiment and overrides.")
+      raise ValueError(
+        f"{path} records a different sweep (experiment, overrides or trials "
+        f"changed since it started): {previous}. Use a new --workdir, or rerun with "
+        "the same experiment and overrides."
+      )
   return trials, record
 
 
@@ -180,19 +199,26 @@ def _final_validation_bleu(workdir: str, step: int) -> float | None:
 def run_trial(name: str, base_overrides: Sequence[str], trial: dict[str, Any]) -> dict | None:
   """Trains (or resumes) one trial and records its result; None if a signal stopped it."""
   from transformer_mt import train
+
   config = registry.load_experiment(name, list(base_overrides) + trial["overrides"])
   start = time.perf_counter()
   result = train.train(config, trial["workdir"])
   if result["preempted"]:
     return None
   losses = [r["loss"] for r in metrics.read_metrics(trial["workdir"]) if "loss" in r]
-  status = {"status": "finished", "trial": trial["name"], "overrides": trial["overrides"],
-            "steps": result["step"],
-            "validation_bleu": _final_validation_bleu(trial["workdir"], result["step"]),
-            "test_bleu": result["bleu"], "final_loss": losses[-1] if losses else None,
-            "wall_seconds_this_run": time.perf_counter() - start}
-  text_files.write_atomically(os.path.join(trial["workdir"], TRIAL_FILENAME),
-                              json.dumps(status, indent=2))
+  status = {
+    "status": "finished",
+    "trial": trial["name"],
+    "overrides": trial["overrides"],
+    "steps": result["step"],
+    "validation_bleu": _final_validation_bleu(trial["workdir"], result["step"]),
+    "test_bleu": result["bleu"],
+    "final_loss": losses[-1] if losses else None,
+    "wall_seconds_this_run": time.perf_counter() - start,
+  }
+  text_files.write_atomically(
+    os.path.join(trial["workdir"], TRIAL_FILENAME), json.dumps(status, indent=2)
+  )
   return status
 
 
@@ -204,26 +230,35 @@ def device_groups(parallel: int) -> tuple[str, list[list[str]]]:
   GPUs from CUDA_VISIBLE_DEVICES or nvidia-smi; otherwise CPU devices from XLA_FLAGS.
   """
   if distributed.on_tpu_host():
-    raise ValueError("--parallel is not supported on TPU hosts: run one trial per job with "
-                     "--trial i (see --dry-run and launch/slurm_sweep.sbatch).")
+    raise ValueError(
+      "--parallel is not supported on TPU hosts: run one trial per job with "
+      "--trial i (see --dry-run and launch/slurm_sweep.sbatch)."
+    )
   visible = os.environ.get("CUDA_VISIBLE_DEVICES")
   if visible is None and shutil.which("nvidia-smi"):
-    listing = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
-                             capture_output=True, text=True)
+    listing = subprocess.run(
+      ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True, text=True
+    )
     visible = ",".join(listing.stdout.split()) if listing.returncode == 0 else None
   if visible:
     variable, devices = "CUDA_VISIBLE_DEVICES", visible.split(",")
   else:
-    match = re.search(r"--xla_force_host_platform_device_count=(\d+)",
-                      os.environ.get("XLA_FLAGS", ""))
+    match = re.search(
+      r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", "")
+    )
     variable, devices = "XLA_FLAGS", [str(i) for i in range(int(match.group(1)) if match else 1)]
   if parallel < 1 or len(devices) % parallel:
-    hint = ("" if variable == "CUDA_VISIBLE_DEVICES" else
-            "; on CPU, simulate devices with XLA_FLAGS=--xla_force_host_platform_device_count=N")
-    raise ValueError(f"--parallel {parallel} must divide the {len(devices)} devices of this host "
-                     f"({variable}) into equal groups{hint}.")
+    hint = (
+      ""
+      if variable == "CUDA_VISIBLE_DEVICES"
+      else "; on CPU, simulate devices with XLA_FLAGS=--xla_force_host_platform_device_count=N"
+    )
+    raise ValueError(
+      f"--parallel {parallel} must divide the {len(devices)} devices of this host "
+      f"({variable}) into equal groups{hint}."
+    )
   size = len(devices) // parallel
-  groups = [devices[i * size:(i + 1) * size] for i in range(parallel)]
+  groups = [devices[i * size : (i + 1) * size] for i in range(parallel)]
   return variable, groups
 
 
@@ -237,14 +272,21 @@ def _group_environment(variable: str, group: list[str]) -> dict[str, str]:
   return env
 
 
-def run(name: str, root: str, overrides: Sequence[str] = (), parallel: int = 1,
-        only_trial: int | None = None) -> list[dict[str, Any]]:
+def run(
+  name: str,
+  root: str,
+  overrides: Sequence[str] = (),
+  parallel: int = 1,
+  only_trial: int | None = None,
+) -> list[dict[str, Any]]:
   """Runs the sweep's unfinished trials (or only trial `only_trial`); returns every status."""
   trials, record = plan(name, root, overrides)
   if only_trial is not None:
     if not 0 <= only_trial < len(trials):
-      raise ValueError(f"--trial {only_trial} is out of range: the sweep has {len(trials)} "
-                       f"trials (0..{len(trials) - 1}).")
+      raise ValueError(
+        f"--trial {only_trial} is out of range: the sweep has {len(trials)} "
+        f"trials (0..{len(trials) - 1})."
+      )
     selected = [trials[only_trial]]
   else:
     selected = trials
@@ -262,17 +304,27 @@ def run(name: str, root: str, overrides: Sequence[str] = (), parallel: int = 1,
     for trial in todo:
       logging.info("Trial %s: %s", trial["name"], " ".join(trial["overrides"]))
       if run_trial(name, overrides, trial) is None:
-        logging.warning("Sweep stopped by a signal during %s; rerun the same command to resume.",
-                        trial["name"])
+        logging.warning(
+          "Sweep stopped by a signal during %s; rerun the same command to resume.", trial["name"]
+        )
         break
   else:
     _run_parallel(name, root, overrides, trials, todo, parallel)
-  return [trial_status(t["workdir"]) or {"status": "unfinished", "trial": t["name"],
-                                         "overrides": t["overrides"]} for t in trials]
+  return [
+    trial_status(t["workdir"])
+    or {"status": "unfinished", "trial": t["name"], "overrides": t["overrides"]}
+    for t in trials
+  ]
 
 
-def _run_parallel(name: str, root: str, overrides: Sequence[str], trials: list[dict[str, Any]],
-                  todo: list[dict[str, Any]], parallel: int) -> None:
+def _run_parallel(
+  name: str,
+  root: str,
+  overrides: Sequence[str],
+  trials: list[dict[str, Any]],
+  todo: list[dict[str, Any]],
+  parallel: int,
+) -> None:
   """Runs trials K at a time, each in its own `run.py sweep --trial i` process on one device
   group; output goes to ROOT/logs/<trial>.log. SIGTERM/SIGINT is passed on to the running
   trials (which checkpoint and stop) and no new trial starts."""
@@ -295,16 +347,36 @@ def _run_parallel(name: str, root: str, overrides: Sequence[str], trials: list[d
       if stopping.is_set():
         return None
       index = trials.index(trial)
-      command = [sys.executable, "-m", "transformer_mt.cli", "sweep", "--experiment", name,
-                 "--workdir", root, *overrides, "--trial", str(index)]
+      command = [
+        sys.executable,
+        "-m",
+        "transformer_mt.cli",
+        "sweep",
+        "--experiment",
+        name,
+        "--workdir",
+        root,
+        *overrides,
+        "--trial",
+        str(index),
+      ]
       log_path = os.path.join(root, "logs", f"{trial['name']}.log")
-      devices = (f"GPUs {','.join(group)}" if variable == "CUDA_VISIBLE_DEVICES"
-                 else f"{len(group)} CPU device(s)")
-      logging.info("Trial %s on %s (log: %s): %s", trial["name"], devices, log_path,
-                   " ".join(trial["overrides"]))
+      devices = (
+        f"GPUs {','.join(group)}"
+        if variable == "CUDA_VISIBLE_DEVICES"
+        else f"{len(group)} CPU device(s)"
+      )
+      logging.info(
+        "Trial %s on %s (log: %s): %s",
+        trial["name"],
+        devices,
+        log_path,
+        " ".join(trial["overrides"]),
+      )
       with open(log_path, "a", encoding="utf-8") as log:
-        process = subprocess.Popen(command, env=_group_environment(variable, group), stdout=log,
-                                   stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+          command, env=_group_environment(variable, group), stdout=log, stderr=subprocess.STDOUT
+        )
         with lock:
           running.add(process)
         returncode = process.wait()
@@ -323,47 +395,64 @@ def _run_parallel(name: str, root: str, overrides: Sequence[str], trials: list[d
   finally:
     for signum, handler in previous.items():
       signal.signal(signum, handler)
-  failed = [f"{n} (exit {code}, see {os.path.join(root, 'logs', n + '.log')})"
-            for n, code in returncodes.items() if code]
+  failed = [
+    f"{n} (exit {code}, see {os.path.join(root, 'logs', n + '.log')})"
+    for n, code in returncodes.items()
+    if code
+  ]
   if stopping.is_set():
     logging.warning("Sweep stopped by a signal; rerun the same command to resume.")
   if failed:
-    raise ValueError("Some trials failed (the others went on; rerun to retry): " + "; ".join(failed))
+    raise ValueError(
+      "Some trials failed (the others went on; rerun to retry): " + "; ".join(failed)
+    )
 
 
 def dry_run_commands(name: str, root: str, overrides: Sequence[str] = ()) -> list[str]:
   """One `run.py sweep ... --trial i` command per trial (e.g. for a SLURM job array)."""
   trials, _ = plan(name, root, overrides)
   base = ["python", "run.py", "sweep", "--experiment", name, "--workdir", root, *overrides]
-  return [f"{shlex.join(base + ['--trial', str(i)])}  # {' '.join(t['overrides'])}"
-          for i, t in enumerate(trials)]
+  return [
+    f"{shlex.join(base + ['--trial', str(i)])}  # {' '.join(t['overrides'])}"
+    for i, t in enumerate(trials)
+  ]
 
 
 def ranking_table(root: str) -> str:
   """The trials of the sweep in ROOT as a markdown table, best validation BLEU first."""
   with open(os.path.join(root, SWEEP_FILENAME), encoding="utf-8") as f:
     record = json.load(f)
-  rows = [trial_status(os.path.join(root, t["name"])) or
-          {"status": "unfinished", "trial": t["name"], "overrides": t["overrides"]}
-          for t in record["trials"]]
+  rows = [
+    trial_status(os.path.join(root, t["name"]))
+    or {"status": "unfinished", "trial": t["name"], "overrides": t["overrides"]}
+    for t in record["trials"]
+  ]
   # Best validation BLEU first; ties (e.g. all 0 after a few steps) by lower final loss.
-  finished = sorted((r for r in rows if r["status"] == "finished"),
-                    key=lambda r: (-(r["validation_bleu"] if r["validation_bleu"] is not None
-                                     else -math.inf),
-                                   r["final_loss"] if r["final_loss"] is not None else math.inf))
+  finished = sorted(
+    (r for r in rows if r["status"] == "finished"),
+    key=lambda r: (
+      -(r["validation_bleu"] if r["validation_bleu"] is not None else -math.inf),
+      r["final_loss"] if r["final_loss"] is not None else math.inf,
+    ),
+  )
   unfinished = [r for r in rows if r["status"] != "finished"]
 
   def fmt(value, spec=".2f"):
     return "–" if value is None else format(value, spec)
 
-  lines = [f"Sweep {record['experiment']} in {root}"
-           + (f" (overrides: {' '.join(record['overrides'])})" if record["overrides"] else ""),
-           "", "| rank | trial | overrides | validation BLEU | test BLEU | final loss | steps |",
-           "|---|---|---|---|---|---|---|"]
+  lines = [
+    f"Sweep {record['experiment']} in {root}"
+    + (f" (overrides: {' '.join(record['overrides'])})" if record["overrides"] else ""),
+    "",
+    "| rank | trial | overrides | validation BLEU | test BLEU | final loss | steps |",
+    "|---|---|---|---|---|---|---|",
+  ]
   for rank, r in enumerate(finished, start=1):
-    lines.append(f"| {rank} | {r['trial']} | {' '.join(r['overrides'])} | "
-                 f"{fmt(r['validation_bleu'])} | {fmt(r['test_bleu'])} | "
-                 f"{fmt(r['final_loss'], '.3f')} | {r['steps']} |")
+    lines.append(
+      f"| {rank} | {r['trial']} | {' '.join(r['overrides'])} | "
+      f"{fmt(r['validation_bleu'])} | {fmt(r['test_bleu'])} | "
+      f"{fmt(r['final_loss'], '.3f')} | {r['steps']} |"
+    )
   for r in unfinished:
     lines.append(f"| – | {r['trial']} | {' '.join(r['overrides'])} | unfinished | | | |")
   return "\n".join(lines)

@@ -52,8 +52,14 @@ PREPOSITIONS = "in on with near under behind beside without from for".split()
 ADVERBS = """quickly slowly quietly loudly gently carefully happily sadly often rarely always again
 together badly early proudly eagerly secretly boldly politely""".split()
 # (singular, plural) surface forms of each source determiner; "a" becomes "an" before a vowel.
-DETERMINERS = (("the", "the"), ("a", "some"), ("this", "these"), ("that", "those"),
-               ("my", "my"), ("your", "your"))
+DETERMINERS = (
+  ("the", "the"),
+  ("a", "some"),
+  ("this", "these"),
+  ("that", "those"),
+  ("my", "my"),
+  ("your", "your"),
+)
 
 _CONSONANTS = "bdfgklmnprstvz"
 _VOWELS = "aeiou"
@@ -127,11 +133,15 @@ class LanguagePair:
     for i, forms in enumerate(self.source_verbs):
       lex.update({w: ("verb", i, f) for f, w in enumerate(forms)})
     for i, (sg, pl) in enumerate(self.source_determiners):
-      lex.update({sg: ("det", i, SINGULAR), pl: ("det", i, PLURAL)} if sg != pl
-                 else {sg: ("det", i, None)})
+      lex.update(
+        {sg: ("det", i, SINGULAR), pl: ("det", i, PLURAL)} if sg != pl else {sg: ("det", i, None)}
+      )
     lex["an"] = lex["a"]
-    for cat, words in (("adj", self.source_adjectives), ("prep", self.source_prepositions),
-                       ("adv", self.source_adverbs)):
+    for cat, words in (
+      ("adj", self.source_adjectives),
+      ("prep", self.source_prepositions),
+      ("adv", self.source_adverbs),
+    ):
       lex.update({w: (cat, i, None) for i, w in enumerate(words)})
     return lex
 
@@ -143,11 +153,16 @@ class LanguagePair:
   @functools.cached_property
   def target_vocabulary(self) -> tuple[str, ...]:
     """Every target surface form, sorted."""
-    lemmas = (("noun", [sg for sg, _ in self.target_nouns]), ("verb", self.target_verbs),
-              ("adj", self.target_adjectives), ("det", self.target_determiners),
-              ("", self.target_postpositions + self.target_adverbs))
-    return tuple(sorted({w for kind, stems in lemmas for s in stems
-                         for w in _target_forms(kind, s)}))
+    lemmas = (
+      ("noun", [sg for sg, _ in self.target_nouns]),
+      ("verb", self.target_verbs),
+      ("adj", self.target_adjectives),
+      ("det", self.target_determiners),
+      ("", self.target_postpositions + self.target_adverbs),
+    )
+    return tuple(
+      sorted({w for kind, stems in lemmas for s in stems for w in _target_forms(kind, s)})
+    )
 
   # A clause is (subject NP, verb, tense, object NP, ((prep, NP), ...), adverb or None),
   # an NP is (determiner, number, noun, (adjective, ...)); all entries are lemma indices.
@@ -165,8 +180,10 @@ class LanguagePair:
 
     subject, verb, tense, obj = noun_phrase(), pick(len(self.source_verbs)), pick(2), noun_phrase()
     p = next(u)
-    pps = tuple((pick(len(self.source_prepositions)), noun_phrase())
-                for _ in range(0 if p < 0.45 else 1 if p < 0.8 else 2))
+    pps = tuple(
+      (pick(len(self.source_prepositions)), noun_phrase())
+      for _ in range(0 if p < 0.45 else 1 if p < 0.8 else 2)
+    )
     adverb = pick(len(self.source_adverbs)) if next(u) < 0.4 else None
     return subject, verb, tense, obj, pps, adverb
 
@@ -191,9 +208,10 @@ class LanguagePair:
     def noun_phrase(np_, case):
       det, number, noun, adjs = np_
       gender = self.noun_genders[noun]
-      return ([determiner_form(self.target_determiners[det], case, gender, number),
-               self.target_nouns[noun][number]]
-              + [adjective_form(self.target_adjectives[a], case, gender, number) for a in adjs])
+      return [
+        determiner_form(self.target_determiners[det], case, gender, number),
+        self.target_nouns[noun][number],
+      ] + [adjective_form(self.target_adjectives[a], case, gender, number) for a in adjs]
 
     words = noun_phrase(subject, SUBJECT) + noun_phrase(obj, OBJECT)
     for prep, np_ in pps:
@@ -218,8 +236,10 @@ class LanguagePair:
         i += 1
         return entry[1:]
       if not optional:
-        fail(f"expected {category} at word {i}, found "
-             + (f"{words[i]!r} ({entry[0]})" if i < len(words) else "the end"))
+        fail(
+          f"expected {category} at word {i}, found "
+          + (f"{words[i]!r} ({entry[0]})" if i < len(words) else "the end")
+        )
       return None
 
     def noun_phrase():
@@ -233,8 +253,9 @@ class LanguagePair:
         fail("more than two adjectives")
       if det_number is not None and det_number != number:
         fail(f"{words[start]!r} does not agree in number with {words[i - 1]!r}")
-      if words[start] in ("a", "an") and words[start] != ("an" if words[start + 1][0] in _VOWELS
-                                                          else "a"):
+      if words[start] in ("a", "an") and words[start] != (
+        "an" if words[start + 1][0] in _VOWELS else "a"
+      ):
         fail(f"wrong article {words[start]!r}")
       return det, number, noun, tuple(adjs)
 
@@ -274,8 +295,10 @@ def make_language_pair(seed: int) -> LanguagePair:
     stems = []
     while len(stems) < count:
       syllables = rng.integers(min_syllables, max_syllables + 1)
-      stem = "".join(_CONSONANTS[rng.integers(len(_CONSONANTS))] + _VOWELS[rng.integers(5)]
-                     for _ in range(syllables))
+      stem = "".join(
+        _CONSONANTS[rng.integers(len(_CONSONANTS))] + _VOWELS[rng.integers(5)]
+        for _ in range(syllables)
+      )
       words = {stem, *_target_forms(kind, stem)}
       if not words & taken:
         taken.update(words)
@@ -284,24 +307,25 @@ def make_language_pair(seed: int) -> LanguagePair:
 
   nouns = fresh("noun", len(NOUNS), 2, 3)
   return LanguagePair(
-      source_nouns=source_nouns,
-      source_verbs=source_verbs,
-      source_adjectives=tuple(ADJECTIVES),
-      source_prepositions=tuple(PREPOSITIONS),
-      source_adverbs=tuple(ADVERBS),
-      source_determiners=DETERMINERS,
-      target_nouns=tuple(tuple(_target_forms("noun", s)) for s in nouns),
-      noun_genders=tuple(int(g) for g in rng.permutation(np.arange(len(NOUNS)) % 3)),
-      target_verbs=fresh("verb", len(VERBS), 2, 3),
-      target_adjectives=fresh("adj", len(ADJECTIVES), 2, 3),
-      target_postpositions=fresh("", len(PREPOSITIONS), 1, 2),
-      target_adverbs=fresh("", len(ADVERBS), 2, 3),
-      target_determiners=fresh("det", len(DETERMINERS), 1, 1),
+    source_nouns=source_nouns,
+    source_verbs=source_verbs,
+    source_adjectives=tuple(ADJECTIVES),
+    source_prepositions=tuple(PREPOSITIONS),
+    source_adverbs=tuple(ADVERBS),
+    source_determiners=DETERMINERS,
+    target_nouns=tuple(tuple(_target_forms("noun", s)) for s in nouns),
+    noun_genders=tuple(int(g) for g in rng.permutation(np.arange(len(NOUNS)) % 3)),
+    target_verbs=fresh("verb", len(VERBS), 2, 3),
+    target_adjectives=fresh("adj", len(ADJECTIVES), 2, 3),
+    target_postpositions=fresh("", len(PREPOSITIONS), 1, 2),
+    target_adverbs=fresh("", len(ADVERBS), 2, 3),
+    target_determiners=fresh("det", len(DETERMINERS), 1, 1),
   )
 
 
-def generate_splits(num_train: int, num_eval: int, seed: int, num_validation: int = 0
-                    ) -> dict[str, list[tuple[str, str]]]:
+def generate_splits(
+  num_train: int, num_eval: int, seed: int, num_validation: int = 0
+) -> dict[str, list[tuple[str, str]]]:
   """{"train", "test"[, "validation"]} (source, target) pairs of make_language_pair(seed).
 
   Test and validation sources are distinct and never seen in training. Test is drawn
@@ -328,8 +352,9 @@ def generate_splits(num_train: int, num_eval: int, seed: int, num_validation: in
   splits = {"test": draw(rng, num_eval, set(), distinct=True)}
   held_out = {source for source, _ in splits["test"]}
   if num_validation:
-    splits["validation"] = draw(np.random.default_rng([seed, 2]), num_validation, held_out,
-                                distinct=True)
+    splits["validation"] = draw(
+      np.random.default_rng([seed, 2]), num_validation, held_out, distinct=True
+    )
     held_out |= {source for source, _ in splits["validation"]}
   splits["train"] = draw(rng, num_train, held_out, distinct=False)
   return splits

@@ -81,13 +81,17 @@ def read_parallel(source_path: PathLike, target_path: PathLike) -> list[tuple[st
   source_lines = read_lines(source_path)
   target_lines = read_lines(target_path)
   if len(source_lines) != len(target_lines):
-    raise DataError(_count_mismatch_message(os.fspath(source_path), source_lines,
-                                            os.fspath(target_path), target_lines))
+    raise DataError(
+      _count_mismatch_message(
+        os.fspath(source_path), source_lines, os.fspath(target_path), target_lines
+      )
+    )
   return list(zip(source_lines, target_lines))
 
 
-def corpus_files(prefixes: Sequence[str], source_lang: str, target_lang: str,
-                 root: PathLike | None = None) -> list[tuple[str, str]]:
+def corpus_files(
+  prefixes: Sequence[str], source_lang: str, target_lang: str, root: PathLike | None = None
+) -> list[tuple[str, str]]:
   """(source file, target file) paths: `PREFIX.source_lang`, `PREFIX.target_lang`.
 
   Relative prefixes are taken relative to `root` when it is given. A prefix may be a
@@ -101,13 +105,17 @@ def corpus_files(prefixes: Sequence[str], source_lang: str, target_lang: str,
   if isinstance(prefixes, (str, os.PathLike)):  # A lone prefix, not a sequence of characters.
     prefixes = [prefixes]
   if not prefixes:
-    raise DataError("No corpus prefixes given: pass e.g. ['news/en-de/newstest2014'] for "
-                    f"the files newstest2014.{source_lang} and newstest2014.{target_lang}.")
+    raise DataError(
+      "No corpus prefixes given: pass e.g. ['news/en-de/newstest2014'] for "
+      f"the files newstest2014.{source_lang} and newstest2014.{target_lang}."
+    )
   for name, lang in (("source_lang", source_lang), ("target_lang", target_lang)):
     if not lang or lang.startswith(".") or os.sep in lang:
-      raise DataError(f"{name}={lang!r} is not a file suffix: pass the language code that "
-                      "ends the file names without the dot, e.g. 'en' for newstest2014.en "
-                      "or 'deu' for deu-eng.deu.")
+      raise DataError(
+        f"{name}={lang!r} is not a file suffix: pass the language code that "
+        "ends the file names without the dot, e.g. 'en' for newstest2014.en "
+        "or 'deu' for deu-eng.deu."
+      )
   root = os.fspath(root) if root is not None else None
   pairs: list[tuple[str, str]] = []
   seen: set[tuple[str, str]] = set()
@@ -122,8 +130,9 @@ def corpus_files(prefixes: Sequence[str], source_lang: str, target_lang: str,
   return pairs
 
 
-def read_corpus(prefixes: Sequence[str], source_lang: str, target_lang: str,
-                root: PathLike | None = None) -> list[tuple[str, str]]:
+def read_corpus(
+  prefixes: Sequence[str], source_lang: str, target_lang: str, root: PathLike | None = None
+) -> list[tuple[str, str]]:
   """All pairs of `corpus_files(prefixes, source_lang, target_lang, root)`, in that order."""
   pairs: list[tuple[str, str]] = []
   for source_path, target_path in corpus_files(prefixes, source_lang, target_lang, root):
@@ -131,19 +140,23 @@ def read_corpus(prefixes: Sequence[str], source_lang: str, target_lang: str,
   return pairs
 
 
-def _expand_prefix(prefix: str, source_lang: str, target_lang: str,
-                   root: str | None) -> list[str]:
+def _expand_prefix(prefix: str, source_lang: str, target_lang: str, root: str | None) -> list[str]:
   """The prefix itself (joined to root), or the sorted prefixes a glob pattern matches."""
   joined = prefix if root is None or os.path.isabs(prefix) else os.path.join(root, prefix)
   if not _GLOB_CHARS & set(prefix):
     for lang in (source_lang, target_lang):
       # "corpus.en" given as the prefix looks for "corpus.en.en"; say so instead of
       # reporting a missing file next to one that plainly exists.
-      if (joined.endswith(f".{lang}") and os.path.isfile(joined)
-          and not os.path.exists(f"{joined}.{lang}")):
-        raise DataError(f"Corpus prefix {prefix!r} ends with the language suffix '.{lang}': "
-                        f"give the prefix without it, {prefix[:-len(lang) - 1]!r}, and the "
-                        f"languages separately ({source_lang!r}, {target_lang!r}).")
+      if (
+        joined.endswith(f".{lang}")
+        and os.path.isfile(joined)
+        and not os.path.exists(f"{joined}.{lang}")
+      ):
+        raise DataError(
+          f"Corpus prefix {prefix!r} ends with the language suffix '.{lang}': "
+          f"give the prefix without it, {prefix[: -len(lang) - 1]!r}, and the "
+          f"languages separately ({source_lang!r}, {target_lang!r})."
+        )
     return [joined]
   # Glob relative to root with root_dir, so that glob characters in root itself
   # (e.g. a directory called "data[1]") are not taken as part of the pattern.
@@ -152,13 +165,15 @@ def _expand_prefix(prefix: str, source_lang: str, target_lang: str,
   for lang in (source_lang, target_lang):
     suffix = f".{lang}"
     for match in glob.glob(prefix + suffix, root_dir=glob_root):
-      matches.add(match[:-len(suffix)])
+      matches.add(match[: -len(suffix)])
   if not matches:
     where = f" under {root}" if glob_root is not None else ""
-    raise DataError(f"Corpus pattern {prefix!r} matches no files{where}: looked for "
-                    f"{prefix}.{source_lang} and {prefix}.{target_lang}. Check the pattern "
-                    "and the languages; a pattern names the prefix, without the language "
-                    "suffix." + _directory_listing_hint(joined))
+    raise DataError(
+      f"Corpus pattern {prefix!r} matches no files{where}: looked for "
+      f"{prefix}.{source_lang} and {prefix}.{target_lang}. Check the pattern "
+      "and the languages; a pattern names the prefix, without the language "
+      "suffix." + _directory_listing_hint(joined)
+    )
   if glob_root is not None:
     return [os.path.join(glob_root, match) for match in sorted(matches)]
   return sorted(matches)
@@ -166,9 +181,11 @@ def _expand_prefix(prefix: str, source_lang: str, target_lang: str,
 
 def _check_is_file(path: str) -> None:
   if os.path.isdir(path):
-    raise DataError(f"{path} is a directory, but a text file with one sentence per line was "
-                    "expected: pass the file inside it (or, for corpora, the prefix of the "
-                    "file names, e.g. 'news/en-de/newstest2014' for newstest2014.en/.de).")
+    raise DataError(
+      f"{path} is a directory, but a text file with one sentence per line was "
+      "expected: pass the file inside it (or, for corpora, the prefix of the "
+      "file names, e.g. 'news/en-de/newstest2014' for newstest2014.en/.de)."
+    )
   if not os.path.exists(path):
     message = f"No such file: {path}"
     if not os.path.isabs(path):
@@ -187,8 +204,7 @@ def _directory_listing_hint(path: str) -> str:
     return ""
   if not names:
     return f" Its directory {parent} contains no files."
-  closest = difflib.get_close_matches(os.path.basename(path), names, n=_MAX_SUGGESTIONS,
-                                      cutoff=0.0)
+  closest = difflib.get_close_matches(os.path.basename(path), names, n=_MAX_SUGGESTIONS, cutoff=0.0)
   more = len(names) - len(closest)
   listing = ", ".join(closest) + (f" (and {more} more)" if more > 0 else "")
   return f" Files in {parent}, closest names first: {listing}."
@@ -199,30 +215,41 @@ def _decode_error(path: str, data: bytes, error: UnicodeDecodeError) -> DataErro
   line_start = data.rfind(b"\n", 0, error.start) + 1
   line_number = data.count(b"\n", 0, error.start) + 1
   column = error.start - line_start + 1  # 1-based, like the line number and editors' columns.
-  bad = data[error.start:error.end].hex(" ")
+  bad = data[error.start : error.end].hex(" ")
   if data.startswith((b"\xff\xfe", b"\xfe\xff")):
     encoding, note = "utf-16", " (it starts with a UTF-16 byte order mark)"
   else:
     encoding = "<enc>"
-    note = (", where <enc> is the file's encoding: often latin1 or cp1252 for Western "
-            "European text; `file -i` can guess it")
-  return DataError(f"{path} is not valid UTF-8: line {line_number}, byte {column} of the line "
-                   f"(0-based file offset {error.start}), bytes {bad} ({error.reason}). "
-                   f"Convert it with `iconv -f {encoding} -t utf-8 {path} > {path}.utf8`{note}; "
-                   "then use the converted file.")
+    note = (
+      ", where <enc> is the file's encoding: often latin1 or cp1252 for Western "
+      "European text; `file -i` can guess it"
+    )
+  return DataError(
+    f"{path} is not valid UTF-8: line {line_number}, byte {column} of the line "
+    f"(0-based file offset {error.start}), bytes {bad} ({error.reason}). "
+    f"Convert it with `iconv -f {encoding} -t utf-8 {path} > {path}.utf8`{note}; "
+    "then use the converted file."
+  )
 
 
-def _count_mismatch_message(source_path: str, source_lines: list[str],
-                            target_path: str, target_lines: list[str]) -> str:
-  message = (f"The parallel files have different line counts: {source_path} has "
-             f"{len(source_lines)} lines, {target_path} has {len(target_lines)}. Line i of "
-             "one must be the translation of line i of the other, so check that both are "
-             "the same version of the corpus and that neither was truncated or had lines "
-             "added or removed (e.g. by a filter applied to one side only).")
-  longer_path, longer, shorter = ((source_path, source_lines, target_lines)
-                                  if len(source_lines) > len(target_lines)
-                                  else (target_path, target_lines, source_lines))
-  if not any(longer[len(shorter):]):
-    message += (f" The extra {len(longer) - len(shorter)} line(s) at the end of "
-                f"{longer_path} are empty; if that is all, removing them fixes it.")
+def _count_mismatch_message(
+  source_path: str, source_lines: list[str], target_path: str, target_lines: list[str]
+) -> str:
+  message = (
+    f"The parallel files have different line counts: {source_path} has "
+    f"{len(source_lines)} lines, {target_path} has {len(target_lines)}. Line i of "
+    "one must be the translation of line i of the other, so check that both are "
+    "the same version of the corpus and that neither was truncated or had lines "
+    "added or removed (e.g. by a filter applied to one side only)."
+  )
+  longer_path, longer, shorter = (
+    (source_path, source_lines, target_lines)
+    if len(source_lines) > len(target_lines)
+    else (target_path, target_lines, source_lines)
+  )
+  if not any(longer[len(shorter) :]):
+    message += (
+      f" The extra {len(longer) - len(shorter)} line(s) at the end of "
+      f"{longer_path} are empty; if that is all, removing them fixes it."
+    )
   return message

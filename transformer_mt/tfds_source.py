@@ -53,9 +53,9 @@ from transformer_mt.text_files import DataError
 
 # TFDS builder -> configs we support, each named after its pair in TFDS order.
 SUPPORTED = {
-    "wmt14_translate": ("de-en", "fr-en"),
-    "wmt17_translate": ("de-en",),
-    "wmt_t2t_translate": ("de-en",),
+  "wmt14_translate": ("de-en", "fr-en"),
+  "wmt17_translate": ("de-en",),
+  "wmt_t2t_translate": ("de-en",),
 }
 SPLITS = ("train", "validation", "test")
 
@@ -65,9 +65,9 @@ SPLITS = ("train", "validation", "test")
 # `tfds.builder("wmt14_translate")` reports "Dataset not found". Importing the
 # builder's own module registers it whatever else is installed.
 _BUILDER_MODULES = {
-    "wmt14_translate": "tensorflow_datasets.translate.wmt14",
-    "wmt17_translate": "tensorflow_datasets.translate.wmt17",
-    "wmt_t2t_translate": "tensorflow_datasets.translate.wmt_t2t",
+  "wmt14_translate": "tensorflow_datasets.translate.wmt14",
+  "wmt17_translate": "tensorflow_datasets.translate.wmt17",
+  "wmt_t2t_translate": "tensorflow_datasets.translate.wmt_t2t",
 }
 
 # Raised by a broken call rather than by missing data: never relabelled as unavailability.
@@ -115,8 +115,10 @@ class TranslationPairs(collections.abc.Sequence):
     return [self._pair(record) for record in records]
 
   def __repr__(self) -> str:
-    return (f"TranslationPairs({self.source_lang}->{self.target_lang}, {len(self)} pairs, "
-            f"records={type(self.records).__name__})")
+    return (
+      f"TranslationPairs({self.source_lang}->{self.target_lang}, {len(self)} pairs, "
+      f"records={type(self.records).__name__})"
+    )
 
   def _check_index(self, index: int) -> int:
     # ArrayRecord raises ValueError out of range, but `Sequence.__iter__` (and `in`,
@@ -133,8 +135,10 @@ class TranslationPairs(collections.abc.Sequence):
     try:
       return _text(record[self.source_lang]), _text(record[self.target_lang])
     except KeyError:
-      raise KeyError(f"{self.source_lang}->{self.target_lang}: the record has languages "
-                     f"{sorted(record)}, not both of these.") from None
+      raise KeyError(
+        f"{self.source_lang}->{self.target_lang}: the record has languages "
+        f"{sorted(record)}, not both of these."
+      ) from None
 
 
 def _text(value: Any) -> str:
@@ -163,14 +167,18 @@ def supported_choices() -> str:
 def tfds_config(dataset: str, source_lang: str, target_lang: str) -> str:
   """The TFDS config serving `source_lang` -> `target_lang` ("de-en" for en->de and de->en)."""
   if dataset not in SUPPORTED:
-    raise ValueError(f"Unsupported TFDS dataset {dataset!r} (data.tfds_name). Supported datasets "
-                     f"and translation directions:\n{supported_choices()}")
+    raise ValueError(
+      f"Unsupported TFDS dataset {dataset!r} (data.tfds_name). Supported datasets "
+      f"and translation directions:\n{supported_choices()}"
+    )
   for config in SUPPORTED[dataset]:
     if source_lang != target_lang and set(config.split("-")) == {source_lang, target_lang}:
       return config
-  raise ValueError(f"{dataset} has no supported config for {source_lang}->{target_lang} "
-                   f"(data.source_lang / data.target_lang). Supported datasets and translation "
-                   f"directions:\n{supported_choices()}")
+  raise ValueError(
+    f"{dataset} has no supported config for {source_lang}->{target_lang} "
+    f"(data.source_lang / data.target_lang). Supported datasets and translation "
+    f"directions:\n{supported_choices()}"
+  )
 
 
 def _check_split(split: str) -> None:
@@ -181,13 +189,21 @@ def _check_split(split: str) -> None:
   for part in re.split(r"\s*\+\s*", split.strip()):
     name = re.match(r"[\w-]*", part).group(0)
     if name not in SPLITS + ("all",):
-      raise ValueError(f"Unknown split {split!r}: split names are {list(SPLITS)} (TFDS slicing "
-                       f"such as 'train[:1%]' or 'validation+test' is allowed).")
+      raise ValueError(
+        f"Unknown split {split!r}: split names are {list(SPLITS)} (TFDS slicing "
+        f"such as 'train[:1%]' or 'validation+test' is allowed)."
+      )
 
 
-def load_tfds_pairs(dataset: str, source_lang: str, target_lang: str, split: str,
-                    data_dir: str | None = None, manual_dir: str | None = None,
-                    download: bool = True) -> TranslationPairs:
+def load_tfds_pairs(
+  dataset: str,
+  source_lang: str,
+  target_lang: str,
+  split: str,
+  data_dir: str | None = None,
+  manual_dir: str | None = None,
+  download: bool = True,
+) -> TranslationPairs:
   """`split` of a TFDS WMT dataset as (source, target) pairs in the requested direction.
 
   `data_dir` is a TFDS data directory (None: TFDS's default, $TFDS_DATA_DIR or
@@ -202,11 +218,16 @@ def load_tfds_pairs(dataset: str, source_lang: str, target_lang: str, split: str
   # `tfds.data_source` asks for array_record itself only when neither data_dir nor
   # builder_kwargs is given; with a data_dir it would prepare TFRecord, which has no
   # random access. So the format is always requested explicitly.
-  kwargs: dict[str, Any] = dict(split=split, data_dir=data_dir, download=download,
-                                builder_kwargs={"file_format": "array_record"})
+  kwargs: dict[str, Any] = dict(
+    split=split,
+    data_dir=data_dir,
+    download=download,
+    builder_kwargs={"file_format": "array_record"},
+  )
   if manual_dir:
     kwargs["download_and_prepare_kwargs"] = {
-        "download_config": tfds.download.DownloadConfig(manual_dir=manual_dir)}
+      "download_config": tfds.download.DownloadConfig(manual_dir=manual_dir)
+    }
   try:
     importlib.import_module(_BUILDER_MODULES[dataset])
     records = tfds.data_source(f"{dataset}/{config}", **kwargs)
@@ -214,7 +235,8 @@ def load_tfds_pairs(dataset: str, source_lang: str, target_lang: str, split: str
     raise
   except Exception as e:  # Network, files, missing modules: see _reason.
     raise DataUnavailableError(
-        _unavailable_message(dataset, config, split, data_dir, manual_dir, download, e)) from e
+      _unavailable_message(dataset, config, split, data_dir, manual_dir, download, e)
+    ) from e
   return TranslationPairs(records, source_lang, target_lang)
 
 
@@ -225,27 +247,37 @@ def _reason(error: Exception, download: bool, manual_dir: str | None) -> str:
   if isinstance(error, ImportError):
     module = error.name or "a module"
     if module.split(".")[0] == "tensorflow":
-      return ("TFDS needed TensorFlow for this step and it is not installed. Training does not "
-              "need it: prepare the dataset on another machine and use data.tfds_data_dir.")
-    return (f"TFDS needs the Python module {module!r} to prepare the dataset and it is not "
-            f"installed (pip install {module}); or prepare it elsewhere and use "
-            f"data.tfds_data_dir.")
-  if "File format is already set" in text or (isinstance(error, NotImplementedError)
-                                             and "file format" in text.lower()):
-    return ("The copy in the data directory was prepared in another file format (TFRecord?), "
-            "which has no random access; tfds.data_source needs array_record. Prepare it again "
-            "with --file_format=array_record, or convert it with `tfds convert_format "
-            "--dataset_version_dir=DIR/<dataset>/<config>/<version> "
-            "--out_file_format=array_record`.")
+      return (
+        "TFDS needed TensorFlow for this step and it is not installed. Training does not "
+        "need it: prepare the dataset on another machine and use data.tfds_data_dir."
+      )
+    return (
+      f"TFDS needs the Python module {module!r} to prepare the dataset and it is not "
+      f"installed (pip install {module}); or prepare it elsewhere and use "
+      f"data.tfds_data_dir."
+    )
+  if "File format is already set" in text or (
+    isinstance(error, NotImplementedError) and "file format" in text.lower()
+  ):
+    return (
+      "The copy in the data directory was prepared in another file format (TFRecord?), "
+      "which has no random access; tfds.data_source needs array_record. Prepare it again "
+      "with --file_format=array_record, or convert it with `tfds convert_format "
+      "--dataset_version_dir=DIR/<dataset>/<config>/<version> "
+      "--out_file_format=array_record`."
+    )
   if name == "NonMatchingChecksumError":
     where = f"; check the files in {manual_dir}." if manual_dir else "."
-    return ("A raw file does not have the size and checksum TFDS expects (truncated download, "
-            "or another version of the file)" + where)
+    return (
+      "A raw file does not have the size and checksum TFDS expects (truncated download, "
+      "or another version of the file)" + where
+    )
   if not download:
     return "download=False and no prepared copy was found in the data directory."
   if isinstance(error, AssertionError) and "manual" in text.lower():
-    return ("Files that must be downloaded by hand are missing from the manual directory "
-            f"({manual_dir}).")
+    return (
+      f"Files that must be downloaded by hand are missing from the manual directory ({manual_dir})."
+    )
   if isinstance(error, OSError) or name in ("DownloadError", "ExtractError"):
     return "Downloading or extracting the raw WMT files failed (no network access?)."
   return "Preparing the dataset failed."
@@ -259,6 +291,7 @@ def _raw_downloads(dataset: str, config: str) -> list[tuple[str, str, int | None
   TFDS looks for in a manual directory.
   """
   from tensorflow_datasets.translate import wmt
+
   builder = tfds.builder_cls(dataset)(config=config)
   source = builder.builder_config.language_pair[0]
   urls = []
@@ -272,8 +305,10 @@ def _raw_downloads(dataset: str, config: str) -> list[tuple[str, str, int | None
   except Exception:  # Fails without importlib_resources (tfds 4.9.10 on Python 3.11).
     try:  # The same file, where TFDS keeps the checksums of its legacy builders.
       from tensorflow_datasets.core.download import checksums
+
       url_infos = checksums.load_url_infos(
-          tfds.core.utils.tfds_path() / "url_checksums" / f"{dataset}.txt")
+        tfds.core.utils.tfds_path() / "url_checksums" / f"{dataset}.txt"
+      )
     except Exception:  # Only sizes and names come from it: never fail on it.
       url_infos = {}
   result = []
@@ -284,17 +319,29 @@ def _raw_downloads(dataset: str, config: str) -> list[tuple[str, str, int | None
   return result
 
 
-def _unavailable_message(dataset: str, config: str, split: str, data_dir: str | None,
-                         manual_dir: str | None, download: bool, error: Exception) -> str:
+def _unavailable_message(
+  dataset: str,
+  config: str,
+  split: str,
+  data_dir: str | None,
+  manual_dir: str | None,
+  download: bool,
+  error: Exception,
+) -> str:
   name = f"{dataset}/{config}"
-  where = (f"data_dir={data_dir}" if data_dir
-           else "TFDS's default data_dir ($TFDS_DATA_DIR or ~/tensorflow_datasets)")
+  where = (
+    f"data_dir={data_dir}"
+    if data_dir
+    else "TFDS's default data_dir ($TFDS_DATA_DIR or ~/tensorflow_datasets)"
+  )
   cause = f"{type(error).__name__}: {error}".replace("\n", " ")
   if len(cause) > _MAX_CAUSE_CHARS:
     cause = cause[:_MAX_CAUSE_CHARS] + "..."
-  lines = [f"TFDS dataset {name} (split {split!r}) is not available in {where}.",
-           _reason(error, download, manual_dir),
-           f"Cause: {cause}"]
+  lines = [
+    f"TFDS dataset {name} (split {split!r}) is not available in {where}.",
+    _reason(error, download, manual_dir),
+    f"Cause: {cause}",
+  ]
   try:
     files = _raw_downloads(dataset, config)
   except Exception:  # The advice below still holds without the list.
@@ -305,18 +352,23 @@ def _unavailable_message(dataset: str, config: str, split: str, data_dir: str | 
     lines.append(f"Preparing {name} needs these raw WMT files{total}:")
     for filename, url, size in files:
       # TFDS recognises a manually placed file only by the name in its checksums.
-      note = (f"{size / 1e6:.0f} MB" if size
-              else "no recorded checksum: downloaded even with a manual dir")
+      note = (
+        f"{size / 1e6:.0f} MB"
+        if size
+        else "no recorded checksum: downloaded even with a manual dir"
+      )
       lines.append(f"  {filename} ({note})  {url}")
   else:
-    lines.append(f"Preparing {name} needs the raw WMT archives from statmt.org (their URLs are "
-                 f"in tensorflow_datasets/translate/wmt.py).")
+    lines.append(
+      f"Preparing {name} needs the raw WMT archives from statmt.org (their URLs are "
+      f"in tensorflow_datasets/translate/wmt.py)."
+    )
   lines += [
-      "To use a local copy instead, set either:",
-      f"  data.tfds_data_dir=DIR     a TFDS data directory in which {name} is already prepared "
-      f"in array_record format, e.g. built on a machine with internet by `tfds build {name} "
-      f"--file_format=array_record --data_dir=DIR` and copied here;",
-      f"  data.tfds_manual_dir=DIR   a folder holding the raw files above under those names, "
-      f"from which TFDS prepares {name} without downloading them.",
+    "To use a local copy instead, set either:",
+    f"  data.tfds_data_dir=DIR     a TFDS data directory in which {name} is already prepared "
+    f"in array_record format, e.g. built on a machine with internet by `tfds build {name} "
+    f"--file_format=array_record --data_dir=DIR` and copied here;",
+    f"  data.tfds_manual_dir=DIR   a folder holding the raw files above under those names, "
+    f"from which TFDS prepares {name} without downloading them.",
   ]
   return "\n".join(lines)

@@ -19,8 +19,17 @@ import ml_collections
 import numpy as np
 from tqdm import tqdm
 
-from transformer_mt import (checkpointing, data_sources, distributed, evaluation, input_pipeline,
-                            metrics, optimizer, sharding, train_step)
+from transformer_mt import (
+  checkpointing,
+  data_sources,
+  distributed,
+  evaluation,
+  input_pipeline,
+  metrics,
+  optimizer,
+  sharding,
+  train_step,
+)
 from transformer_mt.model import Transformer
 from transformer_mt.tokenizer import load_or_train
 from transformer_mt.translate import Translator, decode_settings, model_config_for
@@ -41,9 +50,13 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
   policy = config.train.get("nonfinite", "stop")
   if policy not in ("stop", "skip"):
     raise ValueError(f"train.nonfinite={policy!r} must be 'stop' or 'skip'.")
-  batch_rows = input_pipeline.rows_per_batch(config.train.batch_tokens, config.data.max_len,
-                                             config.train.grad_accum_steps, jax.process_count(),
-                                             batch_shards=data_shards * fsdp_shards)
+  batch_rows = input_pipeline.rows_per_batch(
+    config.train.batch_tokens,
+    config.data.max_len,
+    config.train.grad_accum_steps,
+    jax.process_count(),
+    batch_shards=data_shards * fsdp_shards,
+  )
   pairs = data_sources.load_pairs(config.data)
   os.makedirs(workdir, exist_ok=True)
   tokenizer = _shared_tokenizer(workdir, pairs["train"], config)
@@ -51,29 +64,53 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
   model = Transformer(model_config)
   tx, schedule = optimizer.make_optimizer(config.train, model_config.d_model)
   mesh = sharding.make_mesh(config.mesh)
-  logging.info("Mesh %s over %d devices; %d training pairs; %d packed rows of %d tokens per step.",
-               dict(mesh.shape), mesh.devices.size, len(pairs["train"]), batch_rows,
-               config.data.max_len)
+  logging.info(
+    "Mesh %s over %d devices; %d training pairs; %d packed rows of %d tokens per step.",
+    dict(mesh.shape),
+    mesh.devices.size,
+    len(pairs["train"]),
+    batch_rows,
+    config.data.max_len,
+  )
 
   def make_batches():
     return input_pipeline.training_batches(
-        pairs["train"], tokenizer, batch_rows, config.train.grad_accum_steps, config.data.max_len,
-        seed=config.train.seed, process_index=jax.process_index(),
-        process_count=jax.process_count())
+      pairs["train"],
+      tokenizer,
+      batch_rows,
+      config.train.grad_accum_steps,
+      config.data.max_len,
+      seed=config.train.seed,
+      process_index=jax.process_index(),
+      process_count=jax.process_count(),
+    )
 
-  manager = checkpointing.make_manager(workdir, keep=config.train.keep_checkpoints,
-                                       save_every=config.train.checkpoint_every)
+  manager = checkpointing.make_manager(
+    workdir, keep=config.train.keep_checkpoints, save_every=config.train.checkpoint_every
+  )
   shardings = train_step.state_shardings(model, tx, mesh)
-  restored = _restore_latest_readable(manager, workdir, train_step.abstract_state(model, tx, mesh),
-                                      make_batches, config.train.num_steps)
+  restored = _restore_latest_readable(
+    manager,
+    workdir,
+    train_step.abstract_state(model, tx, mesh),
+    make_batches,
+    config.train.num_steps,
+  )
   latest = restored[0] if restored else None
   if restored:
     _, state, batches, filter_counts = restored
   else:
     state = train_step.create_sharded_state(config.train.seed, model, tx, mesh)
     batches, filter_counts = make_batches()
-  step_fn = train_step.jit_train_step(model, tx, schedule, config.train.label_smoothing, mesh,
-                                      shardings, config.train.get("inject_nonfinite_at", 0))
+  step_fn = train_step.jit_train_step(
+    model,
+    tx,
+    schedule,
+    config.train.label_smoothing,
+    mesh,
+    shardings,
+    config.train.get("inject_nonfinite_at", 0),
+  )
   validate = _validation_fn(pairs.get("validation"), tokenizer, model, mesh, shardings, config)
   bleu_every = config.train.get("bleu_every", 0) if pairs.get("validation") else 0
   best_manager = checkpointing.make_best_manager(workdir) if bleu_every else None
@@ -81,8 +118,13 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
   writer = metrics.MetricWriter(workdir)
   start = int(state.step)
   num_steps = config.train.num_steps
-  bar = tqdm(total=num_steps, initial=start, desc="train", unit="step",
-             disable=not progress or jax.process_index() != 0)
+  bar = tqdm(
+    total=num_steps,
+    initial=start,
+    desc="train",
+    unit="step",
+    disable=not progress or jax.process_index() != 0,
+  )
   pending, interval_start = [], time.perf_counter()
   skipped, preempted = 0, False
   with _StopOnSignal() as stop_signal:
@@ -92,8 +134,11 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
       pending.append((step, step_metrics))
       log_step = step % config.train.log_every == 0
       # With several processes, all must stop at the same step: they agree at log steps.
-      preempted = (stop_signal.received if jax.process_count() == 1
-                   else log_step and distributed.any_process(stop_signal.received))
+      preempted = (
+        stop_signal.received
+        if jax.process_count() == 1
+        else log_step and distributed.any_process(stop_signal.received)
+      )
       last_step = step == num_steps or preempted
       # Metrics are fetched (one host sync) at log steps and before every checkpoint, so a
       # non-finite step is seen before any checkpoint after it is written.
@@ -105,33 +150,46 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
           writer.write(logged_step, dict(values, tokens_per_second=tokens_per_second))
         bad_steps = [s for (s, _), m in zip(pending, fetched) if m["nonfinite"]]
         skipped += len(bad_steps)
-        writer.write(step, {"data/pairs_seen": filter_counts.seen,
-                            "data/dropped_empty": filter_counts.empty,
-                            "data/dropped_too_long": filter_counts.too_long,
-                            "nonfinite_steps_skipped": skipped})
+        writer.write(
+          step,
+          {
+            "data/pairs_seen": filter_counts.seen,
+            "data/dropped_empty": filter_counts.empty,
+            "data/dropped_too_long": filter_counts.too_long,
+            "nonfinite_steps_skipped": skipped,
+          },
+        )
         writer.flush()
         if bad_steps and policy == "stop":
           checkpointing.wait(manager)
           bar.close()  # so the error prints on a line of its own
           raise train_step.NonFiniteError(
-              f"Non-finite loss or gradient at step {bad_steps[0]}; its update was not applied "
-              f"and the last checkpoint (step {manager.latest_step()}) is intact. Lower the "
-              "learning rate or clip gradients (train.grad_clip_norm), or set "
-              "train.nonfinite='skip' to skip such steps, then rerun to resume.")
+            f"Non-finite loss or gradient at step {bad_steps[0]}; its update was not applied "
+            f"and the last checkpoint (step {manager.latest_step()}) is intact. Lower the "
+            "learning rate or clip gradients (train.grad_clip_norm), or set "
+            "train.nonfinite='skip' to skip such steps, then rerun to resume."
+          )
         for bad in bad_steps:
           logging.warning("Skipped the update of step %d: non-finite loss or gradient.", bad)
         last = fetched[-1]
-        bar.set_postfix(loss=f"{last['loss']:.3f}", acc=f"{last['accuracy']:.3f}",
-                        tok_s=f"{tokens_per_second:,.0f}")
+        bar.set_postfix(
+          loss=f"{last['loss']:.3f}",
+          acc=f"{last['accuracy']:.3f}",
+          tok_s=f"{tokens_per_second:,.0f}",
+        )
         bar.update(len(pending))
         pending, interval_start = [], time.perf_counter()
-      if validate and config.train.eval_every and (step % config.train.eval_every == 0
-                                                   or step == num_steps):
+      if (
+        validate
+        and config.train.eval_every
+        and (step % config.train.eval_every == 0 or step == num_steps)
+      ):
         writer.write(step, validate(state.params))
         writer.flush()
       if bleu_every and (step % bleu_every == 0 or step == num_steps):
-        bleu = _validation_bleu(state.params, model_config, tokenizer, mesh, config,
-                                pairs["validation"])
+        bleu = _validation_bleu(
+          state.params, model_config, tokenizer, mesh, config, pairs["validation"]
+        )
         writer.write(step, {"validation/bleu": bleu})
         writer.flush()
         # One save in flight at a time: Orbax coordinates the processes of a multi-process
@@ -141,15 +199,24 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
         best_manager.wait_until_finished()
       checkpointing.save(manager, step, state, batches, config, tokenizer, force=last_step)
       if preempted:
-        logging.warning("Stopped by %s after step %d; its checkpoint is saved. Run the same "
-                        "command again to resume.", stop_signal.name, step)
+        logging.warning(
+          "Stopped by %s after step %d; its checkpoint is saved. Run the same "
+          "command again to resume.",
+          stop_signal.name,
+          step,
+        )
         break
   bar.update(len(pending))
   bar.close()
   if filter_counts.empty or filter_counts.too_long:
-    logging.info("Training pairs read by this process: %d; dropped %d empty and %d longer than "
-                 "data.max_len=%d tokens.", filter_counts.seen, filter_counts.empty,
-                 filter_counts.too_long, config.data.max_len)
+    logging.info(
+      "Training pairs read by this process: %d; dropped %d empty and %d longer than "
+      "data.max_len=%d tokens.",
+      filter_counts.seen,
+      filter_counts.empty,
+      filter_counts.too_long,
+      config.data.max_len,
+    )
   if latest is not None and latest >= num_steps:
     logging.info("Checkpoint step %d already reached train.num_steps=%d.", latest, num_steps)
   checkpointing.wait(manager)
@@ -157,11 +224,22 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
     best_manager.wait_until_finished()
   writer.close()
 
-  translator = Translator(params=state.params, model_config=model_config, tokenizer=tokenizer,
-                          mesh=mesh, **decode_settings(config))
-  result = {"step": int(state.step), "state": state, "translator": translator,
-            "bleu": None, "bleu_signature": None, "preempted": preempted,
-            "nonfinite_steps_skipped": skipped}
+  translator = Translator(
+    params=state.params,
+    model_config=model_config,
+    tokenizer=tokenizer,
+    mesh=mesh,
+    **decode_settings(config),
+  )
+  result = {
+    "step": int(state.step),
+    "state": state,
+    "translator": translator,
+    "bleu": None,
+    "bleu_signature": None,
+    "preempted": preempted,
+    "nonfinite_steps_skipped": skipped,
+  }
   if pairs.get("test") and not preempted:
     result.update(evaluate_held_out(translator, pairs["test"], config.get("num_samples", 3)))
   return result
@@ -186,11 +264,15 @@ def _validation_fn(pairs, tokenizer, model, mesh, shardings, config):
   batches = list(input_pipeline.evaluation_batches(pairs, tokenizer, rows))
 
   def validate(params):
-    totals = [eval_step(params, sharding.global_batch_from_host(b, mesh, batch_dim=1))
-              for b in batches]
+    totals = [
+      eval_step(params, sharding.global_batch_from_host(b, mesh, batch_dim=1)) for b in batches
+    ]
     sums = {k: sum(float(t[k]) for t in totals) for k in totals[0]}
     tokens = max(sums["num_tokens"], 1.0)
-    return {"validation/loss": sums["nll"] / tokens, "validation/accuracy": sums["correct"] / tokens}
+    return {
+      "validation/loss": sums["nll"] / tokens,
+      "validation/accuracy": sums["correct"] / tokens,
+    }
 
   return validate
 
@@ -237,9 +319,11 @@ def _restore_latest_readable(manager, workdir, abstract_state, make_batches, num
     finished = step >= num_steps
     written_by = checkpointing.saved_process_count(workdir, step)
     if written_by not in (None, jax.process_count()) and not finished:
-      raise ValueError(f"The checkpoint of step {step} in {workdir} was written by {written_by} "
-                       f"processes, and this run has {jax.process_count()}. Resume with "
-                       f"{written_by} processes: the data order depends on the process count.")
+      raise ValueError(
+        f"The checkpoint of step {step} in {workdir} was written by {written_by} "
+        f"processes, and this run has {jax.process_count()}. Resume with "
+        f"{written_by} processes: the data order depends on the process count."
+      )
     batches, counts = make_batches()
     try:
       if finished:
@@ -247,14 +331,21 @@ def _restore_latest_readable(manager, workdir, abstract_state, make_batches, num
       else:
         state, batches = checkpointing.restore_training(manager, step, abstract_state, batches)
     except Exception as e:  # noqa: BLE001 - any read failure means this checkpoint is unusable
-      logging.warning("Checkpoint %d in %s cannot be read (%s: %s); falling back to the previous "
-                      "one.", step, workdir, type(e).__name__, str(e).splitlines()[0][:200])
+      logging.warning(
+        "Checkpoint %d in %s cannot be read (%s: %s); falling back to the previous one.",
+        step,
+        workdir,
+        type(e).__name__,
+        str(e).splitlines()[0][:200],
+      )
       continue
     logging.info("Resumed from the checkpoint of step %d in %s.", step, workdir)
     return step, state, batches, counts
   if steps:
-    raise ValueError(f"None of the checkpoints {sorted(steps)} in {workdir} can be read; "
-                     "move the checkpoints/ directory away to start afresh.")
+    raise ValueError(
+      f"None of the checkpoints {sorted(steps)} in {workdir} can be read; "
+      "move the checkpoints/ directory away to start afresh."
+    )
   return None
 
 
@@ -262,14 +353,20 @@ def _validation_bleu(params, model_config, tokenizer, mesh, config, pairs) -> fl
   """sacreBLEU of the current parameters on (the first train.bleu_sentences of) validation."""
   limit = config.train.get("bleu_sentences", 0) or len(pairs)
   chosen = [pairs[i] for i in range(min(limit, len(pairs)))]
-  translator = Translator(params=params, model_config=model_config, tokenizer=tokenizer, mesh=mesh,
-                          **decode_settings(config))
+  translator = Translator(
+    params=params,
+    model_config=model_config,
+    tokenizer=tokenizer,
+    mesh=mesh,
+    **decode_settings(config),
+  )
   hypotheses = translator.translate([source for source, _ in chosen])
   return evaluation.corpus_bleu(hypotheses, [target for _, target in chosen])[0]
 
 
-def evaluate_held_out(translator: Translator, pairs: list[tuple[str, str]],
-                      num_samples: int) -> dict[str, Any]:
+def evaluate_held_out(
+  translator: Translator, pairs: list[tuple[str, str]], num_samples: int
+) -> dict[str, Any]:
   """Greedy-translates the held-out sources and scores them with sacreBLEU."""
   start = time.perf_counter()
   hypotheses = translator.translate([source for source, _ in pairs])
@@ -277,11 +374,14 @@ def evaluate_held_out(translator: Translator, pairs: list[tuple[str, str]],
   references = [target for _, target in pairs]
   bleu, signature = evaluation.corpus_bleu(hypotheses, references)
   if jax.process_index() == 0:
-    for source, reference, hypothesis in list(zip((s for s, _ in pairs), references,
-                                                  hypotheses))[:num_samples]:
+    for source, reference, hypothesis in list(zip((s for s, _ in pairs), references, hypotheses))[
+      :num_samples
+    ]:
       print(f"  source:     {source}\n  reference:  {reference}\n  hypothesis: {hypothesis}\n")
-    print(f"Held-out BLEU {bleu:.2f} on {len(pairs)} sentences "
-          f"({len(pairs) / elapsed:.0f} sentences/s, beam {translator.beam_size})\n"
-          f"  sacreBLEU signature: {signature}")
+    print(
+      f"Held-out BLEU {bleu:.2f} on {len(pairs)} sentences "
+      f"({len(pairs) / elapsed:.0f} sentences/s, beam {translator.beam_size})\n"
+      f"  sacreBLEU signature: {signature}"
+    )
   exact = float(np.mean([h == r for h, r in zip(hypotheses, references)]))
   return {"bleu": bleu, "bleu_signature": signature, "exact_match": exact}

@@ -9,7 +9,8 @@ slot directly on its shard (no full copy on one device first).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax
 import flax.linen as nn
@@ -34,57 +35,79 @@ class TrainState:
   rng: jax.Array  # uint32 [2]: raw key data; step k's dropout key is fold_in(rng, k).
 
 
-def _create_state(key: jax.Array, model: Transformer, tx: optax.GradientTransformation,
-                  boxed: bool) -> TrainState:
+def _create_state(
+  key: jax.Array, model: Transformer, tx: optax.GradientTransformation, boxed: bool
+) -> TrainState:
   param_key, dropout_key = jax.random.split(key)
   dummy = jnp.ones((1, 2), jnp.int32)
   params = model.init(param_key, dummy, dummy)["params"]  # boxed with logical axis names
-  state = TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params),
-                     rng=jax.random.key_data(dropout_key))
+  state = TrainState(
+    step=jnp.array(0, jnp.int32),
+    params=params,
+    opt_state=tx.init(params),
+    rng=jax.random.key_data(dropout_key),
+  )
   return state if boxed else nn.unbox(state)
 
 
 def state_shardings(model: Transformer, tx: optax.GradientTransformation, mesh: Mesh) -> Any:
   """NamedShardings for every leaf of the train state, from its logical axis names."""
-  abstract = jax.eval_shape(functools.partial(_create_state, model=model, tx=tx, boxed=True),
-                            jax.random.key(0))
+  abstract = jax.eval_shape(
+    functools.partial(_create_state, model=model, tx=tx, boxed=True), jax.random.key(0)
+  )
   return sharding.logical_shardings(abstract, mesh)
 
 
 def abstract_state(model: Transformer, tx: optax.GradientTransformation, mesh: Mesh) -> Any:
   """ShapeDtypeStructs with shardings: the target for restoring a checkpoint."""
-  shapes = jax.eval_shape(functools.partial(_create_state, model=model, tx=tx, boxed=False),
-                          jax.random.key(0))
-  return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                      shapes, state_shardings(model, tx, mesh))
+  shapes = jax.eval_shape(
+    functools.partial(_create_state, model=model, tx=tx, boxed=False), jax.random.key(0)
+  )
+  return jax.tree.map(
+    lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+    shapes,
+    state_shardings(model, tx, mesh),
+  )
 
 
-def create_sharded_state(seed: int, model: Transformer, tx: optax.GradientTransformation,
-                         mesh: Mesh) -> TrainState:
+def create_sharded_state(
+  seed: int, model: Transformer, tx: optax.GradientTransformation, mesh: Mesh
+) -> TrainState:
   """Initializes the train state directly in its sharded layout."""
-  init = jax.jit(functools.partial(_create_state, model=model, tx=tx, boxed=False),
-                 out_shardings=state_shardings(model, tx, mesh))
+  init = jax.jit(
+    functools.partial(_create_state, model=model, tx=tx, boxed=False),
+    out_shardings=state_shardings(model, tx, mesh),
+  )
   with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
     return init(jax.random.key(seed))
 
 
 def _micro_batch_sums(params, micro_batch, dropout_key, model, label_smoothing):
   logits = model.apply(
-      {"params": params}, micro_batch["inputs"], micro_batch["targets_in"],
-      inputs_positions=micro_batch.get("inputs_positions"),
-      targets_positions=micro_batch.get("targets_positions"),
-      inputs_segmentation=micro_batch.get("inputs_segment_ids"),
-      targets_segmentation=micro_batch.get("targets_segment_ids"),
-      rngs=None if dropout_key is None else {"dropout": dropout_key})
+    {"params": params},
+    micro_batch["inputs"],
+    micro_batch["targets_in"],
+    inputs_positions=micro_batch.get("inputs_positions"),
+    targets_positions=micro_batch.get("targets_positions"),
+    inputs_segmentation=micro_batch.get("inputs_segment_ids"),
+    targets_segmentation=micro_batch.get("targets_segment_ids"),
+    rngs=None if dropout_key is None else {"dropout": dropout_key},
+  )
   weights = (micro_batch["targets"] > 0).astype(jnp.float32)
   sums = losses.cross_entropy_sums(logits, micro_batch["targets"], weights, label_smoothing)
   return sums["loss"], sums
 
 
-def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: Transformer,
-               tx: optax.GradientTransformation, schedule: optax.Schedule,
-               label_smoothing: float, inject_nonfinite_at: int = 0
-               ) -> tuple[TrainState, dict[str, jax.Array]]:
+def train_step(
+  state: TrainState,
+  batch: dict[str, jax.Array],
+  *,
+  model: Transformer,
+  tx: optax.GradientTransformation,
+  schedule: optax.Schedule,
+  label_smoothing: float,
+  inject_nonfinite_at: int = 0,
+) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer update from a batch of [accum_steps, micro_batch, len] arrays.
 
   Gradients of the summed loss are accumulated over the micro-batches with
@@ -103,16 +126,17 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: Transfo
   def accumulate(carry, micro):
     grads_sum, sums_total = carry
     micro_batch, index = micro
-    grads, sums = grad_fn(state.params, micro_batch, jax.random.fold_in(step_key, index),
-                          model, label_smoothing)
-    return (jax.tree.map(jnp.add, grads_sum, grads),
-            jax.tree.map(jnp.add, sums_total, sums)), None
+    grads, sums = grad_fn(
+      state.params, micro_batch, jax.random.fold_in(step_key, index), model, label_smoothing
+    )
+    return (jax.tree.map(jnp.add, grads_sum, grads), jax.tree.map(jnp.add, sums_total, sums)), None
 
   zero_sums = {k: jnp.zeros((), jnp.float32) for k in ("loss", "nll", "correct", "num_tokens")}
   zero_grads = jax.tree.map(jnp.zeros_like, state.params)
   num_micro = jax.tree.leaves(batch)[0].shape[0]
-  (grads, sums), _ = jax.lax.scan(accumulate, (zero_grads, zero_sums),
-                                  (batch, jnp.arange(num_micro)))
+  (grads, sums), _ = jax.lax.scan(
+    accumulate, (zero_grads, zero_sums), (batch, jnp.arange(num_micro))
+  )
   num_tokens = jnp.maximum(sums["num_tokens"], 1.0)
   if inject_nonfinite_at:
     poison = jnp.where(state.step + 1 == inject_nonfinite_at, jnp.nan, 1.0)
@@ -124,32 +148,48 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: Transfo
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   keep_if_finite = lambda new, old: jax.tree.map(  # noqa: E731
-      lambda n, o: jnp.where(finite, n, o), new, old)
+    lambda n, o: jnp.where(finite, n, o), new, old
+  )
   params = keep_if_finite(params, state.params)
   opt_state = keep_if_finite(opt_state, state.opt_state)
   metrics = {
-      "loss": sums["loss"] / num_tokens,
-      "nll": sums["nll"] / num_tokens,
-      "accuracy": sums["correct"] / num_tokens,
-      "num_tokens": sums["num_tokens"],
-      "grad_norm": grad_norm,
-      "param_norm": optax.global_norm(params),
-      "learning_rate": schedule(state.step),
-      "nonfinite": 1.0 - finite.astype(jnp.float32),
+    "loss": sums["loss"] / num_tokens,
+    "nll": sums["nll"] / num_tokens,
+    "accuracy": sums["correct"] / num_tokens,
+    "num_tokens": sums["num_tokens"],
+    "grad_norm": grad_norm,
+    "param_norm": optax.global_norm(params),
+    "learning_rate": schedule(state.step),
+    "nonfinite": 1.0 - finite.astype(jnp.float32),
   }
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
-def jit_train_step(model: Transformer, tx: optax.GradientTransformation,
-                   schedule: optax.Schedule, label_smoothing: float, mesh: Mesh,
-                   shardings: Any, inject_nonfinite_at: int = 0) -> Callable:
+def jit_train_step(
+  model: Transformer,
+  tx: optax.GradientTransformation,
+  schedule: optax.Schedule,
+  label_smoothing: float,
+  mesh: Mesh,
+  shardings: Any,
+  inject_nonfinite_at: int = 0,
+) -> Callable:
   """`train_step` compiled with sharded inputs/outputs and the state buffers donated."""
-  step = functools.partial(train_step, model=model, tx=tx, schedule=schedule,
-                           label_smoothing=label_smoothing,
-                           inject_nonfinite_at=inject_nonfinite_at)
+  step = functools.partial(
+    train_step,
+    model=model,
+    tx=tx,
+    schedule=schedule,
+    label_smoothing=label_smoothing,
+    inject_nonfinite_at=inject_nonfinite_at,
+  )
   batch_sharding = sharding.batch_sharding(mesh, ndim=3, batch_dim=1)
-  compiled = jax.jit(step, in_shardings=(shardings, batch_sharding),
-                     out_shardings=(shardings, sharding.replicated(mesh)), donate_argnums=0)
+  compiled = jax.jit(
+    step,
+    in_shardings=(shardings, batch_sharding),
+    out_shardings=(shardings, sharding.replicated(mesh)),
+    donate_argnums=0,
+  )
 
   def run(state, batch):
     with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
@@ -171,9 +211,11 @@ def jit_eval_step(model: Transformer, mesh: Mesh, shardings: Any) -> Callable:
     _, sums = _micro_batch_sums(params, micro, None, eval_model, 0.0)
     return sums
 
-  compiled = jax.jit(eval_step, in_shardings=(shardings.params,
-                                              sharding.batch_sharding(mesh, ndim=3, batch_dim=1)),
-                     out_shardings=sharding.replicated(mesh))
+  compiled = jax.jit(
+    eval_step,
+    in_shardings=(shardings.params, sharding.batch_sharding(mesh, ndim=3, batch_dim=1)),
+    out_shardings=sharding.replicated(mesh),
+  )
 
   def run(params, batch):
     with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):

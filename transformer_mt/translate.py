@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -50,14 +51,19 @@ class Translator:
       if not line.strip():
         continue
       if len(ids) > self.max_source_len:
-        logging.warning("Line %d has %d tokens; translating only its first %d.", index + 1,
-                        len(ids), self.max_source_len)
-        ids = ids[:self.max_source_len - 1] + [EOS_ID]
+        logging.warning(
+          "Line %d has %d tokens; translating only its first %d.",
+          index + 1,
+          len(ids),
+          self.max_source_len,
+        )
+        ids = ids[: self.max_source_len - 1] + [EOS_ID]
       todo.append((index, ids))
     todo.sort(key=lambda item: len(item[1]))
-    batches = [todo[i:i + self.batch_size] for i in range(0, len(todo), self.batch_size)]
+    batches = [todo[i : i + self.batch_size] for i in range(0, len(todo), self.batch_size)]
     if progress:
       from tqdm import tqdm
+
       batches = tqdm(batches, desc="translate", unit="batch")
     for batch in batches:
       for (index, _), ids in zip(batch, self._decode_batch([ids for _, ids in batch])):
@@ -74,7 +80,7 @@ class Translator:
     rows = bucket_length(self.batch_size, self.mesh.devices.size)
     inputs = np.full((rows, src_len), PAD_ID, np.int32)
     for row, ids in enumerate(sources):
-      inputs[row, :len(ids)] = ids
+      inputs[row, : len(ids)] = ids
     max_len = min(self.max_target_len, src_len + self.extra_len)
     # Each sentence may grow to its own source length + extra_len (the paper's +50).
     max_lengths = np.minimum((inputs != PAD_ID).sum(axis=1) + self.extra_len, max_len)
@@ -87,12 +93,17 @@ class Translator:
       inputs = sharding.global_batch_from_host(inputs, self.mesh)
       if self.beam_size > 1:
         outputs = beam_search.beam_decode(
-            self.params, inputs, self.model_config, self.beam_size, max_len, self.alpha,
-            sharding.global_batch_from_host(max_lengths, self.mesh)
+          self.params,
+          inputs,
+          self.model_config,
+          self.beam_size,
+          max_len,
+          self.alpha,
+          sharding.global_batch_from_host(max_lengths, self.mesh),
         ).sequences
       else:
         outputs = decode.greedy_decode(self.params, inputs, self.model_config, max_len)
-    return list(sharding.to_host(outputs)[:len(sources)])
+    return list(sharding.to_host(outputs)[: len(sources)])
 
 
 def model_config_for(config, tokenizer: Tokenizer | None = None) -> TransformerConfig:
@@ -109,8 +120,13 @@ def restore_target(config, tokenizer: Tokenizer, mesh: Mesh) -> tuple[Transforme
   return model_config, train_step.abstract_state(Transformer(model_config), tx, mesh)
 
 
-def load_translator(workdir: str, step: int | None = None, mesh: Mesh | None = None,
-                    beam_size: int | None = None, alpha: float | None = None) -> Translator:
+def load_translator(
+  workdir: str,
+  step: int | None = None,
+  mesh: Mesh | None = None,
+  beam_size: int | None = None,
+  alpha: float | None = None,
+) -> Translator:
   """A Translator from a checkpoint directory alone (its config and tokenizer are inside).
 
   Beam size and alpha default to the experiment's `decode` section.
@@ -120,17 +136,25 @@ def load_translator(workdir: str, step: int | None = None, mesh: Mesh | None = N
   model_config, target = restore_target(config, tokenizer, mesh)
   state = checkpointing.restore_state(workdir, step, target)
   logging.info("Loaded step %d from %s.", step, workdir)
-  return Translator(params=state.params, model_config=model_config, tokenizer=tokenizer, mesh=mesh,
-                    **decode_settings(config, beam_size, alpha))
+  return Translator(
+    params=state.params,
+    model_config=model_config,
+    tokenizer=tokenizer,
+    mesh=mesh,
+    **decode_settings(config, beam_size, alpha),
+  )
 
 
 def decode_settings(config, beam_size: int | None = None, alpha: float | None = None) -> dict:
   """Translator keyword arguments from an experiment's `decode` section (with overrides)."""
   decode_config = config.decode
-  return {"batch_size": decode_config.batch_size, "max_target_len": decode_config.max_len,
-          "extra_len": decode_config.get("extra_len", 50),
-          "beam_size": beam_size or decode_config.get("beam_size", 1),
-          "alpha": decode_config.get("alpha", 0.6) if alpha is None else alpha}
+  return {
+    "batch_size": decode_config.batch_size,
+    "max_target_len": decode_config.max_len,
+    "extra_len": decode_config.get("extra_len", 50),
+    "beam_size": beam_size or decode_config.get("beam_size", 1),
+    "alpha": decode_config.get("alpha", 0.6) if alpha is None else alpha,
+  }
 
 
 def read_lines(stream: Iterable[bytes | str]) -> list[str]:
