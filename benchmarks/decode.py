@@ -2,14 +2,15 @@
 length bucket, and what reordering the beams' cache costs per decode step.
 
     python benchmarks/decode.py [--workdir W | --experiment news_ende_small] [--sentences 100]
-                                [--batch_size 32] [--beam_sizes 1,4,8] [--reps 1]
+                                [--batch_size 32] [--beam_sizes 1,4,8] [--reps 1] [--data_root D]
 
-Input: the first --sentences lines of ../shared/data/news/en-de/newstest2014.en. With --workdir,
-the checkpoint's model and tokenizer (translate.load_translator). Without, a random-init model of
---experiment and a SentencePiece vocabulary of its size trained on 20k sentences of its training
-text (~10 s, not timed). A random-init model does not emit EOS (the tables count the hypotheses
-that do), so every sentence is decoded to its maximum length, source length + 50 tokens: a worst
-case for time per sentence; a trained model stops at EOS, near the source length.
+Input: the first --sentences lines of news/en-de/newstest2014.en under --data_root (default
+../shared/data beside the repository; `sacrebleu -t wmt14 -l en-de --echo src` prints it). With
+--workdir, the checkpoint's model and tokenizer (translate.load_translator). Without, a random-init
+model of --experiment and a SentencePiece vocabulary of its size trained on 20k sentences of its
+training text (~10 s, not timed). A random-init model does not emit EOS (the tables count the
+hypotheses that do), so every sentence is decoded to its maximum length, source length + 50 tokens:
+a worst case for time per sentence; a trained model stops at EOS, near the source length.
 
 Batching is Translator's: sentences sorted by length, --batch_size per batch, sources padded to
 16-token buckets, max_len = min(decode.max_len, bucket + 50), each sentence capped at its own
@@ -58,7 +59,7 @@ from transformer_mt.input_pipeline import bucket_length  # noqa: E402
 from transformer_mt.model import Transformer  # noqa: E402
 from transformer_mt.tokenizer import EOS_ID, PAD_ID, train_tokenizer  # noqa: E402
 
-TEST_SET = data_sources.DEFAULT_LOCAL_ROOT / "news" / "en-de" / "newstest2014.en"
+TEST_SET = "news/en-de/newstest2014.en"  # under --data_root
 SOURCE_BUCKETS = (16, 32, 48, 64)
 STEPS_PER_LOOP = 10
 
@@ -69,6 +70,8 @@ def load_model(args):
     translator = translate.load_translator(args.workdir)
     return translator, f"checkpoint {args.workdir}"
   config = registry.load_experiment(args.experiment)
+  if config.data.source == "local":
+    config.data.root = args.data_root
   pairs = data_sources.load_pairs(config.data)["train"]
   tokenizer = train_tokenizer(
     pairs, config.tokenizer.vocab_size, config.tokenizer.model_type, sample_size=20_000
@@ -348,6 +351,12 @@ def main():
     default="news_ende_small",
     help="the registry experiment to random-init (without --workdir)",
   )
+  parser.add_argument(
+    "--data_root",
+    default=str(data_sources.DEFAULT_LOCAL_ROOT),
+    help="folder holding news/en-de/newstest2014.en (and the experiment's training files); "
+    "default: ../shared/data beside the repository",
+  )
   parser.add_argument("--sentences", type=int, default=100)
   parser.add_argument(
     "--batch_size",
@@ -361,12 +370,19 @@ def main():
     "--loop_reps", type=int, default=5, help="timed rounds of the cache reorder loops (best kept)"
   )
   args = parser.parse_args()
+  args.data_root = os.path.abspath(os.path.expanduser(args.data_root))
+  args.workdir = args.workdir and os.path.abspath(os.path.expanduser(args.workdir))
+  test_set = os.path.join(args.data_root, TEST_SET)
+  if not os.path.exists(test_set):
+    sys.exit(
+      f"error: {test_set} does not exist; pass --data_root DIR. {data_sources.HOW_TO_GET_NEWS}"
+    )
   load_start = os.getloadavg()[0]
 
   translator, model = load_model(args)
   if args.batch_size:
     translator.batch_size = args.batch_size
-  with open(TEST_SET, encoding="utf-8") as f:
+  with open(test_set, encoding="utf-8") as f:
     lines = [line.strip() for line in f]
   all_encoded = translator.tokenizer.encode(lines)
   encoded = all_encoded[: args.sentences]

@@ -10,11 +10,13 @@ Both are measured in this process on the same machine, on the ~28k EN-DE news pa
 The pipeline must produce more target tokens per second than the step consumes.
 
     python benchmarks/input_pipeline.py [--layers 6] [--batch_tokens 4096] [--max_len 128]
+                                        [--data_root DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import sys
 import time
@@ -46,9 +48,16 @@ def main():
   parser.add_argument("--vocab_size", type=int, default=8000)
   parser.add_argument("--pipeline_batches", type=int, default=100)
   parser.add_argument("--train_steps", type=int, default=3)
+  parser.add_argument(
+    "--data_root",
+    default="",
+    help="folder holding news_ende_small's news/en-de/* files (default: ../shared/data beside "
+    "the repository)",
+  )
   args = parser.parse_args()
 
   data_config = news_ende_small.get_config().data
+  data_config.root = args.data_root and os.path.abspath(os.path.expanduser(args.data_root))
   pairs = data_sources.load_pairs(data_config)["train"]
   start = time.perf_counter()
   tokenizer = train_tokenizer(pairs, args.vocab_size, "unigram", sample_size=60_000)

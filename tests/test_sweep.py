@@ -147,16 +147,18 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(tmp_path, c
   assert len(commands) == 4 and all(f"--trial {i}" in c for i, c in enumerate(commands))
   assert not root.exists()  # a dry run writes nothing
 
-  # Trial 0 alone, as SLURM array task 0 runs it: the shipped sbatch script under bash.
+  # Trial 0 alone, as SLURM array task 0 runs it: the shipped sbatch script under bash,
+  # submitted from tmp_path (outside the repository) with the sweep root given relative to it.
   env = dict(
     subprocess_env(1),
     SLURM_ARRAY_TASK_ID="0",
-    SLURM_SUBMIT_DIR=str(ROOT),
+    SLURM_SUBMIT_DIR=str(tmp_path),
     PATH=f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}",
+    PYTHONPATH=str(ROOT),
   )
   subprocess.run(
-    ["bash", str(ROOT / "launch" / "slurm_sweep.sbatch"), "demo", str(root), *TINY],
-    cwd=tmp_path,
+    ["bash", str(ROOT / "launch" / "slurm_sweep.sbatch"), "demo", root.name, *TINY],
+    cwd="/",
     env=env,
     capture_output=True,
     text=True,

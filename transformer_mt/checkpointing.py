@@ -18,6 +18,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import re
+from collections.abc import Sequence
 from typing import Any
 
 import grain
@@ -67,8 +70,81 @@ class TokenizerRestore(ocp.args.CheckpointArgs):
   pass
 
 
+def absolute(path: str) -> str:
+  """`path` made absolute against the current directory (Orbax refuses relative paths);
+  URLs such as gs://bucket/dir are returned as they are."""
+  return path if "://" in path else os.path.abspath(os.path.expanduser(path))
+
+
 def checkpoint_dir(workdir: str) -> str:
-  return str(epath.Path(workdir) / "checkpoints")
+  return str(epath.Path(absolute(workdir)) / "checkpoints")
+
+
+# Files each checkpoint item cannot be read without (globs, relative to the item's directory).
+REQUIRED_FILES = {
+  "state": ("_METADATA", "manifest.ocdbt"),
+  "data_iter": ("process_*-of-*.json",),
+  "config": ("metadata",),
+  "tokenizer": (MODEL_FILENAME,),
+}
+# tensorstore status codes of a read that found a file missing, short or unreadable.
+_DAMAGE_CODES = ("DATA_LOSS", "NOT_FOUND", "OUT_OF_RANGE")
+
+
+def find_damage(workdir: str, step: int, items: Sequence[str], error: BaseException) -> str | None:
+  """Why a checkpoint whose restore raised `error` is damaged, or None if its files look whole.
+
+  Damage is what a crash, a full disk or a lost file leaves: an item directory or one of
+  its required files missing or empty, unparseable JSON metadata, or a read that tensorstore
+  reports as missing or short data. Anything else (a config or optimizer that differs from
+  the run that wrote it, a path or library problem) is not damage: the caller stops and
+  names it, and never skips a good checkpoint.
+  """
+  step_dir = epath.Path(checkpoint_dir(workdir)) / str(step)
+  for item in items:
+    item_dir = step_dir / item
+    if not item_dir.is_dir():
+      return f"{item_dir} is missing"
+    for pattern in REQUIRED_FILES.get(item, ()):
+      found = list(item_dir.glob(pattern))
+      if not found:
+        return f"{item_dir / pattern} is missing"
+      empty = [f for f in found if f.stat().length == 0]
+      if empty:
+        return f"{empty[0]} is empty"
+  try:
+    json.loads((step_dir / "state" / "_METADATA").read_text())
+  except (OSError, ValueError) as e:
+    if "state" in items:
+      return f"{step_dir / 'state' / '_METADATA'} is unreadable ({type(e).__name__})"
+  cause: BaseException | None = error
+  while cause is not None:
+    message = str(cause)
+    if isinstance(cause, (FileNotFoundError, json.JSONDecodeError)):
+      return f"{type(cause).__name__}: {message.splitlines()[0][:200]}"
+    if message.startswith(_DAMAGE_CODES):
+      file = re.search(r'local file "([^"]+)"', message)
+      return message.split(":", 1)[0] + (f" reading {file.group(1)}" if file else "")
+    cause = cause.__cause__ or cause.__context__
+  return None
+
+
+def restore_failure(workdir: str, step: int, error: BaseException) -> str:
+  """One line for a restore that failed although the checkpoint's files are whole."""
+  first_line = (str(error).strip().splitlines() or [""])[0][:300]
+  text = str(error)
+  if "tree structures do not match" in text or "node type mismatch" in text:
+    hint = (
+      "The optimizer or model settings differ from those of the run that wrote it (e.g. "
+      "train.grad_clip_norm); resume with the config it was trained with (saved in its "
+      "config/ item), or train into a new --workdir."
+    )
+  else:
+    hint = "Rerun with --debug for the traceback."
+  return (
+    f"Cannot restore the checkpoint of step {step} in {workdir} ({type(error).__name__}: "
+    f"{first_line}). Its files are whole, so it was not skipped and nothing was changed. {hint}"
+  )
 
 
 def make_manager(
@@ -183,6 +259,10 @@ def shape_mismatches(workdir: str, step: int, abstract_state: Any) -> list[str]:
   return sorted(problems)
 
 
+class ModelMismatch(ValueError):
+  """The model config's parameter shapes differ from a checkpoint's."""
+
+
 def check_compatible(workdir: str, step: int, abstract_state: Any) -> None:
   """Raises a ValueError listing the mismatched parameters if the model does not fit."""
   problems = shape_mismatches(workdir, step, abstract_state)
@@ -190,7 +270,7 @@ def check_compatible(workdir: str, step: int, abstract_state: Any) -> None:
     shown = "; ".join(problems[:10]) + (
       f"; ... ({len(problems)} in all)" if len(problems) > 10 else ""
     )
-    raise ValueError(
+    raise ModelMismatch(
       f"The model config does not match the checkpoint of step {step} in {workdir}: "
       f"{shown}. Use the config the checkpoint was trained with, or a new workdir."
     )

@@ -19,7 +19,6 @@ import logging
 import os
 import sys
 
-
 # Flags that name files or directories, and config keys whose values are paths.
 PATH_FLAGS = ("workdir", "workdirs", "input", "output", "source", "reference", "chart")
 PATH_KEYS = ("data.root", "data.tfds_data_dir", "data.tfds_manual_dir")
@@ -27,10 +26,12 @@ PATH_KEYS = ("data.root", "data.tfds_data_dir", "data.tfds_manual_dir")
 
 def absolute_path(path: str | None) -> str | None:
   """`path` relative to the current directory, `~` expanded; None, "" and "-" (stdin or
-  stdout) are returned as they are."""
+  stdout) and URLs (gs://...) are returned as they are."""
   if path in (None, "", "-"):
     return path
-  return os.path.abspath(os.path.expanduser(path))
+  from transformer_mt.checkpointing import absolute
+
+  return absolute(path)
 
 
 def _absolute_override(override: str) -> str:
@@ -350,6 +351,9 @@ def main(argv=None) -> int:
   logging.getLogger("absl").setLevel(logging.ERROR)
   for noisy in ("jax._src", "orbax", "etils"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
+  # tensorstore's failed reads of a damaged checkpoint surface as unretrieved asyncio futures;
+  # the damage is reported once, by name, where the checkpoint is skipped.
+  logging.getLogger("asyncio").setLevel(logging.CRITICAL)
   from transformer_mt.train_step import NonFiniteError
 
   try:

@@ -24,8 +24,34 @@ SPLITS = ("train", "validation", "test")
 DEFAULT_LOCAL_ROOT = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
+# Where the WMT news test sets can be fetched; shown when data.root holds no such files.
+HOW_TO_GET_NEWS = (
+  "The WMT news test sets come with sacrebleu, e.g. for newstest2014 EN-DE: "
+  "`sacrebleu -t wmt14 -l en-de --echo src > DIR/news/en-de/newstest2014.en` and "
+  "`sacrebleu -t wmt14 -l en-de --echo ref > DIR/news/en-de/newstest2014.de` (wmt08..wmt20 "
+  "likewise); all of news/ and tatoeba/ are in the public Helsinki-NLP/OPUS-MT-testsets "
+  "repository (testsets/en-de, testsets/en-fr). See the README's Data section."
+)
+
+
 def local_root(data_config: ml_collections.ConfigDict) -> str:
-  return os.path.expanduser(data_config.get("root") or str(DEFAULT_LOCAL_ROOT))
+  """The folder local prefixes are read from: `data.root`, or ../shared/data beside the
+  repository when it is empty. A folder that does not exist is a one-line error saying
+  which `data.root` to pass and how to get the files, never a path the user never had."""
+  given = data_config.get("root") or ""
+  root = os.path.abspath(os.path.expanduser(given)) if given else str(DEFAULT_LOCAL_ROOT)
+  if not os.path.isdir(root):
+    wanted = ", ".join(
+      list(data_config.get("train_prefixes") or [])[:2]
+      + list(data_config.get("test_prefixes") or [])
+    )
+    where = f"data.root={root}" if given else f"The default data folder {root}"
+    raise FileNotFoundError(
+      f"{where} does not exist. This experiment reads line-aligned text files "
+      f"PREFIX.{data_config.source_lang} / PREFIX.{data_config.target_lang} under data.root "
+      f"({wanted}, ...): put them in a folder DIR and pass data.root=DIR. {HOW_TO_GET_NEWS}"
+    )
+  return root
 
 
 def load_pairs(data_config: ml_collections.ConfigDict) -> dict[str, Sequence[tuple[str, str]]]:
@@ -58,12 +84,21 @@ def load_pairs(data_config: ml_collections.ConfigDict) -> dict[str, Sequence[tup
     from transformer_mt import text_files
 
     splits = {}
+    root = local_root(data_config)
     for split in SPLITS:
       prefixes = list(data_config.get(f"{split}_prefixes") or [])
       if prefixes:
-        splits[split] = text_files.read_corpus(
-          prefixes, data_config.source_lang, data_config.target_lang, root=local_root(data_config)
-        )
+        try:
+          splits[split] = text_files.read_corpus(
+            prefixes, data_config.source_lang, data_config.target_lang, root=root
+          )
+        except text_files.DataError as e:
+          if not str(e).startswith(("No such file", "Corpus pattern")):
+            raise
+          raise text_files.DataError(
+            f"{e} Files are read from data.root={root}; pass another data.root if they are "
+            f"elsewhere. {HOW_TO_GET_NEWS}"
+          ) from None
     if "train" not in splits:
       raise ValueError(
         "data.source='local' needs data.train_prefixes (file prefixes such as "

@@ -301,22 +301,26 @@ class _StopOnSignal:
 def _restore_latest_readable(manager, workdir, abstract_state, make_batches, num_steps):
   """(step, state, batches, counts) from the newest checkpoint that reads back, or None.
 
-  A checkpoint with missing or truncated files is skipped with a warning and the one
-  before it is tried; Orbax never lists a save still in progress (it is written to a
-  temporary directory and renamed when complete). A model that does not fit the
-  checkpoint is a config error, not corruption: it stops with the mismatched names. So is
-  resuming with another number of processes (each reads its own data shard, so the batch
-  order depends on it), except for a finished run, whose data iterator is not needed.
+  Only a checkpoint with missing, empty or truncated files (`checkpointing.find_damage`) is
+  skipped with a warning, and the one before it is tried; Orbax never lists a save still
+  in progress (it is written to a temporary directory and renamed when complete). Any
+  other failure stops with one line naming it, since skipping would silently discard good
+  work: a model that does not fit the checkpoint (the mismatched names), an optimizer
+  that differs, or resuming with another number of processes (each reads its own data
+  shard, so the batch order depends on it), except for a finished run, whose data
+  iterator is not needed.
   """
   steps = sorted(manager.all_steps(), reverse=True)
+  damaged = []
   for step in steps:
+    finished = step >= num_steps
+    items = ("state",) if finished else ("state", "data_iter")
     try:
       checkpointing.check_compatible(workdir, step, abstract_state)
-    except ValueError:
+    except checkpointing.ModelMismatch:
       raise
-    except Exception as e:  # unreadable metadata: treat as corrupt, handled below
+    except Exception as e:  # noqa: BLE001 - the restore below tells damage from other errors
       logging.debug("Metadata of step %d unreadable: %s", step, e)
-    finished = step >= num_steps
     written_by = checkpointing.saved_process_count(workdir, step)
     if written_by not in (None, jax.process_count()) and not finished:
       raise ValueError(
@@ -330,21 +334,25 @@ def _restore_latest_readable(manager, workdir, abstract_state, make_batches, num
         state = checkpointing.restore_state(workdir, step, abstract_state)
       else:
         state, batches = checkpointing.restore_training(manager, step, abstract_state, batches)
-    except Exception as e:  # noqa: BLE001 - any read failure means this checkpoint is unusable
+    except Exception as e:  # noqa: BLE001 - sorted into damage and real errors just below
+      damage = checkpointing.find_damage(workdir, step, items, e)
+      if damage is None:
+        raise ValueError(checkpointing.restore_failure(workdir, step, e)) from e
       logging.warning(
-        "Checkpoint %d in %s cannot be read (%s: %s); falling back to the previous one.",
+        "Checkpoint %d in %s is damaged (%s); falling back to the previous one.",
         step,
         workdir,
-        type(e).__name__,
-        str(e).splitlines()[0][:200],
+        damage,
       )
+      damaged.append(step)
       continue
     logging.info("Resumed from the checkpoint of step %d in %s.", step, workdir)
     return step, state, batches, counts
   if steps:
     raise ValueError(
-      f"None of the checkpoints {sorted(steps)} in {workdir} can be read; "
-      "move the checkpoints/ directory away to start afresh."
+      f"Every checkpoint in {checkpointing.checkpoint_dir(workdir)} is damaged (steps "
+      f"{sorted(damaged)}; see the warnings above) and nothing was changed. Train into a new "
+      "--workdir to start afresh."
     )
   return None
 
