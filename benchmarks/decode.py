@@ -5,7 +5,7 @@ length bucket, and what reordering the beams' cache costs per decode step.
                                 [--batch_size 32] [--beam_sizes 1,4,8] [--reps 1] [--data_root D]
 
 Input: the first --sentences lines of news/en-de/newstest2014.en under --data_root (default
-../shared/data beside the repository; `sacrebleu -t wmt14 -l en-de --echo src` prints it). With
+../shared/data beside the repository; `sacrebleu -t wmt14/full -l en-de --echo src` prints it). With
 --workdir, the checkpoint's model and tokenizer (translate.load_translator). Without, a random-init
 model of --experiment and a SentencePiece vocabulary of its size trained on 20k sentences of its
 training text (~10 s, not timed). A random-init model does not emit EOS (the tables count the

@@ -129,12 +129,12 @@ def test_missing_data_folder_says_which_data_root_to_pass(tmp_path, monkeypatch,
   err = capsys.readouterr().err.strip().splitlines()
   assert status == 2 and len(err) == 1, err
   assert f"data.root={tmp_path / 'nowhere'} does not exist" in err[0]
-  assert "sacrebleu -t wmt14 -l en-de --echo src" in err[0]
+  assert "sacrebleu -t wmt14/full -l en-de --echo src" in err[0]
   assert "Helsinki-NLP/OPUS-MT-testsets" in err[0]
   # A folder that exists but lacks the files: the missing file, data.root and the same advice.
   (tmp_path / "empty").mkdir()
   assert cli.main(["train", "--experiment", "news_ende_small", "--workdir", "w", "data.root=empty"])
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "No such file" in err[0] and "news-test2008.en" in err[0]
-  assert f"data.root={tmp_path / 'empty'}" in err[0] and "sacrebleu -t wmt14" in err[0]
+  assert f"data.root={tmp_path / 'empty'}" in err[0] and "sacrebleu -t wmt14/full" in err[0]
   assert not (tmp_path / "w").exists()  # nothing written

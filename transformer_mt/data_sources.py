@@ -26,11 +26,11 @@ DEFAULT_LOCAL_ROOT = pathlib.Path(__file__).resolve().parents[2] / "shared" / "d
 
 # Where the WMT news test sets can be fetched; shown when data.root holds no such files.
 HOW_TO_GET_NEWS = (
-  "The WMT news test sets come with sacrebleu, e.g. for newstest2014 EN-DE: "
-  "`sacrebleu -t wmt14 -l en-de --echo src > DIR/news/en-de/newstest2014.en` and "
-  "`sacrebleu -t wmt14 -l en-de --echo ref > DIR/news/en-de/newstest2014.de` (wmt08..wmt20 "
-  "likewise); all of news/ and tatoeba/ are in the public Helsinki-NLP/OPUS-MT-testsets "
-  "repository (testsets/en-de, testsets/en-fr). See the README's Data section."
+  "The WMT news test sets come with sacrebleu, e.g. the full newstest2014 EN-DE (3003 lines): "
+  "`sacrebleu -t wmt14/full -l en-de --echo src > DIR/news/en-de/newstest2014.en` and "
+  "`--echo ref > DIR/news/en-de/newstest2014.de` (wmt08..wmt20 likewise); all of news/ and "
+  "tatoeba/ are in the public Helsinki-NLP/OPUS-MT-testsets repository (testsets/en-de, "
+  "testsets/en-fr). See the README's Data section."
 )
 
 
