@@ -261,6 +261,10 @@ def shape_mismatches(workdir: str, step: int, abstract_params: Any) -> list[str]
   saved_shapes = {
     jax.tree_util.keystr(k): tuple(v.shape) for k, v in jax.tree_util.tree_leaves_with_path(saved)
   }
+  if not saved_shapes:
+    # Orbax returns an empty tree when the array store is unreadable (e.g. truncated files):
+    # that is damage for the restore to report, not a model with no parameters in common.
+    raise OSError(f"No parameter metadata could be read from {path}.")
   wanted = {
     jax.tree_util.keystr(k): tuple(v.shape)
     for k, v in jax.tree_util.tree_leaves_with_path(abstract_params)
