@@ -54,9 +54,16 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import _timing  # noqa: E402
-from transformer_mt import beam_search, data_sources, decode, registry, sharding, translate  # noqa: E402  # noqa: E402
+from transformer_mt import (  # noqa: E402
+  beam_search,
+  data_sources,
+  decode,
+  registry,
+  run_setup,
+  sharding,
+  translate,
+)
 from transformer_mt.input_pipeline import bucket_length  # noqa: E402
-from transformer_mt.model import Transformer  # noqa: E402
 from transformer_mt.tokenizer import EOS_ID, PAD_ID, train_tokenizer  # noqa: E402
 
 TEST_SET = "news/en-de/newstest2014.en"  # under --data_root
@@ -76,17 +83,18 @@ def load_model(args):
   tokenizer = train_tokenizer(
     pairs, config.tokenizer.vocab_size, config.tokenizer.model_type, sample_size=20_000
   )
-  model_config = translate.model_config_for(config, tokenizer)
+  setup = run_setup.model_setup(
+    config, tokenizer, sharding.make_mesh(sharding.inference_mesh_config())
+  )
   dummy = jnp.ones((1, 2), jnp.int32)
-  params = nn.unbox(Transformer(model_config).init(jax.random.key(0), dummy, dummy)["params"])
-  mesh = sharding.make_mesh(config.mesh)
-  params = jax.device_put(params, sharding.replicated(mesh))
+  params = nn.unbox(setup.model.init(jax.random.key(0), dummy, dummy)["params"])
+  params = jax.device_put(params, sharding.replicated(setup.mesh))
   translator = translate.Translator(
     params=params,
-    model_config=model_config,
+    model_config=setup.model_config,
     tokenizer=tokenizer,
-    mesh=mesh,
-    **translate.decode_settings(config),
+    mesh=setup.mesh,
+    **run_setup.decode_settings(config),
   )
   return translator, f"random init of {args.experiment}"
 

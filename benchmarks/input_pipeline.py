@@ -31,12 +31,11 @@ from experiments import _defaults, news_ende_small  # noqa: E402
 from transformer_mt import (
   data_sources,
   input_pipeline,
-  optimizer,
+  run_setup,
   sharding,  # noqa: E402
   train_step,
 )
 from transformer_mt.config import TransformerConfig  # noqa: E402
-from transformer_mt.model import Transformer  # noqa: E402
 from transformer_mt.tokenizer import PAD_ID, train_tokenizer  # noqa: E402
 
 
@@ -90,13 +89,13 @@ def main():
     num_encoder_layers=args.layers,
     num_decoder_layers=args.layers,
   )
-  train_config = _defaults.base_config().train
-  model = Transformer(model_config)
-  tx, schedule = optimizer.make_optimizer(train_config, model_config.d_model)
   mesh = sharding.make_mesh(ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1}))
-  state = train_step.create_sharded_state(0, model, tx, mesh)
+  setup = run_setup.training_setup(
+    _defaults.base_config(), tokenizer, mesh, model_config=model_config
+  )
+  state = train_step.create_sharded_state(0, setup.model, setup.tx, mesh)
   step = train_step.jit_train_step(
-    model, tx, schedule, 0.1, mesh, train_step.state_shardings(model, tx, mesh)
+    setup.model, setup.tx, setup.schedule, 0.1, mesh, setup.state_shardings
   )
   device_batch = sharding.global_batch_from_local(batch, mesh, batch_dim=1)
   state, metrics = step(state, device_batch)  # compile

@@ -44,9 +44,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import ml_collections  # noqa: E402
 
-from transformer_mt import optimizer, registry, sharding, train_step  # noqa: E402
-from transformer_mt.model import Transformer, count_parameters  # noqa: E402
-from transformer_mt.translate import model_config_for  # noqa: E402
+from transformer_mt import registry, run_setup, sharding, train_step  # noqa: E402
+from transformer_mt.model import count_parameters  # noqa: E402
 
 BATCH_KEYS = (
   "inputs",
@@ -64,14 +63,13 @@ def step_memory(experiment: str, remat: bool, rows: int, accum: int) -> dict[str
   """Bytes XLA assigns to one train step of `experiment` on one device, and the bytes of
   the residuals jax saves for its backward pass."""
   config = registry.load_experiment(experiment)
-  model_config = model_config_for(config).replace(remat=remat)
-  model = Transformer(model_config)
-  tx, schedule = optimizer.make_optimizer(config.train, model_config.d_model)
   mesh = sharding.make_mesh(
     ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1}), devices=jax.devices()[:1]
   )
-  shardings = train_step.state_shardings(model, tx, mesh)
-  state = train_step.abstract_state(model, tx, mesh)
+  model_config = run_setup.model_config_for(config).replace(remat=remat)
+  setup = run_setup.training_setup(config, None, mesh, model_config=model_config)
+  model, tx, schedule = setup.model, setup.tx, setup.schedule
+  shardings, state = setup.state_shardings, setup.abstract_state
   batch = {
     k: jax.ShapeDtypeStruct((accum, rows // accum, config.data.max_len), jnp.int32)
     for k in BATCH_KEYS

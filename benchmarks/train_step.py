@@ -60,7 +60,7 @@ import optax  # noqa: E402
 
 from benchmarks import _timing  # noqa: E402
 from experiments import _defaults  # noqa: E402
-from transformer_mt import input_pipeline, optimizer, sharding, train_step  # noqa: E402
+from transformer_mt import input_pipeline, optimizer, run_setup, sharding, train_step  # noqa: E402
 from transformer_mt.config import TransformerConfig  # noqa: E402
 from transformer_mt.model import Transformer  # noqa: E402
 from transformer_mt.tokenizer import BOS_ID, PAD_ID  # noqa: E402
@@ -269,14 +269,13 @@ def reference_train_step(model, tx, label_smoothing):
 
 
 def time_ours(config, batch, label_smoothing, reps):
-  model = Transformer(config)
-  tx, schedule = optimizer.make_optimizer(_defaults.base_config().train, config.d_model)
   mesh = sharding.make_mesh(
     ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1}), devices=jax.devices()[:1]
   )
-  state = train_step.create_sharded_state(0, model, tx, mesh)
+  setup = run_setup.training_setup(_defaults.base_config(), None, mesh, model_config=config)
+  state = train_step.create_sharded_state(0, setup.model, setup.tx, mesh)
   step = train_step.jit_train_step(
-    model, tx, schedule, label_smoothing, mesh, train_step.state_shardings(model, tx, mesh)
+    setup.model, setup.tx, setup.schedule, label_smoothing, mesh, setup.state_shardings
   )
   device_batch = sharding.global_batch_from_local(batch, mesh, batch_dim=1)
   holder = {"state": state}

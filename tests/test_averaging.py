@@ -1,15 +1,15 @@
 """Checkpoint averaging returns exactly the mean of the chosen checkpoints' parameters."""
 
+import os
+
 import grain
 import jax
 import numpy as np
 import pytest
 
 from experiments import _defaults
-from transformer_mt import averaging, checkpointing, optimizer, sharding, train_step
-from transformer_mt.model import Transformer
+from transformer_mt import averaging, checkpointing, run_setup, sharding, train_step
 from transformer_mt.tokenizer import train_tokenizer
-from transformer_mt.translate import model_config_for
 
 
 @pytest.fixture(scope="module")
@@ -17,12 +17,11 @@ def setup():
   config = _defaults.base_config()
   config.model.update(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=1)
   tokenizer = train_tokenizer([("a b c d", "e f g h")] * 50, vocab_size=14)
-  model_config = model_config_for(config, tokenizer)
-  mesh = sharding.make_mesh(config.mesh)
-  model = Transformer(model_config)
-  tx, _ = optimizer.make_optimizer(config.train, model_config.d_model)
-  states = [train_step.create_sharded_state(seed, model, tx, mesh) for seed in (1, 2)]
-  return config, tokenizer, states, train_step.abstract_state(model, tx, mesh)
+  setup = run_setup.training_setup(config, tokenizer, sharding.make_mesh(config.mesh))
+  states = [
+    train_step.create_sharded_state(seed, setup.model, setup.tx, setup.mesh) for seed in (1, 2)
+  ]
+  return config, tokenizer, states, setup.abstract_params
 
 
 def save_states(workdir, states, config, tokenizer):
@@ -34,7 +33,7 @@ def save_states(workdir, states, config, tokenizer):
 
 
 def averaged_params(output, step, target):
-  return jax.device_get(checkpointing.restore_state(output, step, target).params)
+  return jax.device_get(checkpointing.restore_params(output, step, target))
 
 
 def test_identical_checkpoints_average_to_themselves(setup, tmp_path):
@@ -42,6 +41,9 @@ def test_identical_checkpoints_average_to_themselves(setup, tmp_path):
   save_states(tmp_path / "run", [states[0]] * 3, config, tokenizer)
   output, steps = averaging.average_last(str(tmp_path / "run"), 3)
   assert steps == [10, 20, 30]
+  # Parameters, config and tokenizer only: no optimizer state, no data iterator.
+  items = set(os.listdir(os.path.join(checkpointing.checkpoint_dir(output), "30")))
+  assert {"params", "config", "tokenizer"} <= items and not items & {"train_state", "data_iter"}
   jax.tree.map(
     np.testing.assert_array_equal,
     averaged_params(output, 30, target),

@@ -78,7 +78,8 @@ def test_metrics_are_logged_every_step(trained):
 
 def test_checkpoint_is_self_contained(trained):
   step_dir = os.path.join(trained[0], "checkpoints", "20")
-  assert {"config", "data_iter", "state", "tokenizer"} <= set(os.listdir(step_dir))
+  assert {"config", "data_iter", "params", "train_state", "tokenizer"} <= set(os.listdir(step_dir))
+  assert "state" not in os.listdir(step_dir)
   with open(os.path.join(step_dir, "config", "metadata")) as f:
     assert json.load(f)["model"]["d_model"] == 32
 

@@ -37,12 +37,11 @@ TINY = [
 
 
 def final_params(workdir, step):
-  from transformer_mt import sharding
-  from transformer_mt.translate import restore_target
+  from transformer_mt import run_setup, sharding
 
   config, tokenizer, _ = checkpointing.read_config(workdir, step)
-  _, target = restore_target(config, tokenizer, sharding.make_mesh(config.mesh))
-  return jax.device_get(checkpointing.restore_state(workdir, step, target).params)
+  setup = run_setup.model_setup(config, tokenizer, sharding.make_mesh(config.mesh))
+  return jax.device_get(checkpointing.restore_params(workdir, step, setup.abstract_params))
 
 
 def assert_same_params(a, b):
@@ -150,7 +149,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
   workdir = str(tmp_path / "run")
   train.train(config(10), workdir, progress=False)
   # Truncate every array file of the latest checkpoint, as a full disk or a crash would.
-  for path in (pathlib.Path(workdir) / "checkpoints" / "10" / "state").rglob("*"):
+  for path in (pathlib.Path(workdir) / "checkpoints" / "10" / "params").rglob("*"):
     if path.is_file() and path.stat().st_size > 0 and path.parent.name == "d":
       path.write_bytes(path.read_bytes()[:10])
   caplog.set_level("WARNING")

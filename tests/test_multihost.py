@@ -27,8 +27,8 @@ from transformer_mt import (
   train_step,
 )
 from transformer_mt.model import Transformer
+from transformer_mt.run_setup import model_config_for, model_setup
 from transformer_mt.tokenizer import Tokenizer
-from transformer_mt.translate import model_config_for, restore_target
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STEPS = 3
@@ -170,8 +170,8 @@ def test_two_processes_train_like_one(tmp_path):
   config, tokenizer, step = checkpointing.read_config(str(workdir))
   assert step == STEPS
   mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
-  _, target = restore_target(config, tokenizer, mesh)
-  params = jax.device_get(checkpointing.restore_state(str(workdir), STEPS, target).params)
+  target = model_setup(config, tokenizer, mesh).abstract_params
+  params = jax.device_get(checkpointing.restore_params(str(workdir), STEPS, target))
   # The data iterator was saved per process.
   data_iter = {p.name for p in (workdir / "checkpoints" / str(STEPS) / "data_iter").iterdir()}
   assert {"process_0-of-2.json", "process_1-of-2.json"} <= data_iter, data_iter

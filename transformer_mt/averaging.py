@@ -11,17 +11,16 @@ import os
 import jax
 import jax.numpy as jnp
 
-from transformer_mt import checkpointing, sharding
-from transformer_mt.translate import restore_target
+from transformer_mt import checkpointing, run_setup, sharding
 
 
 def average_last(workdir: str, last_n: int, output_dir: str | None = None) -> tuple[str, list[int]]:
   """Writes the mean parameters of the last `last_n` checkpoints of `workdir`.
 
   The running mean m_k = m_{k-1} + (x_k - m_{k-1}) / k is accumulated in float32, so
-  averaging identical checkpoints returns them bit for bit. The optimizer state and
-  step are those of the newest checkpoint (they only matter for resuming, which an
-  averaged model is not meant for).
+  averaging identical checkpoints returns them bit for bit. Only the `params` items are
+  read and written: an averaged model is for translation, not for resuming, so it has
+  no optimizer state. It is saved under the newest averaged step.
 
   Returns:
     The output directory (default WORKDIR/averaged_last{N}) and the averaged steps.
@@ -41,17 +40,18 @@ def average_last(workdir: str, last_n: int, output_dir: str | None = None) -> tu
       f"{output_dir} already holds checkpoints; remove it or pass another --output directory."
     )
   config, tokenizer, _ = checkpointing.read_config(workdir, chosen[-1])
-  _, target = restore_target(config, tokenizer, sharding.make_mesh(config.mesh))
+  # The devices this command runs on, not the training mesh (which may need more of them).
+  mesh = sharding.make_mesh(sharding.inference_mesh_config())
+  target = run_setup.model_setup(config, tokenizer, mesh).abstract_params
 
-  mean, newest = None, None
+  mean = None
   for count, step in enumerate(chosen, start=1):
-    newest = checkpointing.restore_state(workdir, step, target)
-    params = jax.tree.map(lambda x: x.astype(jnp.float32), newest.params)
+    params = checkpointing.restore_params(workdir, step, target)
+    params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
     mean = (
       params if mean is None else jax.tree.map(lambda m, x, k=count: m + (x - m) / k, mean, params)
     )
     logging.info("Averaged checkpoint %d (%d of %d).", step, count, len(chosen))
-  mean = jax.tree.map(lambda m, x: m.astype(x.dtype), mean, newest.params)
-  averaged = newest.replace(params=mean)
-  checkpointing.save_inference(output_dir, chosen[-1], averaged, config, tokenizer)
+  mean = jax.tree.map(lambda m, x: m.astype(x.dtype), mean, target)
+  checkpointing.save_inference(output_dir, chosen[-1], mean, config, tokenizer)
   return output_dir, chosen

@@ -1,12 +1,16 @@
-"""Self-contained Orbax checkpoints: train state, data iterator, config and tokenizer.
+"""Self-contained Orbax checkpoints: parameters, train state, data iterator, config, tokenizer.
 
 Layout of `WORKDIR/checkpoints/<step>/`:
-  state/       params, optimizer state, step and dropout RNG (Orbax StandardSave,
-               sharded arrays written by every process, restored straight into the
-               target sharding)
+  params/      the parameter tree (Orbax StandardSave: sharded arrays written by every
+               process, restored straight into the target sharding)
+  train_state/ the rest of what resuming needs: optimizer state, step and dropout RNG
   data_iter/   the Grain iterator state, one JSON file per process
   config/      the experiment config as JSON
   tokenizer/   the SentencePiece model file, loadable by SentencePiece itself
+
+Parameters and optimizer state are separate items so that inference (translate, evaluate,
+average, attention) restores `params` alone: the Adam moments are twice its size. Averaged
+and best-BLEU checkpoints hold only params, config and tokenizer.
 
 Saving is asynchronous (training continues while arrays are written); Orbax
 writes each step into a temporary directory and renames it only when complete,
@@ -82,7 +86,8 @@ def checkpoint_dir(workdir: str) -> str:
 
 # Files each checkpoint item cannot be read without (globs, relative to the item's directory).
 REQUIRED_FILES = {
-  "state": ("_METADATA", "manifest.ocdbt"),
+  "params": ("_METADATA", "manifest.ocdbt"),
+  "train_state": ("_METADATA", "manifest.ocdbt"),
   "data_iter": ("process_*-of-*.json",),
   "config": ("metadata",),
   "tokenizer": (MODEL_FILENAME,),
@@ -112,11 +117,13 @@ def find_damage(workdir: str, step: int, items: Sequence[str], error: BaseExcept
       empty = [f for f in found if f.stat().length == 0]
       if empty:
         return f"{empty[0]} is empty"
-  try:
-    json.loads((step_dir / "state" / "_METADATA").read_text())
-  except (OSError, ValueError) as e:
-    if "state" in items:
-      return f"{step_dir / 'state' / '_METADATA'} is unreadable ({type(e).__name__})"
+  for item in ("params", "train_state"):
+    if item not in items:
+      continue
+    try:
+      json.loads((step_dir / item / "_METADATA").read_text())
+    except (OSError, ValueError) as e:
+      return f"{step_dir / item / '_METADATA'} is unreadable ({type(e).__name__})"
   cause: BaseException | None = error
   while cause is not None:
     message = str(cause)
@@ -169,7 +176,7 @@ def make_manager(
   return ocp.CheckpointManager(
     checkpoint_dir(workdir),
     options=options,
-    item_names=("state", "data_iter", "config", "tokenizer"),
+    item_names=("params", "train_state", "data_iter", "config", "tokenizer"),
   )
 
 
@@ -186,33 +193,38 @@ def make_best_manager(workdir: str) -> ocp.CheckpointManager:
   return ocp.CheckpointManager(
     checkpoint_dir(str(epath.Path(workdir) / "best")),
     options=options,
-    item_names=("state", "config", "tokenizer"),
+    item_names=("params", "config", "tokenizer"),
   )
 
 
-def _model_items(state: Any, config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> dict:
-  """What every checkpoint holds to be self-contained: state, config and tokenizer."""
+def _model_items(params: Any, config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> dict:
+  """What every checkpoint holds to be self-contained: parameters, config and tokenizer."""
   return {
-    "state": ocp.args.StandardSave(state),
+    "params": ocp.args.StandardSave(params),
     "config": ocp.args.JsonSave(json.loads(config.to_json())),
     "tokenizer": TokenizerSave(tokenizer),
   }
 
 
+def _resume_state(state: Any) -> dict:
+  """The `train_state` item: everything of a TrainState but its params."""
+  return {"step": state.step, "opt_state": state.opt_state, "rng": state.rng}
+
+
 def save_best(
   manager: ocp.CheckpointManager,
   step: int,
-  state: Any,
+  params: Any,
   config: ml_collections.ConfigDict,
   tokenizer: Tokenizer,
   bleu: float,
 ) -> None:
-  """Offers a checkpoint scored by validation BLEU; Orbax keeps it only if it is the best."""
+  """Offers parameters scored by validation BLEU; Orbax keeps them only if they are the best."""
   manager.save(
     step,
     force=True,
     metrics={"bleu": float(bleu)},
-    args=ocp.args.Composite(**_model_items(state, config, tokenizer)),
+    args=ocp.args.Composite(**_model_items(params, config, tokenizer)),
   )
 
 
@@ -225,29 +237,37 @@ def save(
   tokenizer: Tokenizer,
   force: bool = False,
 ) -> bool:
-  """Starts an asynchronous save of everything needed to resume or translate."""
+  """Starts an asynchronous save of everything needed to resume or translate.
+
+  Args:
+    state: a TrainState; its params and the rest of it become separate items.
+  """
   return manager.save(
     step,
     force=force,
     args=ocp.args.Composite(
+      train_state=ocp.args.StandardSave(_resume_state(state)),
       data_iter=grain.checkpoint.CheckpointSave(data_iterator),
-      **_model_items(state, config, tokenizer),
+      **_model_items(state.params, config, tokenizer),
     ),
   )
 
 
-def shape_mismatches(workdir: str, step: int, abstract_state: Any) -> list[str]:
+def shape_mismatches(workdir: str, step: int, abstract_params: Any) -> list[str]:
   """Parameters whose saved shape differs from the current model's ("name: saved vs now")."""
-  path = epath.Path(checkpoint_dir(resolve_workdir(workdir))) / str(step) / "state"
+  path = epath.Path(checkpoint_dir(resolve_workdir(workdir))) / str(step) / "params"
   saved = ocp.StandardCheckpointer().metadata(path)
   saved = getattr(saved, "item_metadata", saved)
   saved_shapes = {
-    jax.tree_util.keystr(k): tuple(v.shape)
-    for k, v in jax.tree_util.tree_leaves_with_path(saved["params"])
+    jax.tree_util.keystr(k): tuple(v.shape) for k, v in jax.tree_util.tree_leaves_with_path(saved)
   }
+  if not saved_shapes:
+    # Orbax returns an empty tree when the array store is unreadable (e.g. truncated files):
+    # that is damage for the restore to report, not a model with no parameters in common.
+    raise OSError(f"No parameter metadata could be read from {path}.")
   wanted = {
     jax.tree_util.keystr(k): tuple(v.shape)
-    for k, v in jax.tree_util.tree_leaves_with_path(abstract_state.params)
+    for k, v in jax.tree_util.tree_leaves_with_path(abstract_params)
   }
   problems = [
     f"{name}: checkpoint {saved_shapes[name]} vs model {shape}"
@@ -263,9 +283,9 @@ class ModelMismatch(ValueError):
   """The model config's parameter shapes differ from a checkpoint's."""
 
 
-def check_compatible(workdir: str, step: int, abstract_state: Any) -> None:
+def check_compatible(workdir: str, step: int, abstract_params: Any) -> None:
   """Raises a ValueError listing the mismatched parameters if the model does not fit."""
-  problems = shape_mismatches(workdir, step, abstract_state)
+  problems = shape_mismatches(workdir, step, abstract_params)
   if problems:
     shown = "; ".join(problems[:10]) + (
       f"; ... ({len(problems)} in all)" if len(problems) > 10 else ""
@@ -276,23 +296,43 @@ def check_compatible(workdir: str, step: int, abstract_state: Any) -> None:
     )
 
 
+class OldCheckpointFormat(ValueError):
+  """A checkpoint written before parameters and optimizer state were separate items."""
+
+
+def check_format(workdir: str, step: int) -> None:
+  """Raises OldCheckpointFormat for a checkpoint with a `state` item and no `params` item."""
+  step_dir = epath.Path(checkpoint_dir(resolve_workdir(workdir))) / str(step)
+  if (step_dir / "state").is_dir() and not (step_dir / "params").exists():
+    raise OldCheckpointFormat(
+      f"The checkpoint of step {step} in {workdir} was written by an older version of "
+      "transformer_mt (one `state` item; this version reads separate `params` and "
+      "`train_state` items). Retrain into a new --workdir, or use the older version."
+    )
+
+
 def restore_training(
-  manager: ocp.CheckpointManager, step: int, abstract_state: Any, data_iterator
+  manager: ocp.CheckpointManager, step: int, abstract_state: Any, data_iterator=None
 ) -> tuple[Any, Any]:
   """Restores the train state into the shardings of `abstract_state` and the iterator in place.
 
   Args:
-    abstract_state: a tree of jax.ShapeDtypeStruct with `.sharding` set (built from the
-      current config, so restoring never depends on how the checkpoint was sharded).
+    abstract_state: a TrainState of jax.ShapeDtypeStruct with `.sharding` set (built from
+      the current config, so restoring never depends on how the checkpoint was sharded).
+    data_iterator: None for a finished run, whose iterator is not needed.
+
+  Returns:
+    The TrainState (params and the `train_state` item joined) and the iterator.
   """
-  restored = manager.restore(
-    step,
-    args=ocp.args.Composite(
-      state=ocp.args.StandardRestore(abstract_state),
-      data_iter=grain.checkpoint.CheckpointRestore(data_iterator),
-    ),
-  )
-  return restored["state"], restored["data_iter"]
+  items = {
+    "params": ocp.args.StandardRestore(abstract_state.params),
+    "train_state": ocp.args.StandardRestore(_resume_state(abstract_state)),
+  }
+  if data_iterator is not None:
+    items["data_iter"] = grain.checkpoint.CheckpointRestore(data_iterator)
+  restored = manager.restore(step, args=ocp.args.Composite(**items))
+  state = abstract_state.replace(params=restored["params"], **restored["train_state"])
+  return state, restored.get("data_iter")
 
 
 def read_config(
@@ -309,19 +349,22 @@ def read_config(
   step = max(steps) if step is None else step
   if step not in steps:
     raise ValueError(f"No checkpoint of step {step} in {workdir}; available steps: {sorted(steps)}")
+  check_format(workdir, step)
   restored = manager.restore(
     step, args=ocp.args.Composite(config=ocp.args.JsonRestore(), tokenizer=TokenizerRestore())
   )
   return ml_collections.ConfigDict(restored["config"]), restored["tokenizer"], step
 
 
-def restore_state(workdir: str, step: int, abstract_state: Any) -> Any:
-  """Only the train state of a checkpoint (for translation), into the given shardings."""
+def restore_params(workdir: str, step: int, abstract_params: Any) -> Any:
+  """Only the parameters of a checkpoint (translation, averaging), into the given shardings;
+  the optimizer state is never read."""
+  check_format(workdir, step)
   manager = make_manager(resolve_workdir(workdir), read_only=True)
   restored = manager.restore(
-    step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state))
+    step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params))
   )
-  return restored["state"]
+  return restored["params"]
 
 
 def resolve_workdir(path: str) -> str:
@@ -333,11 +376,12 @@ def resolve_workdir(path: str) -> str:
 
 
 def save_inference(
-  workdir: str, step: int, state: Any, config: ml_collections.ConfigDict, tokenizer: Tokenizer
+  workdir: str, step: int, params: Any, config: ml_collections.ConfigDict, tokenizer: Tokenizer
 ) -> str:
-  """Writes a checkpoint without a data iterator (e.g. averaged parameters) and waits for it."""
+  """Writes a checkpoint of parameters, config and tokenizer (e.g. averaged parameters): it
+  translates like any other, and cannot be resumed. Waits until it is on disk."""
   manager = make_manager(workdir, keep=None)
-  manager.save(step, force=True, args=ocp.args.Composite(**_model_items(state, config, tokenizer)))
+  manager.save(step, force=True, args=ocp.args.Composite(**_model_items(params, config, tokenizer)))
   manager.wait_until_finished()
   manager.close()
   return str(epath.Path(checkpoint_dir(workdir)) / str(step))

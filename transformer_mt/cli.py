@@ -62,7 +62,7 @@ def resolve_paths(args: argparse.Namespace) -> None:
 def _cmd_list(args) -> None:
   from transformer_mt import registry
   from transformer_mt.model import count_parameters
-  from transformer_mt.translate import model_config_for
+  from transformer_mt.run_setup import model_config_for
 
   rows = []
   for name in registry.experiment_names():
@@ -97,11 +97,18 @@ def _cmd_train(args) -> None:
     )
 
 
+def _inference_mesh(args):
+  """The mesh of `--mesh` over this machine's devices (see sharding.inference_mesh_config)."""
+  from transformer_mt import sharding
+
+  return sharding.make_mesh(sharding.inference_mesh_config(args.mesh))
+
+
 def _cmd_translate(args) -> None:
   from transformer_mt import translate
 
   translator = translate.load_translator(
-    args.workdir, args.step, beam_size=args.beam, alpha=args.alpha
+    args.workdir, args.step, _inference_mesh(args), beam_size=args.beam, alpha=args.alpha
   )
   if args.input == "-":
     lines = translate.read_lines(sys.stdin.buffer)
@@ -132,6 +139,7 @@ def _cmd_evaluate(args) -> None:
     args.source,
     args.reference,
     args.limit,
+    _inference_mesh(args),
   )
   print(
     f"{report['split']}: {report['num_sentences']} sentences, step {report['step']}, "
@@ -153,7 +161,9 @@ def _cmd_average(args) -> None:
 def _cmd_attention(args) -> None:
   from transformer_mt import plots, translate
 
-  translator = translate.load_translator(args.workdir, args.step, beam_size=1)
+  translator = translate.load_translator(
+    args.workdir, args.step, _inference_mesh(args), beam_size=1
+  )
   layer = args.layer if args.layer in (None, "mean") else int(args.layer)
   translation = plots.attention_heatmap(
     translator, args.src, args.output, layer=layer, head=args.head
@@ -225,11 +235,26 @@ def _distributed_flags() -> argparse.ArgumentParser:
   return flags
 
 
+def _mesh_flag() -> argparse.ArgumentParser:
+  """--mesh of the inference commands: they run on this machine's devices, whatever the
+  training mesh was."""
+  flags = argparse.ArgumentParser(add_help=False)
+  flags.add_argument(
+    "--mesh",
+    default=None,
+    metavar="AXIS=SIZE,...",
+    help="device mesh to decode on, e.g. data=1,fsdp=1,tensor=1 (default: every device on "
+    "the data axis, parameters replicated); the checkpoint's training mesh is not used",
+  )
+  return flags
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="run.py", description=__doc__.splitlines()[0])
   parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
   commands = parser.add_subparsers(dest="command", required=True)
   distributed_flags = _distributed_flags()
+  mesh_flag = _mesh_flag()
 
   p = commands.add_parser("list", help="list experiments with parameter counts")
   p.set_defaults(func=_cmd_list)
@@ -273,7 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
   )
   p.set_defaults(func=_cmd_sweep)
 
-  p = commands.add_parser("translate", help="translate lines with a trained checkpoint")
+  p = commands.add_parser(
+    "translate", help="translate lines with a trained checkpoint", parents=[mesh_flag]
+  )
   p.add_argument("--workdir", required=True, help="workdir (or its checkpoints/) of a trained run")
   p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
   p.add_argument("--input", default="-", help="file to translate (default: stdin)")
@@ -285,7 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.set_defaults(func=_cmd_translate)
 
   p = commands.add_parser(
-    "evaluate", help="translate a test set and report sacreBLEU and paper BLEU"
+    "evaluate",
+    help="translate a test set and report sacreBLEU and paper BLEU",
+    parents=[mesh_flag],
   )
   p.add_argument("--workdir", required=True, help="workdir or averaged checkpoint directory")
   p.add_argument(
@@ -309,7 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
   )
   p.set_defaults(func=_cmd_average)
 
-  p = commands.add_parser("attention", help="PNG heatmap of cross-attention for one sentence")
+  p = commands.add_parser(
+    "attention", help="PNG heatmap of cross-attention for one sentence", parents=[mesh_flag]
+  )
   p.add_argument("--workdir", required=True)
   p.add_argument("--src", required=True, help="the source sentence")
   p.add_argument("--output", default="attention.png", help="PNG path (default: attention.png)")

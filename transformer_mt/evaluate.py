@@ -13,6 +13,8 @@ import os
 import time
 from typing import Any
 
+from jax.sharding import Mesh
+
 from transformer_mt import checkpointing, data_sources, evaluation, text_files
 from transformer_mt.translate import load_translator
 
@@ -26,6 +28,7 @@ def evaluate(
   source_file: str | None = None,
   reference_file: str | None = None,
   limit: int | None = None,
+  mesh: Mesh | None = None,
 ) -> dict[str, Any]:
   """Translates the experiment's `split` (or the given files) and writes the BLEU report.
 
@@ -33,6 +36,7 @@ def evaluate(
     workdir: a training workdir or an averaged checkpoint directory.
     source_file, reference_file: evaluate on these line-aligned files instead of `split`.
     limit: only the first `limit` sentences (for quick checks; the report says so).
+    mesh: the devices to decode on (default: every device on the data axis).
   """
   config, _, step = checkpointing.read_config(workdir, step)
   if source_file or reference_file:
@@ -51,7 +55,7 @@ def evaluate(
       )
     pairs, name = splits[split], split
   pairs = list(pairs[:limit] if limit else pairs)
-  translator = load_translator(workdir, step, beam_size=beam_size, alpha=alpha)
+  translator = load_translator(workdir, step, mesh, beam_size=beam_size, alpha=alpha)
   start = time.perf_counter()
   hypotheses = translator.translate([source for source, _ in pairs], progress=True)
   seconds = time.perf_counter() - start

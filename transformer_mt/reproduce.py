@@ -18,7 +18,7 @@ import jax
 
 from transformer_mt import averaging, checkpointing, evaluate, registry, text_files, train
 from transformer_mt.model import count_parameters
-from transformer_mt.translate import model_config_for
+from transformer_mt.run_setup import model_config_for
 
 RESULTS_FILENAME = "results.json"
 

@@ -62,6 +62,31 @@ def mesh_shape(mesh_config: ml_collections.ConfigDict, num_devices: int) -> tupl
   return tuple(sizes)
 
 
+def inference_mesh_config(spec: str | None = None) -> ml_collections.ConfigDict:
+  """The mesh translation runs on, from a `--mesh` value such as "data=1,fsdp=2,tensor=1".
+
+  Axes left out keep the default: every device on "data" (parameters replicated), since
+  decoding needs no FSDP memory savings on the devices of a training run. The training
+  mesh in a checkpoint's config is ignored: it may need more devices than inference has.
+  """
+  sizes, given = {"data": -1, "fsdp": 1, "tensor": 1}, set()
+  for part in (spec or "").split(","):
+    if not part.strip():
+      continue
+    axis, sep, size = (text.strip() for text in part.partition("="))
+    if not sep or axis not in sizes or not size.lstrip("-").isdigit():
+      raise ValueError(
+        f"--mesh {spec!r}: expected comma-separated AXIS=SIZE with AXIS one of "
+        f"{', '.join(MESH_AXES)} and SIZE an integer (-1: the remaining devices), "
+        "e.g. --mesh data=1,fsdp=1,tensor=1"
+      )
+    sizes[axis] = int(size)
+    given.add(axis)
+  if "data" not in given and -1 in (sizes["fsdp"], sizes["tensor"]):
+    sizes["data"] = 1  # another axis takes the remaining devices
+  return ml_collections.ConfigDict(sizes)
+
+
 def make_mesh(
   mesh_config: ml_collections.ConfigDict, devices: Sequence[jax.Device] | None = None
 ) -> Mesh:

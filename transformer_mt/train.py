@@ -26,13 +26,13 @@ from transformer_mt import (
   evaluation,
   input_pipeline,
   metrics,
-  optimizer,
+  run_setup,
   sharding,
   train_step,
 )
-from transformer_mt.model import Transformer
+from transformer_mt.run_setup import decode_settings, model_config_for
 from transformer_mt.tokenizer import load_or_train
-from transformer_mt.translate import Translator, decode_settings, model_config_for
+from transformer_mt.translate import Translator
 
 
 def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True) -> dict[str, Any]:
@@ -60,10 +60,9 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
   pairs = data_sources.load_pairs(config.data)
   os.makedirs(workdir, exist_ok=True)
   tokenizer = _shared_tokenizer(workdir, pairs["train"], config)
-  model_config = model_config_for(config, tokenizer)
-  model = Transformer(model_config)
-  tx, schedule = optimizer.make_optimizer(config.train, model_config.d_model)
   mesh = sharding.make_mesh(config.mesh)
+  setup = run_setup.training_setup(config, tokenizer, mesh)
+  model, model_config, shardings = setup.model, setup.model_config, setup.state_shardings
   logging.info(
     "Mesh %s over %d devices; %d training pairs; %d packed rows of %d tokens per step.",
     dict(mesh.shape),
@@ -88,24 +87,19 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
   manager = checkpointing.make_manager(
     workdir, keep=config.train.keep_checkpoints, save_every=config.train.checkpoint_every
   )
-  shardings = train_step.state_shardings(model, tx, mesh)
   restored = _restore_latest_readable(
-    manager,
-    workdir,
-    train_step.abstract_state(model, tx, mesh),
-    make_batches,
-    config.train.num_steps,
+    manager, workdir, setup.abstract_state, make_batches, config.train.num_steps
   )
   latest = restored[0] if restored else None
   if restored:
     _, state, batches, filter_counts = restored
   else:
-    state = train_step.create_sharded_state(config.train.seed, model, tx, mesh)
+    state = train_step.create_sharded_state(config.train.seed, model, setup.tx, mesh)
     batches, filter_counts = make_batches()
   step_fn = train_step.jit_train_step(
     model,
-    tx,
-    schedule,
+    setup.tx,
+    setup.schedule,
     config.train.label_smoothing,
     mesh,
     shardings,
@@ -195,7 +189,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
         # One save in flight at a time: Orbax coordinates the processes of a multi-process
         # run per save, and two managers saving at once can interleave those steps.
         manager.wait_until_finished()
-        checkpointing.save_best(best_manager, step, state, config, tokenizer, bleu)
+        checkpointing.save_best(best_manager, step, state.params, config, tokenizer, bleu)
         best_manager.wait_until_finished()
       checkpointing.save(manager, step, state, batches, config, tokenizer, force=last_step)
       if preempted:
@@ -305,18 +299,19 @@ def _restore_latest_readable(manager, workdir, abstract_state, make_batches, num
   skipped with a warning, and the one before it is tried; Orbax never lists a save still
   in progress (it is written to a temporary directory and renamed when complete). Any
   other failure stops with one line naming it, since skipping would silently discard good
-  work: a model that does not fit the checkpoint (the mismatched names), an optimizer
-  that differs, or resuming with another number of processes (each reads its own data
-  shard, so the batch order depends on it), except for a finished run, whose data
-  iterator is not needed.
+  work: a checkpoint of the older one-item layout, a model that does not fit the checkpoint
+  (the mismatched names), an optimizer that differs, or resuming with another number of
+  processes (each reads its own data shard, so the batch order depends on it), except for
+  a finished run, whose data iterator is not needed.
   """
   steps = sorted(manager.all_steps(), reverse=True)
   damaged = []
   for step in steps:
     finished = step >= num_steps
-    items = ("state",) if finished else ("state", "data_iter")
+    items = ("params", "train_state") + (() if finished else ("data_iter",))
+    checkpointing.check_format(workdir, step)
     try:
-      checkpointing.check_compatible(workdir, step, abstract_state)
+      checkpointing.check_compatible(workdir, step, abstract_state.params)
     except checkpointing.ModelMismatch:
       raise
     except Exception as e:  # noqa: BLE001 - the restore below tells damage from other errors
@@ -331,7 +326,7 @@ def _restore_latest_readable(manager, workdir, abstract_state, make_batches, num
     batches, counts = make_batches()
     try:
       if finished:
-        state = checkpointing.restore_state(workdir, step, abstract_state)
+        state, _ = checkpointing.restore_training(manager, step, abstract_state)
       else:
         state, batches = checkpointing.restore_training(manager, step, abstract_state, batches)
     except Exception as e:  # noqa: BLE001 - sorted into damage and real errors just below

@@ -35,12 +35,16 @@ class TrainState:
   rng: jax.Array  # uint32 [2]: raw key data; step k's dropout key is fold_in(rng, k).
 
 
+def _init_params(key: jax.Array, model: Transformer) -> Any:
+  dummy = jnp.ones((1, 2), jnp.int32)
+  return model.init(key, dummy, dummy)["params"]  # boxed with logical axis names
+
+
 def _create_state(
   key: jax.Array, model: Transformer, tx: optax.GradientTransformation, boxed: bool
 ) -> TrainState:
   param_key, dropout_key = jax.random.split(key)
-  dummy = jnp.ones((1, 2), jnp.int32)
-  params = model.init(param_key, dummy, dummy)["params"]  # boxed with logical axis names
+  params = _init_params(param_key, model)
   state = TrainState(
     step=jnp.array(0, jnp.int32),
     params=params,
@@ -67,6 +71,23 @@ def abstract_state(model: Transformer, tx: optax.GradientTransformation, mesh: M
     lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
     shapes,
     state_shardings(model, tx, mesh),
+  )
+
+
+def param_shardings(model: Transformer, mesh: Mesh) -> Any:
+  """NamedShardings of the parameters alone (the same as `state_shardings(...).params`)."""
+  boxed = jax.eval_shape(functools.partial(_init_params, model=model), jax.random.key(0))
+  return sharding.logical_shardings(boxed, mesh)
+
+
+def abstract_params(model: Transformer, mesh: Mesh) -> Any:
+  """Sharded ShapeDtypeStructs of the parameters: the target for restoring them without
+  building an optimizer (inference, averaging)."""
+  shapes = nn.unbox(jax.eval_shape(functools.partial(_init_params, model=model), jax.random.key(0)))
+  return jax.tree.map(
+    lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+    shapes,
+    param_shardings(model, mesh),
   )
 
 

@@ -17,10 +17,9 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from transformer_mt import beam_search, checkpointing, decode, optimizer, sharding, train_step
+from transformer_mt import beam_search, checkpointing, decode, run_setup, sharding
 from transformer_mt.config import TransformerConfig
 from transformer_mt.input_pipeline import bucket_length
-from transformer_mt.model import Transformer
 from transformer_mt.tokenizer import EOS_ID, PAD_ID, Tokenizer
 
 
@@ -106,20 +105,6 @@ class Translator:
     return list(sharding.to_host(outputs)[: len(sources)])
 
 
-def model_config_for(config, tokenizer: Tokenizer | None = None) -> TransformerConfig:
-  """The experiment's model section with the vocabulary size of its tokenizer (before one is
-  trained: the configured `tokenizer.vocab_size`)."""
-  vocab_size = tokenizer.vocab_size if tokenizer else config.tokenizer.vocab_size
-  return TransformerConfig.from_mapping(config.model.to_dict(), vocab_size=vocab_size)
-
-
-def restore_target(config, tokenizer: Tokenizer, mesh: Mesh) -> tuple[TransformerConfig, Any]:
-  """The model config and the sharded abstract train state a checkpoint restores into."""
-  model_config = model_config_for(config, tokenizer)
-  tx, _ = optimizer.make_optimizer(config.train, model_config.d_model)
-  return model_config, train_step.abstract_state(Transformer(model_config), tx, mesh)
-
-
 def load_translator(
   workdir: str,
   step: int | None = None,
@@ -129,32 +114,23 @@ def load_translator(
 ) -> Translator:
   """A Translator from a checkpoint directory alone (its config and tokenizer are inside).
 
+  Only the checkpoint's `params` item is read, and no optimizer is built. The mesh is
+  the one inference runs on (default: every device on the data axis), never the training
+  mesh in the config, so a model trained with FSDP on 8 devices translates on 1.
   Beam size and alpha default to the experiment's `decode` section.
   """
   config, tokenizer, step = checkpointing.read_config(workdir, step)
-  mesh = mesh or sharding.make_mesh(config.mesh)
-  model_config, target = restore_target(config, tokenizer, mesh)
-  state = checkpointing.restore_state(workdir, step, target)
-  logging.info("Loaded step %d from %s.", step, workdir)
+  mesh = mesh or sharding.make_mesh(sharding.inference_mesh_config())
+  setup = run_setup.model_setup(config, tokenizer, mesh)
+  params = checkpointing.restore_params(workdir, step, setup.abstract_params)
+  logging.info("Loaded step %d from %s onto mesh %s.", step, workdir, dict(mesh.shape))
   return Translator(
-    params=state.params,
-    model_config=model_config,
+    params=params,
+    model_config=setup.model_config,
     tokenizer=tokenizer,
     mesh=mesh,
-    **decode_settings(config, beam_size, alpha),
+    **run_setup.decode_settings(config, beam_size, alpha),
   )
-
-
-def decode_settings(config, beam_size: int | None = None, alpha: float | None = None) -> dict:
-  """Translator keyword arguments from an experiment's `decode` section (with overrides)."""
-  decode_config = config.decode
-  return {
-    "batch_size": decode_config.batch_size,
-    "max_target_len": decode_config.max_len,
-    "extra_len": decode_config.get("extra_len", 50),
-    "beam_size": beam_size or decode_config.get("beam_size", 1),
-    "alpha": decode_config.get("alpha", 0.6) if alpha is None else alpha,
-  }
 
 
 def read_lines(stream: Iterable[bytes | str]) -> list[str]:

@@ -1,0 +1,107 @@
+"""What a run needs, built in one place from (config, tokenizer, mesh).
+
+Training, translation, averaging and the benchmarks all take their model config, model,
+shardings and abstract (restore-target) trees from here, so they cannot drift apart.
+Inference uses `model_setup`, which builds no optimizer: a checkpoint's parameters are
+restored alone, without the Adam moments that would triple the memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import ml_collections
+import optax
+from jax.sharding import Mesh
+
+from transformer_mt import optimizer, train_step
+from transformer_mt.config import TransformerConfig
+from transformer_mt.model import Transformer
+from transformer_mt.tokenizer import Tokenizer
+
+
+def model_config_for(
+  config: ml_collections.ConfigDict, tokenizer: Tokenizer | None = None
+) -> TransformerConfig:
+  """The experiment's model section with the vocabulary size of its tokenizer (before one is
+  trained: the configured `tokenizer.vocab_size`)."""
+  vocab_size = tokenizer.vocab_size if tokenizer else config.tokenizer.vocab_size
+  return TransformerConfig.from_mapping(config.model.to_dict(), vocab_size=vocab_size)
+
+
+def decode_settings(config, beam_size: int | None = None, alpha: float | None = None) -> dict:
+  """Translator keyword arguments from an experiment's `decode` section (with overrides)."""
+  decode_config = config.decode
+  return {
+    "batch_size": decode_config.batch_size,
+    "max_target_len": decode_config.max_len,
+    "extra_len": decode_config.get("extra_len", 50),
+    "beam_size": beam_size or decode_config.get("beam_size", 1),
+    "alpha": decode_config.get("alpha", 0.6) if alpha is None else alpha,
+  }
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSetup:
+  """The model on a mesh: enough to restore parameters and decode."""
+
+  model_config: TransformerConfig
+  model: Transformer
+  mesh: Mesh
+  param_shardings: Any  # NamedSharding per parameter, from its logical axis names.
+  abstract_params: Any  # ShapeDtypeStructs with those shardings: the `params` restore target.
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingSetup(ModelSetup):
+  """The model plus the optimizer and the whole train state's layout."""
+
+  tx: optax.GradientTransformation
+  schedule: optax.Schedule
+  state_shardings: Any  # a TrainState of NamedShardings.
+  abstract_state: Any  # a TrainState of sharded ShapeDtypeStructs.
+
+
+def model_setup(
+  config: ml_collections.ConfigDict, tokenizer: Tokenizer | None, mesh: Mesh
+) -> ModelSetup:
+  """Model config, model and parameter layout on `mesh`; no optimizer is built."""
+  model_config = model_config_for(config, tokenizer)
+  model = Transformer(model_config)
+  return ModelSetup(
+    model_config=model_config,
+    model=model,
+    mesh=mesh,
+    param_shardings=train_step.param_shardings(model, mesh),
+    abstract_params=train_step.abstract_params(model, mesh),
+  )
+
+
+def training_setup(
+  config: ml_collections.ConfigDict,
+  tokenizer: Tokenizer | None,
+  mesh: Mesh,
+  model_config: TransformerConfig | None = None,
+) -> TrainingSetup:
+  """Everything `model_setup` gives, plus Adam with the paper's schedule and the train state.
+
+  Args:
+    model_config: use this instead of the config's model section (benchmarks that vary it).
+  """
+  model_config = model_config or model_config_for(config, tokenizer)
+  model = Transformer(model_config)
+  tx, schedule = optimizer.make_optimizer(config.train, model_config.d_model)
+  abstract_state = train_step.abstract_state(model, tx, mesh)
+  state_shardings = train_step.state_shardings(model, tx, mesh)
+  return TrainingSetup(
+    model_config=model_config,
+    model=model,
+    mesh=mesh,
+    param_shardings=state_shardings.params,
+    abstract_params=abstract_state.params,
+    tx=tx,
+    schedule=schedule,
+    state_shardings=state_shardings,
+    abstract_state=abstract_state,
+  )
