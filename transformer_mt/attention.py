@@ -257,8 +257,15 @@ class MultiHeadAttention(nn.Module):
     return cached_key.value, cached_value.value, combine_masks(mask, step_mask)
 
 
-def sinusoidal_encoding(positions: jax.Array, d_model: int) -> jax.Array:
-  """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)).
+def sinusoidal_encoding(
+  positions: jax.Array, d_model: int, layout: str = "sinusoidal"
+) -> jax.Array:
+  """Sinusoidal position encodings, in one of three published layouts.
+
+  "sinusoidal" (the paper): PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same).
+  "sinusoidal_halves" (Marian): the same sines in the first ceil(d/2) dims, cosines after them.
+  "sinusoidal_fairseq" (fairseq, FSMT, M2M100): sines then cosines of pos * 10000^(-i/(d/2-1)),
+  i < d/2, and a zero last dim when d is odd.
 
   Computed from the positions themselves, so packed rows (positions restart at each
   sentence) and decode steps need no table of maximum length.
@@ -266,10 +273,20 @@ def sinusoidal_encoding(positions: jax.Array, d_model: int) -> jax.Array:
   Args:
     positions: integer [batch, length].
   Returns:
-    float32 [batch, length, d_model], sine and cosine interleaved as in the paper.
+    float32 [batch, length, d_model].
   """
-  two_i = np.arange(0, d_model, 2, dtype=np.float32)  # [ceil(d/2)]
-  inverse_frequency = jnp.asarray(1.0 / (10000.0 ** (two_i / d_model)))
+  if layout == "sinusoidal_fairseq":
+    half = d_model // 2
+    inverse_frequency = np.exp(np.arange(half) * -(math.log(10000.0) / (half - 1)))
+  else:
+    two_i = np.arange(0, d_model, 2, dtype=np.float32)  # [ceil(d/2)]
+    inverse_frequency = 1.0 / (10000.0 ** (two_i / d_model))
+  inverse_frequency = jnp.asarray(inverse_frequency, jnp.float32)
   angles = positions[..., None].astype(jnp.float32) * inverse_frequency  # [b, l, ceil(d/2)]
-  encoding = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # [b, l, ceil(d/2), 2]
-  return encoding.reshape(positions.shape + (-1,))[..., :d_model]
+  if layout == "sinusoidal":
+    encoding = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # [b, l, ceil(d/2), 2]
+    return encoding.reshape(positions.shape + (-1,))[..., :d_model]
+  sines, cosines = jnp.sin(angles), jnp.cos(angles)[..., : d_model // 2]
+  if layout == "sinusoidal_fairseq" and d_model % 2:
+    cosines = jnp.pad(cosines, [(0, 0)] * (cosines.ndim - 1) + [(0, 1)])
+  return jnp.concatenate([sines, cosines], axis=-1)  # [b, l, d_model]

@@ -134,6 +134,7 @@ def beam_search(
   alpha: float = 0.6,
   eos_id: int = EOS_ID,
   bos_id: int = BOS_ID,
+  pad_id: int = PAD_ID,
   max_lengths: jax.Array | None = None,
   early_stopping: bool = True,
   gather_cache: GatherCache = gather_rows,
@@ -150,6 +151,7 @@ def beam_search(
     batch_size, beam_size, max_len: static sizes; max_len bounds the generated tokens.
     alpha: GNMT length-penalty exponent (0 = raw log-prob).
     eos_id, bos_id: EOS ends a hypothesis; BOS is fed at position 0.
+    pad_id: fills the sequences after EOS.
     max_lengths: optional int [batch], per-sentence maximum number of generated tokens
       (e.g. source length + 50), clipped to [0, max_len]; defaults to max_len.
     early_stopping: False runs all max_len steps (same results; for tests).
@@ -176,9 +178,9 @@ def beam_search(
   empty = (max_lengths == 0)[:, None] & (jnp.arange(beam_size) == 0)[None, :]  # [batch, beam]
   initial = BeamState(
     step=jnp.array(0, jnp.int32),
-    live_seqs=jnp.full((batch_size, beam_size, max_len), PAD_ID, jnp.int32),
+    live_seqs=jnp.full((batch_size, beam_size, max_len), pad_id, jnp.int32),
     live_log_probs=jnp.where((max_lengths == 0)[:, None], NEG_INF, live_log_probs),
-    finished_seqs=jnp.full((batch_size, beam_size, max_len), PAD_ID, jnp.int32),
+    finished_seqs=jnp.full((batch_size, beam_size, max_len), pad_id, jnp.int32),
     finished_scores=jnp.where(empty, 0.0, NEG_INF).astype(jnp.float32),
     finished_flags=empty,
     cache=_expand_to_beams(initial_cache, batch_size, beam_size),
@@ -314,17 +316,18 @@ def beam_decode(
       keys/values included, is reordered at every step.
   """
   batch = inputs.shape[0]
-  inputs_valid = inputs != PAD_ID  # [batch, src_len]
+  inputs_valid = inputs != config.pad_id  # [batch, src_len]
   if max_lengths is None:
     max_lengths = jnp.full((batch,), max_len, jnp.int32)
   max_lengths = jnp.where(jnp.any(inputs_valid, axis=1), max_lengths, 0)
   beam_inputs_valid = jnp.repeat(inputs_valid, beam_size, axis=0)  # [batch * beam, src_len]
+  ids = dict(eos_id=config.eos_id, bos_id=config.decoder_start_id, pad_id=config.pad_id)
 
   if always_gather:
 
     def tokens_to_logits(tokens, position, cache):
       logits, cache = decode.decode_step(params, cache, beam_inputs_valid, tokens, position, config)
-      return decode.never_generated(logits), cache
+      return decode.never_generated(logits, config.suppressed_ids), cache
 
     return beam_search(
       tokens_to_logits,
@@ -334,6 +337,7 @@ def beam_decode(
       max_len=max_len,
       alpha=alpha,
       max_lengths=max_lengths,
+      **ids,
       always_gather=True,
     )
 
@@ -344,7 +348,7 @@ def beam_decode(
     logits, cache = decode.decode_step(
       params, decode.merge_cache(cache, cross_cache), beam_inputs_valid, tokens, position, config
     )
-    return decode.never_generated(logits), decode.split_cache(cache)[0]
+    return decode.never_generated(logits, config.suppressed_ids), decode.split_cache(cache)[0]
 
   return beam_search(
     tokens_to_logits,
@@ -354,5 +358,6 @@ def beam_decode(
     max_len=max_len,
     alpha=alpha,
     max_lengths=max_lengths,
+    **ids,
     gather_cache=decode.gather_written_rows,
   )

@@ -14,6 +14,8 @@ from typing import Any
 import jax.numpy as jnp
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swish")
+POSITION_ENCODINGS = ("sinusoidal", "sinusoidal_halves", "sinusoidal_fairseq", "learned")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,21 +38,42 @@ class TransformerConfig:
   attention_dropout_rate: float = 0.0
   # Dropout on the FFN's hidden ReLU activations.
   relu_dropout_rate: float = 0.0
+  # FFN nonlinearity: "relu" (the paper), "gelu" (exact erf; mBART), "gelu_tanh", "swish" (Marian).
+  activation: str = "relu"
   # "post": x = LN(x + sublayer(x)) as in the paper; "pre": x = x + sublayer(LN(x)).
   layer_norm_position: str = "post"
   use_residual: bool = True
   use_layer_norm: bool = True
+  # LayerNorm epsilon; PyTorch models (Marian, FSMT, mBART, M2M100) use 1e-5.
+  layer_norm_epsilon: float = 1e-6
+  # LayerNorm after token + position embeddings, before dropout (mBART's layernorm_embedding).
+  embedding_layer_norm: bool = False
   use_bias: bool = True
   # Project the concatenated heads with W^O; off only for single-head toy models.
   attention_output_projection: bool = True
-  # "sinusoidal" (the paper) or "learned".
+  # "sinusoidal" (the paper: sin/cos interleaved), "sinusoidal_halves" (Marian: sin in the first
+  # half, cos in the second), "sinusoidal_fairseq" (FSMT/M2M100: halves, frequencies
+  # 10000^(-i/(d/2-1))) or "learned".
   position_encoding: str = "sinusoidal"
-  # Longest sequence learned position embeddings can address.
+  # Added to every position before it is encoded (mBART: 2; fairseq: padding_idx + 1).
+  position_offset: int = 0
+  # Longest sequence learned position embeddings can address (the table has max_len + offset rows).
   max_len: int = 512
   # Multiply token embeddings by sqrt(d_model) (section 3.4 of the paper).
   scale_embeddings: bool = True
   # Tie source embedding, target embedding and pre-softmax projection (needs a shared vocab).
   share_embeddings: bool = True
+  # With tied token embeddings, the decoder also reuses the encoder's learned position table and
+  # embedding LayerNorm; False gives the decoder its own (mBART).
+  share_position_embeddings: bool = True
+  # A learned [vocab] bias on the tied pre-softmax projection (Marian/mBART final_logits_bias);
+  # an untied output projection has its bias from use_bias.
+  logits_bias: bool = False
+  # Token ids the model and decoding rely on; the defaults are tokenizer.py's (pad 0, eos 1, bos 2).
+  pad_id: int = 0
+  eos_id: int = 1
+  # First decoder input (BOS); imported models use their own (Marian: pad; mBART, FSMT: eos).
+  decoder_start_id: int = 2
   # Recompute each layer's activations in the backward pass (nn.remat): less memory, more compute.
   remat: bool = False
   # jax.nn.dot_product_attention backend: "auto" (JAX's choice; XLA as of JAX 0.10), "xla",
@@ -72,10 +95,14 @@ class TransformerConfig:
       )
     if self.layer_norm_position not in ("pre", "post"):
       errors.append(f"layer_norm_position={self.layer_norm_position!r} must be 'pre' or 'post'")
-    if self.position_encoding not in ("sinusoidal", "learned"):
+    if self.position_encoding not in POSITION_ENCODINGS:
       errors.append(
-        f"position_encoding={self.position_encoding!r} must be 'sinusoidal' or 'learned'"
+        f"position_encoding={self.position_encoding!r} must be one of {list(POSITION_ENCODINGS)}"
       )
+    if self.activation not in ACTIVATIONS:
+      errors.append(f"activation={self.activation!r} must be one of {list(ACTIVATIONS)}")
+    if self.position_offset < 0:
+      errors.append(f"position_offset={self.position_offset} must be >= 0")
     if self.share_embeddings and self.target_vocab_size not in (None, self.vocab_size):
       errors.append(
         "share_embeddings=True needs one shared vocabulary; "
@@ -107,6 +134,13 @@ class TransformerConfig:
   @property
   def output_vocab_size(self) -> int:
     return self.target_vocab_size or self.vocab_size
+
+  @property
+  def suppressed_ids(self) -> tuple[int, ...]:
+    """Ids decoding never emits: PAD, and the decoder start token unless it doubles as EOS."""
+    if self.decoder_start_id in (self.pad_id, self.eos_id):
+      return (self.pad_id,)
+    return (self.pad_id, self.decoder_start_id)
 
   @property
   def compute_dtype(self) -> Any:

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from transformer_mt.config import TransformerConfig
 from transformer_mt.model import Transformer
-from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.tokenizer import BOS_ID, PAD_ID
 
 
 def init_cache(params: Any, inputs: jax.Array, config: TransformerConfig, max_len: int) -> Any:
@@ -35,8 +35,8 @@ def init_cache(params: Any, inputs: jax.Array, config: TransformerConfig, max_le
   _, variables = decode_model.apply(
     {"params": params},
     encoded,
-    inputs != PAD_ID,
-    jnp.full((batch, 1), BOS_ID, jnp.int32),
+    inputs != config.pad_id,
+    jnp.full((batch, 1), config.decoder_start_id, jnp.int32),
     jnp.zeros((batch, 1), jnp.int32),
     cache_length=max_len,
     method=Transformer.decode,
@@ -139,10 +139,13 @@ def gather_written_rows(cache: Any, rows: jax.Array, chunk: int = 16) -> Any:
   return flax.traverse_util.unflatten_dict(gathered)
 
 
-def never_generated(logits: jax.Array) -> jax.Array:
-  """Masks PAD and BOS: the decoder must never emit them (a PAD mid-sentence would be read
-  as padding by the teacher-forced model but attended to by the cache)."""
-  return logits.at[..., PAD_ID].set(-jnp.inf).at[..., BOS_ID].set(-jnp.inf)
+def never_generated(logits: jax.Array, ids: tuple[int, ...] = (PAD_ID, BOS_ID)) -> jax.Array:
+  """Masks `ids` (PAD and BOS; `TransformerConfig.suppressed_ids`): the decoder must never emit
+  them (a PAD mid-sentence would be read as padding by the teacher-forced model but attended
+  to by the cache)."""
+  for token in ids:
+    logits = logits.at[..., token].set(-jnp.inf)
+  return logits
 
 
 @flax.struct.dataclass
@@ -158,13 +161,18 @@ class GreedyState:
 def greedy_decode(
   params: Any, inputs: jax.Array, config: TransformerConfig, max_len: int
 ) -> jax.Array:
-  """Argmax decoding: int32 [batch, max_len] target ids, EOS included, PAD afterwards."""
+  """Argmax decoding: int32 [batch, max_len] target ids, EOS included, PAD afterwards.
+
+  PAD, EOS and the decoder start token are the config's (`pad_id`, `eos_id`,
+  `decoder_start_id`), so imported models decode with their own ids.
+  """
   batch = inputs.shape[0]
-  inputs_valid = inputs != PAD_ID
+  pad_id, eos_id = config.pad_id, config.eos_id
+  inputs_valid = inputs != pad_id
   initial = GreedyState(
     step=jnp.array(0, jnp.int32),
-    last_tokens=jnp.full((batch,), BOS_ID, jnp.int32),
-    outputs=jnp.full((batch, max_len), PAD_ID, jnp.int32),
+    last_tokens=jnp.full((batch,), config.decoder_start_id, jnp.int32),
+    outputs=jnp.full((batch, max_len), pad_id, jnp.int32),
     # Empty rows (all padding) count as finished from the start.
     finished=~jnp.any(inputs_valid, axis=1),
     cache=init_cache(params, inputs, config, max_len),
@@ -177,14 +185,14 @@ def greedy_decode(
     logits, cache = decode_step(
       params, state.cache, inputs_valid, state.last_tokens, state.step, config
     )
-    next_tokens = jnp.argmax(never_generated(logits), axis=-1).astype(jnp.int32)
-    next_tokens = jnp.where(state.finished, PAD_ID, next_tokens)
+    next_tokens = jnp.argmax(never_generated(logits, config.suppressed_ids), axis=-1)
+    next_tokens = jnp.where(state.finished, pad_id, next_tokens.astype(jnp.int32))
     outputs = jax.lax.dynamic_update_slice(state.outputs, next_tokens[:, None], (0, state.step))
     return GreedyState(
       step=state.step + 1,
       last_tokens=next_tokens,
       outputs=outputs,
-      finished=state.finished | (next_tokens == EOS_ID),
+      finished=state.finished | (next_tokens == eos_id),
       cache=cache,
     )
 

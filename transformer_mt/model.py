@@ -8,6 +8,7 @@ segment ids and per-sentence positions.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import flax.linen as nn
@@ -26,11 +27,17 @@ from transformer_mt.attention import (
 )
 from transformer_mt.config import TransformerConfig
 
-PAD_ID = 0
+ACTIVATIONS = {
+  "relu": nn.relu,
+  # Hugging Face's "gelu" is the exact erf form; jax.nn.gelu defaults to the tanh approximation.
+  "gelu": functools.partial(nn.gelu, approximate=False),
+  "gelu_tanh": functools.partial(nn.gelu, approximate=True),
+  "swish": nn.swish,
+}
 
 
 class FeedForward(nn.Module):
-  """FFN(x) = max(0, x W1 + b1) W2 + b2, applied at every position."""
+  """FFN(x) = act(x W1 + b1) W2 + b2, applied at every position (act = ReLU in the paper)."""
 
   config: TransformerConfig
 
@@ -49,7 +56,8 @@ class FeedForward(nn.Module):
         name=name,
       )
 
-    hidden = nn.relu(dense(cfg.d_ff, ("embed", "mlp"), "wi")(x))  # [batch, len, d_ff]
+    hidden = ACTIVATIONS[cfg.activation](dense(cfg.d_ff, ("embed", "mlp"), "wi")(x))
+    # hidden: [batch, len, d_ff]
     hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
     if cfg.relu_dropout_rate > 0:
       hidden = nn.Dropout(cfg.relu_dropout_rate)(hidden, deterministic=cfg.deterministic)
@@ -58,7 +66,7 @@ class FeedForward(nn.Module):
 
 def layer_norm(cfg: TransformerConfig, name: str | None = None) -> nn.LayerNorm:
   return nn.LayerNorm(
-    epsilon=1e-6,
+    epsilon=cfg.layer_norm_epsilon,
     use_bias=cfg.use_bias,
     dtype=cfg.compute_dtype,
     param_dtype=cfg.weight_dtype,
@@ -117,13 +125,21 @@ class DecoderLayer(nn.Module):
 
 
 class Embedder(nn.Module):
-  """Token embedding (scaled by sqrt(d_model)) + position encoding + dropout."""
+  """Token embedding (scaled by sqrt(d_model)) + position encoding (+ LayerNorm) + dropout.
+
+  Attributes:
+    tokens_from: another Embedder whose token embedding this one reuses (a decoder with
+      tied token embeddings but its own positions and LayerNorm, as mBART's); None: its own.
+  """
 
   config: TransformerConfig
   vocab_size: int
+  tokens_from: Embedder | None = None
 
   def setup(self):
     cfg = self.config
+    if self.tokens_from is not None:
+      return self._setup_positions()
     self.embedding = nn.Embed(
       self.vocab_size,
       cfg.d_model,
@@ -133,9 +149,13 @@ class Embedder(nn.Module):
         nn.initializers.normal(stddev=cfg.d_model**-0.5), ("vocab", "embed")
       ),
     )
+    self._setup_positions()
+
+  def _setup_positions(self):
+    cfg = self.config
     if cfg.position_encoding == "learned":
       self.position_embedding = nn.Embed(
-        cfg.max_len,
+        cfg.max_len + cfg.position_offset,
         cfg.d_model,
         dtype=cfg.compute_dtype,
         param_dtype=cfg.weight_dtype,
@@ -143,17 +163,23 @@ class Embedder(nn.Module):
           nn.initializers.normal(stddev=0.02), (None, "embed")
         ),
       )
+    if cfg.embedding_layer_norm:
+      self.embedding_norm = layer_norm(cfg)
     self.dropout = nn.Dropout(cfg.dropout_rate)
 
   def __call__(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
     cfg = self.config
-    x = self.embedding(tokens)  # [batch, len, d_model]
+    token_embedding = self.embedding if self.tokens_from is None else self.tokens_from.embedding
+    x = token_embedding(tokens)  # [batch, len, d_model]
     if cfg.scale_embeddings:
       x = x * jnp.sqrt(cfg.d_model).astype(x.dtype)
+    positions = positions + cfg.position_offset if cfg.position_offset else positions
     if cfg.position_encoding == "learned":
       x = x + self.position_embedding(positions)
     else:
-      x = x + sinusoidal_encoding(positions, cfg.d_model).astype(x.dtype)
+      x = x + sinusoidal_encoding(positions, cfg.d_model, cfg.position_encoding).astype(x.dtype)
+    if cfg.embedding_layer_norm:
+      x = self.embedding_norm(x)
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
     return self.dropout(x, deterministic=cfg.deterministic)
 
@@ -201,6 +227,8 @@ class Transformer(nn.Module):
   def setup(self):
     cfg = self.config
     self.source_embedder = Embedder(cfg, cfg.vocab_size)
+    if cfg.share_embeddings and not cfg.share_position_embeddings:
+      self.target_embedder = Embedder(cfg, cfg.vocab_size, tokens_from=self.source_embedder)
     if not cfg.share_embeddings:
       self.target_embedder = Embedder(cfg, cfg.output_vocab_size)
       self.output_projection = nn.Dense(
@@ -210,6 +238,10 @@ class Transformer(nn.Module):
         param_dtype=cfg.weight_dtype,
         kernel_init=dense_init(("embed", "vocab")),
         bias_init=bias_init(("vocab",)),
+      )
+    elif cfg.logits_bias:
+      self.logits_bias = self.param(
+        "logits_bias", bias_init(("vocab",)), (cfg.output_vocab_size,), cfg.weight_dtype
       )
     # Remat only matters under jax.grad; decoding with the KV cache never needs it.
     remat = nn.remat if cfg.remat and not cfg.decode else lambda layer: layer
@@ -223,7 +255,8 @@ class Transformer(nn.Module):
     """inputs: int [batch, src_len] (0 = pad) -> encoded [batch, src_len, d_model]."""
     cfg = self.config
     positions = _default_positions(inputs) if inputs_positions is None else inputs_positions
-    mask = padding_mask(inputs != PAD_ID, inputs != PAD_ID)
+    valid = inputs != cfg.pad_id  # [batch, src_len]
+    mask = padding_mask(valid, valid)
     if inputs_segmentation is not None:
       mask = combine_masks(mask, segment_mask(inputs_segmentation, inputs_segmentation))
     x = self.source_embedder(inputs, positions)
@@ -262,7 +295,10 @@ class Transformer(nn.Module):
       if cfg.decode:
         raise ValueError("decode=True needs targets_positions (the current step).")
       targets_positions = _default_positions(targets_in)
-    targets_valid = targets_in != PAD_ID
+    targets_valid = targets_in != cfg.pad_id
+    if cfg.decoder_start_id == cfg.pad_id:
+      # Marian starts the decoder with PAD: the first position is a real token all the same.
+      targets_valid = targets_valid | (targets_positions == 0)
     if cfg.decode:
       self_mask = None  # the attention cache masks not-yet-written positions itself.
       cross_mask = inputs_valid[:, None, None, :]  # [batch, 1, 1, src_len]
@@ -278,13 +314,19 @@ class Transformer(nn.Module):
         cross_mask = combine_masks(
           cross_mask, segment_mask(targets_segmentation, inputs_segmentation)
         )
-    embedder = self.source_embedder if cfg.share_embeddings else self.target_embedder
+    shared = cfg.share_embeddings and cfg.share_position_embeddings
+    embedder = self.source_embedder if shared else self.target_embedder
     y = embedder(targets_in, targets_positions)
     for layer in self.decoder_layers:
       y = layer(y, encoded, self_mask, cross_mask, cache_length)
     if cfg.use_layer_norm and cfg.layer_norm_position == "pre":
       y = self.decoder_norm(y)
-    logits = embedder.attend(y) if cfg.share_embeddings else self.output_projection(y)
+    if cfg.share_embeddings:
+      logits = self.source_embedder.attend(y)
+      if cfg.logits_bias:
+        logits = logits + self.logits_bias.astype(logits.dtype)
+    else:
+      logits = self.output_projection(y)
     return logits.astype(jnp.float32)  # [batch, tgt_len, vocab]
 
   def __call__(
@@ -300,7 +342,7 @@ class Transformer(nn.Module):
     encoded = self.encode(inputs, inputs_positions, inputs_segmentation)
     return self.decode(
       encoded,
-      inputs != PAD_ID,
+      inputs != self.config.pad_id,
       targets_in,
       targets_positions,
       inputs_segmentation,
