@@ -189,7 +189,11 @@ def test_imported_workdir_translates_like_generate(marian_dir, tmp_path, capsys)
   assert "encoder_layers_0" in translator.params
   assert not {"opt_state", "mu", "nu", "step"} & set(translator.params)
   config, _, _ = checkpointing.read_config(str(workdir))
-  assert (config.init.source, config.init.name) == ("hf", marian_dir.name)
+  assert (config.init.source, config.init.name, config.init.from_hub) == (
+    "hf",
+    marian_dir.name,
+    False,
+  )
   assert str(tmp_path) not in json.dumps(config.to_dict())  # workdirs hold no absolute paths
 
 

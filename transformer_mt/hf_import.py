@@ -263,6 +263,7 @@ def import_pretrained(source: str, workdir: str, overrides: Sequence[str] = ()) 
     raise ValueError(f"--workdir {workdir}: an import is written to a local directory.")
   _refuse_existing_checkpoints(workdir)
   directory, name = resolve_source(source)
+  from_hub = not os.path.isdir(os.path.expanduser(source[len(PREFIX) :]))
   hf_config = read_hf_config(directory)
   tokenizer, tokenizer_config = read_marian_tokenizer(directory)
   model_config = hf_convert.config_from_hf(hf_config)
@@ -280,7 +281,7 @@ def import_pretrained(source: str, workdir: str, overrides: Sequence[str] = ()) 
     generation,
     tokenizer_config,
     name,
-    from_hub=directory != name,
+    from_hub=from_hub,
   )
   _apply_overrides(config, overrides)
   params = hf_convert.params_from_hf(hf_convert.read_state_dict(directory), hf_config)
