@@ -6,7 +6,8 @@ Layout of `WORKDIR/checkpoints/<step>/`:
   train_state/ the rest of what resuming needs: optimizer state, step and dropout RNG
   data_iter/   the Grain iterator state, one JSON file per process
   config/      the experiment config as JSON
-  tokenizer/   the SentencePiece model file, loadable by SentencePiece itself
+  tokenizer/   the SentencePiece model file, loadable by SentencePiece itself (an imported
+               Marian model: its source.spm, target.spm and vocab.json instead)
 
 Parameters and optimizer state are separate items so that inference (translate, evaluate,
 average, attention) restores `params` alone: the Adam moments are twice its size. Averaged
@@ -33,17 +34,34 @@ import ml_collections
 import orbax.checkpoint as ocp
 from etils import epath
 
-from transformer_mt.tokenizer import MODEL_FILENAME, Tokenizer
+from transformer_mt.tokenizer import (
+  MODEL_FILENAME,
+  VOCAB_FILENAME,
+  VOCAB_TOKENIZER_FILES,
+  AnyTokenizer,
+  Tokenizer,
+  VocabTokenizer,
+)
 
 
 class TokenizerCheckpointHandler(ocp.CheckpointHandler):
-  """Stores the serialized SentencePiece model as a plain file in the checkpoint."""
+  """Stores the tokenizer as plain files in the checkpoint: our SentencePiece model, or an
+  imported model's SentencePiece models and vocabulary. Which files are there says which."""
 
   def save(self, directory: epath.Path, args: TokenizerSave):
-    if jax.process_index() == 0:
+    if jax.process_index() != 0:
+      return
+    if isinstance(args.tokenizer, VocabTokenizer):
+      for name, contents in args.tokenizer.files().items():
+        (directory / name).write_bytes(contents)
+    else:
       (directory / MODEL_FILENAME).write_bytes(args.tokenizer.model_proto)
 
-  def restore(self, directory: epath.Path, args: TokenizerRestore | None = None) -> Tokenizer:
+  def restore(self, directory: epath.Path, args: TokenizerRestore | None = None) -> AnyTokenizer:
+    if (directory / VOCAB_FILENAME).exists():
+      return VocabTokenizer.from_files(
+        {name: (directory / name).read_bytes() for name in tokenizer_files(directory)}
+      )
     path = directory / MODEL_FILENAME
     if not path.exists():
       raise FileNotFoundError(f"Checkpoint has no tokenizer: {path} is missing.")
@@ -65,7 +83,7 @@ class TokenizerCheckpointHandler(ocp.CheckpointHandler):
 @ocp.args.register_with_handler(TokenizerCheckpointHandler, for_save=True)
 @dataclasses.dataclass
 class TokenizerSave(ocp.args.CheckpointArgs):
-  tokenizer: Tokenizer
+  tokenizer: AnyTokenizer
 
 
 @ocp.args.register_with_handler(TokenizerCheckpointHandler, for_restore=True)
@@ -84,13 +102,21 @@ def checkpoint_dir(workdir: str) -> str:
   return str(epath.Path(absolute(workdir)) / "checkpoints")
 
 
-# Files each checkpoint item cannot be read without (globs, relative to the item's directory).
+def tokenizer_files(directory: epath.Path) -> tuple[str, ...]:
+  """The files a tokenizer item cannot be read without: an imported model's when any of
+  them is there, else our SentencePiece model."""
+  if any((directory / name).exists() for name in VOCAB_TOKENIZER_FILES):
+    return VOCAB_TOKENIZER_FILES
+  return (MODEL_FILENAME,)
+
+
+# Files each checkpoint item cannot be read without (globs, relative to the item's directory);
+# the tokenizer's depend on its kind (`tokenizer_files`).
 REQUIRED_FILES = {
   "params": ("_METADATA", "manifest.ocdbt"),
   "train_state": ("_METADATA", "manifest.ocdbt"),
   "data_iter": ("process_*-of-*.json",),
   "config": ("metadata",),
-  "tokenizer": (MODEL_FILENAME,),
 }
 # tensorstore status codes of a read that found a file missing, short or unreadable.
 _DAMAGE_CODES = ("DATA_LOSS", "NOT_FOUND", "OUT_OF_RANGE")
@@ -110,7 +136,8 @@ def find_damage(workdir: str, step: int, items: Sequence[str], error: BaseExcept
     item_dir = step_dir / item
     if not item_dir.is_dir():
       return f"{item_dir} is missing"
-    for pattern in REQUIRED_FILES.get(item, ()):
+    required = tokenizer_files(item_dir) if item == "tokenizer" else REQUIRED_FILES.get(item, ())
+    for pattern in required:
       found = list(item_dir.glob(pattern))
       if not found:
         return f"{item_dir / pattern} is missing"
@@ -197,7 +224,7 @@ def make_best_manager(workdir: str) -> ocp.CheckpointManager:
   )
 
 
-def _model_items(params: Any, config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> dict:
+def _model_items(params: Any, config: ml_collections.ConfigDict, tokenizer: AnyTokenizer) -> dict:
   """What every checkpoint holds to be self-contained: parameters, config and tokenizer."""
   return {
     "params": ocp.args.StandardSave(params),
@@ -216,7 +243,7 @@ def save_best(
   step: int,
   params: Any,
   config: ml_collections.ConfigDict,
-  tokenizer: Tokenizer,
+  tokenizer: AnyTokenizer,
   bleu: float,
 ) -> None:
   """Offers parameters scored by validation BLEU; Orbax keeps them only if they are the best."""
@@ -234,7 +261,7 @@ def save(
   state: Any,
   data_iterator,
   config: ml_collections.ConfigDict,
-  tokenizer: Tokenizer,
+  tokenizer: AnyTokenizer,
   force: bool = False,
 ) -> bool:
   """Starts an asynchronous save of everything needed to resume or translate.
@@ -337,7 +364,7 @@ def restore_training(
 
 def read_config(
   workdir: str, step: int | None = None
-) -> tuple[ml_collections.ConfigDict, Tokenizer, int]:
+) -> tuple[ml_collections.ConfigDict, AnyTokenizer, int]:
   """Config, tokenizer and step of a checkpoint (default: the latest), without any arrays."""
   manager = make_manager(resolve_workdir(workdir), read_only=True)
   steps = manager.all_steps()
@@ -376,7 +403,7 @@ def resolve_workdir(path: str) -> str:
 
 
 def save_inference(
-  workdir: str, step: int, params: Any, config: ml_collections.ConfigDict, tokenizer: Tokenizer
+  workdir: str, step: int, params: Any, config: ml_collections.ConfigDict, tokenizer: AnyTokenizer
 ) -> str:
   """Writes a checkpoint of parameters, config and tokenizer (e.g. averaged parameters): it
   translates like any other, and cannot be resumed. Waits until it is on disk."""

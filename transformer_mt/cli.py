@@ -1,5 +1,5 @@
-"""Command line: `run.py list | train | sweep | translate | evaluate | average | attention | plot |
-reproduce | report`.
+"""Command line: `run.py list | train | sweep | import | translate | evaluate | average |
+attention | plot | reproduce | report`.
 
 Also installed as the `transformer-mt` console script.
 
@@ -57,6 +57,17 @@ def resolve_paths(args: argparse.Namespace) -> None:
       setattr(args, name, absolute_path(value))
   if getattr(args, "overrides", None):
     args.overrides = [_absolute_override(o) for o in args.overrides]
+  if getattr(args, "from_", None):
+    args.from_ = absolute_source(args.from_)
+
+
+def absolute_source(source: str) -> str:
+  """`hf:rel/dir` -> `hf:/abs/rel/dir` when that local directory exists; a hub name such as
+  `hf:Helsinki-NLP/opus-mt-en-de` (no such directory) is returned as it is."""
+  prefix, sep, name = source.partition(":")
+  if not sep or not name or not os.path.isdir(os.path.expanduser(name)):
+    return source
+  return f"{prefix}:{absolute_path(name)}"
 
 
 def _cmd_list(args) -> None:
@@ -95,6 +106,13 @@ def _cmd_train(args) -> None:
     print(
       f"Done: step {result['step']}, checkpoints in {os.path.join(args.workdir, 'checkpoints')}"
     )
+
+
+def _cmd_import(args) -> None:
+  from transformer_mt import hf_import
+
+  step_dir = hf_import.import_pretrained(args.from_, args.workdir, args.overrides)
+  print(f"Imported {args.from_} into {step_dir} (use --workdir {args.workdir} to translate).")
 
 
 def _inference_mesh(args):
@@ -297,6 +315,27 @@ def build_parser() -> argparse.ArgumentParser:
     help="overrides applied to every trial, e.g. train.num_steps=200",
   )
   p.set_defaults(func=_cmd_sweep)
+
+  p = commands.add_parser(
+    "import",
+    help="convert a Hugging Face checkpoint (Marian) and its tokenizer into a workdir that "
+    "translate and evaluate use",
+  )
+  p.add_argument(
+    "--from",
+    dest="from_",
+    required=True,
+    metavar="hf:DIR_OR_NAME",
+    help="hf: then a save_pretrained directory, or a hub name (downloaded; needs the internet)",
+  )
+  p.add_argument("--workdir", required=True, help="a new workdir (or one without checkpoints)")
+  p.add_argument(
+    "overrides",
+    nargs="*",
+    metavar="key=value",
+    help="decode.* and data.* settings saved with it, e.g. decode.beam_size=4",
+  )
+  p.set_defaults(func=_cmd_import)
 
   p = commands.add_parser(
     "translate", help="translate lines with a trained checkpoint", parents=[mesh_flag]

@@ -47,6 +47,11 @@ def evaluate(
     pairs = text_files.read_parallel(source_file, reference_file)
     name = os.path.basename(source_file)
   else:
+    if config.data.get("source") == "none":  # an imported model (run.py import)
+      raise ValueError(
+        f"{workdir} holds an imported model, with no data splits of its own: pass --source "
+        "and --reference."
+      )
     splits = data_sources.load_pairs(config.data)
     if split not in splits:
       raise ValueError(

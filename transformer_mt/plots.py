@@ -24,7 +24,6 @@ import numpy as np
 from transformer_mt import decode, metrics, sharding
 from transformer_mt.config import TransformerConfig
 from transformer_mt.model import Transformer
-from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 # (record key, legend label) of each series `training_curves` knows, grouped by panel.
 _LOSS_SERIES = (("loss", "training loss"), ("validation/loss", "validation loss"))
@@ -157,7 +156,7 @@ def attention_heatmap(
     raise ValueError("source_text is empty: there is nothing to translate or plot.")
   source_ids = tokenizer.encode([source_text.strip()])[0]
   if len(source_ids) > translator.max_source_len:  # as translate() does, without dropping it
-    source_ids = source_ids[: translator.max_source_len - 1] + [EOS_ID]
+    source_ids = source_ids[: translator.max_source_len - 1] + [config.eos_id]
   if max_len is None:
     max_len = min(translator.max_target_len, len(source_ids) + translator.extra_len)
   if max_len < 1:
@@ -169,11 +168,11 @@ def attention_heatmap(
     device_inputs = jax.device_put(inputs, sharding.replicated(translator.mesh))
     outputs = decode.greedy_decode(translator.params, device_inputs, config, int(max_len))
     generated = [int(t) for t in np.asarray(jax.device_get(outputs))[0]]
-    if EOS_ID in generated:
-      generated = generated[: generated.index(EOS_ID) + 1]
+    if config.eos_id in generated:
+      generated = generated[: generated.index(config.eos_id) + 1]
     else:  # stopped by max_len: the PAD tail is not output
-      generated = [t for t in generated if t != PAD_ID]
-    targets_in = np.asarray([[BOS_ID] + generated[:-1]], np.int32)
+      generated = [t for t in generated if t != config.pad_id]
+    targets_in = np.asarray([[config.decoder_start_id] + generated[:-1]], np.int32)
     weights = cross_attention(translator.params, config, inputs, targets_in)
 
   matrix, description = _select(weights, layer, head)

@@ -18,14 +18,20 @@ from jax.sharding import Mesh
 from transformer_mt import optimizer, train_step
 from transformer_mt.config import TransformerConfig
 from transformer_mt.model import Transformer
-from transformer_mt.tokenizer import Tokenizer
+from transformer_mt.tokenizer import AnyTokenizer
 
 
 def model_config_for(
-  config: ml_collections.ConfigDict, tokenizer: Tokenizer | None = None
+  config: ml_collections.ConfigDict, tokenizer: AnyTokenizer | None = None
 ) -> TransformerConfig:
   """The experiment's model section with the vocabulary size of its tokenizer (before one is
-  trained: the configured `tokenizer.vocab_size`)."""
+  trained: the configured `tokenizer.vocab_size`).
+
+  An imported model's section (`run.py import`) has its own `vocab_size`, kept as it is: its
+  embedding table may have more rows than its tokenizer has pieces.
+  """
+  if "vocab_size" in config.model:
+    return TransformerConfig.from_mapping(config.model.to_dict())
   vocab_size = tokenizer.vocab_size if tokenizer else config.tokenizer.vocab_size
   return TransformerConfig.from_mapping(config.model.to_dict(), vocab_size=vocab_size)
 
@@ -64,7 +70,7 @@ class TrainingSetup(ModelSetup):
 
 
 def model_setup(
-  config: ml_collections.ConfigDict, tokenizer: Tokenizer | None, mesh: Mesh
+  config: ml_collections.ConfigDict, tokenizer: AnyTokenizer | None, mesh: Mesh
 ) -> ModelSetup:
   """Model config, model and parameter layout on `mesh`; no optimizer is built."""
   model_config = model_config_for(config, tokenizer)
@@ -80,7 +86,7 @@ def model_setup(
 
 def training_setup(
   config: ml_collections.ConfigDict,
-  tokenizer: Tokenizer | None,
+  tokenizer: AnyTokenizer | None,
   mesh: Mesh,
   model_config: TransformerConfig | None = None,
 ) -> TrainingSetup:

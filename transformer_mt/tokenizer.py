@@ -1,13 +1,22 @@
-"""One SentencePiece vocabulary shared by source and target, trained once per workdir.
+"""Text <-> ids: our trained SentencePiece vocabulary, or an imported model's own.
 
-Ids are fixed across every experiment: pad = 0 (so masks are `ids != 0`), eos = 1,
-bos = 2 (the decoder's first input), unk = 3. The serialized model travels inside
-every checkpoint, so a checkpoint directory is enough to translate.
+`Tokenizer`: one SentencePiece vocabulary shared by source and target, trained once per
+workdir. Ids are fixed across every experiment: pad = 0 (so masks are `ids != 0`), eos = 1,
+bos = 2 (the decoder's first input), unk = 3.
+
+`VocabTokenizer`: a Hugging Face Marian (OPUS-MT) tokenizer, for imported checkpoints
+(`run.py import`). Two SentencePiece models cut source and target text into pieces and one
+vocabulary (vocab.json) numbers the pieces, with the model's own pad/eos/unk ids.
+
+Both have `encode`, `decode`, `pieces`, `vocab_size`, `pad_id` and `eos_id`, so translation
+and evaluation take either. The files travel inside every checkpoint, so a checkpoint
+directory is enough to translate.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 from collections.abc import Iterable, Sequence
@@ -23,6 +32,8 @@ MODEL_FILENAME = "tokenizer.model"
 
 class Tokenizer:
   """Text <-> ids. Encoded sentences end with EOS; decoding stops at the first EOS."""
+
+  pad_id, eos_id = PAD_ID, EOS_ID
 
   def __init__(self, model_proto: bytes):
     self.model_proto = model_proto
@@ -58,6 +69,96 @@ class Tokenizer:
   def save(self, path: str | os.PathLike) -> None:
     """Writes atomically: a crash leaves either no file or a complete one."""
     write_atomically(path, self.model_proto)
+
+
+# The files of a VocabTokenizer, as Hugging Face's MarianTokenizer names them, plus the names of
+# its special tokens.
+SOURCE_SPM, TARGET_SPM, VOCAB_FILENAME = "source.spm", "target.spm", "vocab.json"
+SPECIAL_TOKENS_FILENAME = "special_tokens.json"
+VOCAB_TOKENIZER_FILES = (SOURCE_SPM, TARGET_SPM, VOCAB_FILENAME, SPECIAL_TOKENS_FILENAME)
+DEFAULT_SPECIAL_TOKENS = {"eos": "</s>", "unk": "<unk>", "pad": "<pad>"}
+# SentencePiece's word-boundary mark, a space once decoded.
+_WORD_BOUNDARY = "\u2581"
+
+
+class VocabTokenizer:
+  """Marian's tokenizer: SentencePiece pieces numbered by a vocabulary of the model's own.
+
+  Encodes as MarianTokenizer does (source SentencePiece pieces, each looked up in the
+  vocabulary, unknown ones as unk, then EOS) and decodes as its
+  `decode(ids, skip_special_tokens=True)` does (pad, eos and unk dropped, the rest joined by
+  the target SentencePiece model), stopping at the first EOS like `Tokenizer`.
+  Not covered: `>>lang<<` target-language tags and separate source/target vocabularies.
+
+  Args:
+    source_proto, target_proto: the serialized SentencePiece models (source.spm, target.spm).
+    vocab: piece -> id (vocab.json).
+    special_tokens: the pieces of "eos", "unk" and "pad" (default Marian's).
+  """
+
+  def __init__(
+    self,
+    source_proto: bytes,
+    target_proto: bytes,
+    vocab: dict[str, int],
+    special_tokens: dict[str, str] | None = None,
+  ):
+    self.source_proto, self.target_proto = source_proto, target_proto
+    self.vocab = dict(vocab)
+    self.special_tokens = dict(DEFAULT_SPECIAL_TOKENS, **(special_tokens or {}))
+    missing = [p for p in self.special_tokens.values() if p not in self.vocab]
+    if missing:
+      raise ValueError(f"The vocabulary lacks the special tokens {missing}.")
+    self._source = spm.SentencePieceProcessor(model_proto=source_proto)
+    self._target = spm.SentencePieceProcessor(model_proto=target_proto)
+    self._pieces = {i: piece for piece, i in self.vocab.items()}
+    self.pad_id = self.vocab[self.special_tokens["pad"]]
+    self.eos_id = self.vocab[self.special_tokens["eos"]]
+    self.unk_id = self.vocab[self.special_tokens["unk"]]
+
+  @property
+  def vocab_size(self) -> int:
+    return max(self.vocab.values()) + 1
+
+  def encode(self, texts: Sequence[str]) -> list[list[int]]:
+    pieces = self._source.encode(list(texts), out_type=str)
+    return [[self.vocab.get(p, self.unk_id) for p in row] + [self.eos_id] for row in pieces]
+
+  def decode(self, ids: Iterable[int]) -> str:
+    ids = [int(i) for i in ids]
+    if self.eos_id in ids:
+      ids = ids[: ids.index(self.eos_id)]
+    skipped = (self.pad_id, self.eos_id, self.unk_id)
+    pieces = [self._pieces[i] for i in ids if i not in skipped and i in self._pieces]
+    # A piece the target model lacks comes back as it is, its boundary marks still in it.
+    return self._target.decode_pieces(pieces).replace(_WORD_BOUNDARY, " ").strip()
+
+  def pieces(self, ids: Iterable[int]) -> list[str]:
+    return [self._pieces.get(int(i), self.special_tokens["unk"]) for i in ids]
+
+  def files(self) -> dict[str, bytes]:
+    """File name -> contents: what `from_files` reads back (a checkpoint's tokenizer item)."""
+    return {
+      SOURCE_SPM: self.source_proto,
+      TARGET_SPM: self.target_proto,
+      VOCAB_FILENAME: json.dumps(self.vocab, ensure_ascii=False, indent=0).encode(),
+      SPECIAL_TOKENS_FILENAME: json.dumps(self.special_tokens).encode(),
+    }
+
+  @classmethod
+  def from_files(cls, files: dict[str, bytes]) -> VocabTokenizer:
+    """The tokenizer of `files()`' output; the special-tokens file may be left out."""
+    special = files.get(SPECIAL_TOKENS_FILENAME)
+    return cls(
+      files[SOURCE_SPM],
+      files[TARGET_SPM],
+      json.loads(files[VOCAB_FILENAME]),
+      json.loads(special) if special is not None else None,
+    )
+
+
+# Either kind: what translation, evaluation and checkpoints take.
+AnyTokenizer = Tokenizer | VocabTokenizer
 
 
 def train_tokenizer(

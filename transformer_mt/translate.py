@@ -20,7 +20,7 @@ from jax.sharding import Mesh
 from transformer_mt import beam_search, checkpointing, decode, run_setup, sharding
 from transformer_mt.config import TransformerConfig
 from transformer_mt.input_pipeline import bucket_length
-from transformer_mt.tokenizer import EOS_ID, PAD_ID, Tokenizer
+from transformer_mt.tokenizer import AnyTokenizer
 
 
 @dataclasses.dataclass
@@ -29,7 +29,7 @@ class Translator:
 
   params: Any
   model_config: TransformerConfig
-  tokenizer: Tokenizer
+  tokenizer: AnyTokenizer
   mesh: Mesh
   batch_size: int = 64
   # Longest source accepted (tokens, EOS included); longer lines are truncated.
@@ -56,7 +56,7 @@ class Translator:
           len(ids),
           self.max_source_len,
         )
-        ids = ids[: self.max_source_len - 1] + [EOS_ID]
+        ids = ids[: self.max_source_len - 1] + [self.model_config.eos_id]
       todo.append((index, ids))
     todo.sort(key=lambda item: len(item[1]))
     batches = [todo[i : i + self.batch_size] for i in range(0, len(todo), self.batch_size)]
@@ -77,12 +77,13 @@ class Translator:
     """
     src_len = bucket_length(max(len(s) for s in sources))
     rows = bucket_length(self.batch_size, self.mesh.devices.size)
-    inputs = np.full((rows, src_len), PAD_ID, np.int32)
+    pad_id = self.model_config.pad_id
+    inputs = np.full((rows, src_len), pad_id, np.int32)
     for row, ids in enumerate(sources):
       inputs[row, : len(ids)] = ids
     max_len = min(self.max_target_len, src_len + self.extra_len)
     # Each sentence may grow to its own source length + extra_len (the paper's +50).
-    max_lengths = np.minimum((inputs != PAD_ID).sum(axis=1) + self.extra_len, max_len)
+    max_lengths = np.minimum((inputs != pad_id).sum(axis=1) + self.extra_len, max_len)
     return inputs, max_lengths.astype(np.int32), max_len
 
   def _decode_batch(self, sources: list[list[int]]) -> list[np.ndarray]:

@@ -1,0 +1,241 @@
+"""`run.py import` of a Hugging Face Marian model: same tokens, same translations as transformers.
+
+A tiny random MarianMTModel (2+2 layers, d_model 16) gets a real, tiny MarianTokenizer: two
+SentencePiece models trained here on 200 lines of newstest2013 (English source, German target)
+and a vocab.json numbering their pieces, as OPUS-MT's do. Both are saved with
+`save_pretrained` into one directory, imported with the CLI, and compared on real sentences.
+
+Select with `-m interop`; skipped without transformers (>= 5), torch, or the shared news data.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pathlib
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="needs torch: pip install -e '.[interop]'")
+transformers = pytest.importorskip(
+  "transformers", minversion="5", reason="needs transformers>=5: pip install -e '.[interop]'"
+)
+import sentencepiece as spm  # noqa: E402
+
+from transformer_mt import checkpointing, cli, hf_import, translate  # noqa: E402
+from transformer_mt.tokenizer import VocabTokenizer  # noqa: E402
+
+pytestmark = pytest.mark.interop
+
+NEWS = pathlib.Path(__file__).parents[2] / "shared" / "data" / "news" / "en-de" / "newstest2013"
+# Target tokens both decoders generate at most: our decode.max_len, their max_new_tokens.
+MAX_NEW_TOKENS = 16
+EOS_BIAS = 8.0
+
+
+def _lines(lang: str, start: int, stop: int) -> list[str]:
+  path = NEWS.with_suffix(f".{lang}")
+  if not path.exists():
+    pytest.skip(f"needs the shared news data: {path} is missing (see the README's Data section)")
+  return path.read_text(encoding="utf-8").splitlines()[start:stop]
+
+
+def _sentencepiece(lines: list[str]) -> bytes:
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+    sentence_iterator=iter(lines),
+    model_writer=model,
+    vocab_size=150,
+    model_type="unigram",
+    character_coverage=1.0,
+    minloglevel=2,
+  )
+  return model.getvalue()
+
+
+def _marian_vocab(*protos: bytes) -> dict[str, int]:
+  """OPUS-MT's layout: </s> 0, <unk> 1, the pieces of both models, <pad> last."""
+  vocab = {"</s>": 0, "<unk>": 1}
+  for proto in protos:
+    processor = spm.SentencePieceProcessor(model_proto=proto)
+    for i in range(processor.get_piece_size()):
+      if not (processor.is_control(i) or processor.is_unknown(i)):
+        vocab.setdefault(processor.id_to_piece(i), len(vocab))
+  vocab["<pad>"] = len(vocab)
+  return vocab
+
+
+@pytest.fixture(scope="module")
+def marian_dir(tmp_path_factory):
+  """A save_pretrained directory: a tiny random MarianMTModel and its real tokenizer."""
+  files = tmp_path_factory.mktemp("marian_files")
+  source, target = _sentencepiece(_lines("en", 0, 200)), _sentencepiece(_lines("de", 0, 200))
+  vocab = _marian_vocab(source, target)
+  (files / "source.spm").write_bytes(source)
+  (files / "target.spm").write_bytes(target)
+  (files / "vocab.json").write_text(json.dumps(vocab))
+  tokenizer = transformers.MarianTokenizer(
+    source_spm=str(files / "source.spm"),
+    target_spm=str(files / "target.spm"),
+    vocab=str(files / "vocab.json"),
+  )
+  config = transformers.MarianConfig(
+    vocab_size=len(vocab),
+    decoder_vocab_size=len(vocab),
+    pad_token_id=vocab["<pad>"],
+    eos_token_id=vocab["</s>"],
+    decoder_start_token_id=vocab["<pad>"],
+    activation_function="swish",
+    scale_embedding=True,
+    d_model=16,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=32,
+    decoder_ffn_dim=32,
+    max_position_embeddings=512,
+    dropout=0.0,
+  )
+  torch.manual_seed(0)
+  model = transformers.MarianMTModel(config).eval()
+  with torch.no_grad():
+    # Unit-scale weights spread the logits out, so argmax ties are far away. LayerNorms and
+    # biases keep their initial values: random ones make every sentence repeat one token.
+    for name, parameter in model.named_parameters():
+      if not any(kind in name for kind in ("embed_positions", "layer_norm", "bias")):
+        parameter.copy_(torch.randn_like(parameter))
+    model.final_logits_bias.copy_(torch.randn_like(model.final_logits_bias))
+    # EOS made likely enough that some translations (3 of the 8) end before MAX_NEW_TOKENS.
+    model.final_logits_bias[0, config.eos_token_id] += EOS_BIAS
+  directory = tmp_path_factory.mktemp("opus-mt-tiny")
+  model.save_pretrained(directory)
+  tokenizer.save_pretrained(directory)
+  return directory
+
+
+def test_tokenizer_matches_marian_tokenizer(marian_dir):
+  theirs = transformers.MarianTokenizer.from_pretrained(marian_dir)
+  ours, _ = hf_import.read_marian_tokenizer(str(marian_dir))
+  english = _lines("en", 1000, 1300)  # none of them trained the SentencePiece models
+  assert ours.encode(english) == theirs(english).input_ids
+  assert (ours.pad_id, ours.eos_id, ours.vocab_size) == (
+    theirs.pad_token_id,
+    theirs.eos_token_id,
+    len(theirs),
+  )
+
+  german = theirs(text_target=_lines("de", 1000, 1010)).input_ids
+  rng = np.random.default_rng(0)
+  # What a random model writes: any ids (pieces only the source model has, unk, pad) before EOS;
+  # transformers does not stop at EOS, ours does (test_hf_models.py compares ids up to it).
+  ordinary = np.array([i for i in range(ours.vocab_size) if i != ours.eos_id])
+  random_ids = [list(rng.choice(ordinary, 20)) + [ours.eos_id] for _ in range(10)]
+  for ids in german + random_ids:
+    assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True), ids
+
+  restored = VocabTokenizer.from_files(ours.files())
+  assert restored.encode(english[:5]) == ours.encode(english[:5])
+
+
+def _generate(directory, lines: list[str]) -> list[str]:
+  """transformers' greedy translations, with the generation switches we do not have turned off
+  as in test_hf_models.py."""
+  tokenizer = transformers.MarianTokenizer.from_pretrained(directory)
+  model = transformers.MarianMTModel.from_pretrained(directory).eval()
+  inputs = tokenizer(lines, return_tensors="pt", padding=True)
+  with torch.no_grad():
+    outputs = model.generate(
+      **inputs,
+      num_beams=1,
+      do_sample=False,
+      max_new_tokens=MAX_NEW_TOKENS,
+      min_length=0,
+      suppress_tokens=[tokenizer.pad_token_id],
+      forced_eos_token_id=None,
+    )
+  return tokenizer.batch_decode(outputs, skip_special_tokens=True)
+
+
+def test_imported_workdir_translates_like_generate(marian_dir, tmp_path, capsys):
+  workdir = tmp_path / "imported"
+  source = f"hf:{marian_dir}"
+  rc = cli.main(
+    ["import", "--from", source, "--workdir", str(workdir), f"decode.max_len={MAX_NEW_TOKENS}"]
+  )
+  assert rc == 0, capsys.readouterr().err
+  lines = _lines("en", 2000, 2008)
+  (tmp_path / "input.txt").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+  output = tmp_path / "output.txt"
+  argv = ["translate", "--workdir", str(workdir), "--beam", "1"]
+  rc = cli.main(argv + ["--input", str(tmp_path / "input.txt"), "--output", str(output)])
+  assert rc == 0, capsys.readouterr().err
+  ours = output.read_text(encoding="utf-8").splitlines()
+  assert ours == _generate(marian_dir, lines)
+  # Otherwise the comparison would prove little: translations that differ, some cut by EOS.
+  assert len(set(ours)) >= 4 and any(len(line) < MAX_NEW_TOKENS for line in ours), ours
+
+  # Params, config and tokenizer only: no optimizer state is saved, restored or built.
+  step_dir = pathlib.Path(checkpointing.checkpoint_dir(str(workdir))) / "0"
+  assert sorted(p.name for p in step_dir.iterdir() if p.is_dir()) == [
+    "config",
+    "params",
+    "tokenizer",
+  ]
+  translator = translate.load_translator(str(workdir))
+  assert isinstance(translator.tokenizer, VocabTokenizer)
+  assert "encoder_layers_0" in translator.params
+  assert not {"opt_state", "mu", "nu", "step"} & set(translator.params)
+  config, _, _ = checkpointing.read_config(str(workdir))
+  assert (config.init.source, config.init.name, config.init.from_hub) == (
+    "hf",
+    marian_dir.name,
+    False,
+  )
+  assert str(tmp_path) not in json.dumps(config.to_dict())  # workdirs hold no absolute paths
+
+
+def _error_line(capsys) -> str:
+  lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+  assert len(lines) == 1, lines
+  return lines[0]
+
+
+def test_import_errors_are_one_line_and_write_nothing(marian_dir, tmp_path, capsys):
+  workdir = tmp_path / "imported"
+  assert cli.main(["import", "--from", f"hf:{marian_dir}", "--workdir", str(workdir)]) == 0
+  capsys.readouterr()
+  assert cli.main(["import", "--from", f"hf:{marian_dir}", "--workdir", str(workdir)]) == 2
+  assert "already holds checkpoints" in _error_line(capsys)
+
+  unsupported = {"bart": "Cannot import Hugging Face model_type 'bart'", "fsmt": "not supported"}
+  for model_type, message in unsupported.items():
+    directory = tmp_path / model_type
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"model_type": model_type}))
+    target = tmp_path / f"from_{model_type}"
+    assert cli.main(["import", "--from", f"hf:{directory}", "--workdir", str(target)]) == 2
+    assert message in _error_line(capsys)
+    assert not target.exists()
+
+  no_tokenizer = tmp_path / "no_tokenizer"
+  no_tokenizer.mkdir()
+  for name in os.listdir(marian_dir):
+    if not name.endswith((".spm", "vocab.json")):
+      (no_tokenizer / name).write_bytes((marian_dir / name).read_bytes())
+  target = tmp_path / "from_no_tokenizer"
+  assert cli.main(["import", "--from", f"hf:{no_tokenizer}", "--workdir", str(target)]) == 2
+  assert "lacks the Marian tokenizer files" in _error_line(capsys)
+  assert cli.main(["import", "--from", f"hf:{tmp_path}/missing", "--workdir", str(target)]) == 2
+  assert "no such directory" in _error_line(capsys)
+  assert not target.exists()
+  assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging left
+
+
+def test_relative_sources_become_absolute_and_hub_names_stay(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "models" / "opus").mkdir(parents=True)
+  assert cli.absolute_source("hf:models/opus") == f"hf:{tmp_path}/models/opus"
+  assert cli.absolute_source("hf:Helsinki-NLP/opus-mt-en-de") == "hf:Helsinki-NLP/opus-mt-en-de"
