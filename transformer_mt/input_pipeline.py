@@ -9,11 +9,16 @@ exactly the batches an uninterrupted run would.
 
 Evaluation: padded, length-bucketed batches in corpus order; nothing is packed and
 nothing is dropped.
+
+Padding and the decoder's first input are the model's `pad_id` and `decoder_start_id`
+(ours: tokenizer.py's PAD_ID and BOS_ID; an imported Marian model: its pad id for both),
+so a model fine-tuned from an import (`init.from`) sees the ids it was trained with.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import threading
 from collections.abc import Iterator, Sequence
@@ -21,7 +26,7 @@ from collections.abc import Iterator, Sequence
 import grain
 import numpy as np
 
-from transformer_mt.tokenizer import BOS_ID, PAD_ID, Tokenizer
+from transformer_mt.tokenizer import BOS_ID, PAD_ID, AnyTokenizer, Tokenizer, VocabTokenizer
 
 
 @dataclasses.dataclass
@@ -43,19 +48,23 @@ class FilterCounts:
 class TokenizePair:
   """(source, target) text -> {"inputs", "targets"} id arrays, EOS-terminated.
 
-  Holds the serialized tokenizer so it pickles into Grain worker processes.
+  Pickles as the tokenizer's serialized files, so it travels into Grain worker processes
+  (SentencePiece processors do not pickle).
   """
 
-  def __init__(self, tokenizer: Tokenizer):
-    self._proto = tokenizer.model_proto
+  def __init__(self, tokenizer: AnyTokenizer):
     self._tokenizer = tokenizer
 
   def __getstate__(self):
-    return {"_proto": self._proto}
+    if isinstance(self._tokenizer, VocabTokenizer):
+      return {"vocab_files": self._tokenizer.files()}
+    return {"_proto": self._tokenizer.model_proto}
 
   def __setstate__(self, state):
-    self._proto = state["_proto"]
-    self._tokenizer = Tokenizer(self._proto)
+    if "vocab_files" in state:
+      self._tokenizer = VocabTokenizer.from_files(state["vocab_files"])
+    else:
+      self._tokenizer = Tokenizer(state["_proto"])
 
   def __call__(self, pair: tuple[str, str]) -> dict[str, np.ndarray]:
     source, target = pair
@@ -78,12 +87,18 @@ class KeepPair:
     return not (empty or too_long)
 
 
-def shift_right_per_segment(packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """Adds `targets_in`: each packed target shifted right within its own sentence, BOS first."""
+def shift_right_per_segment(
+  packed: dict[str, np.ndarray], pad_id: int = PAD_ID, start_id: int = BOS_ID
+) -> dict[str, np.ndarray]:
+  """Adds `targets_in`: each packed target shifted right within its own sentence, `start_id`
+  (BOS) first; every padding slot (segment 0, which the packer fills with 0) becomes `pad_id`."""
+  packed = dict(packed)
+  for name in ("inputs", "targets"):
+    packed[name] = np.where(packed[f"{name}_segment_ids"] == 0, pad_id, packed[name])
   targets = packed["targets"]
   targets_in = np.roll(targets, 1, axis=-1)
-  targets_in[packed["targets_positions"] == 0] = BOS_ID
-  targets_in[packed["targets_segment_ids"] == 0] = PAD_ID
+  targets_in[packed["targets_positions"] == 0] = start_id
+  targets_in[packed["targets_segment_ids"] == 0] = pad_id
   return dict(packed, targets_in=targets_in)
 
 
@@ -109,7 +124,7 @@ def rows_per_batch(
 
 def training_batches(
   pairs: Sequence[tuple[str, str]],
-  tokenizer: Tokenizer,
+  tokenizer: AnyTokenizer,
   batch_rows: int,
   grad_accum_steps: int,
   max_len: int,
@@ -117,6 +132,8 @@ def training_batches(
   process_index: int = 0,
   process_count: int = 1,
   packing_bins: int = 256,
+  pad_id: int = PAD_ID,
+  start_id: int = BOS_ID,
 ) -> tuple[Iterator[dict[str, np.ndarray]], FilterCounts]:
   """An endless Grain iterator of packed [accum, micro, max_len] batches, and its filter counts.
 
@@ -137,7 +154,7 @@ def training_batches(
     .filter(KeepPair(max_len, counts))
     .to_iter_dataset()
   )
-  dataset = packed_rows(dataset, local_rows, max_len, seed, packing_bins)
+  dataset = packed_rows(dataset, local_rows, max_len, seed, packing_bins, pad_id, start_id)
   dataset = dataset.map(
     lambda batch: {k: v.reshape(grad_accum_steps, micro, max_len) for k, v in batch.items()}
   )
@@ -145,7 +162,13 @@ def training_batches(
 
 
 def packed_rows(
-  examples: grain.IterDataset, rows: int, max_len: int, seed: int, packing_bins: int = 256
+  examples: grain.IterDataset,
+  rows: int,
+  max_len: int,
+  seed: int,
+  packing_bins: int = 256,
+  pad_id: int = PAD_ID,
+  start_id: int = BOS_ID,
 ) -> grain.IterDataset:
   """Tokenized {"inputs", "targets"} examples -> batches of [rows, max_len] packed rows.
 
@@ -159,7 +182,8 @@ def packed_rows(
     seed=seed,
     shuffle_bins=True,
   )
-  return dataset.map(shift_right_per_segment).batch(rows, drop_remainder=True)
+  shift = functools.partial(shift_right_per_segment, pad_id=pad_id, start_id=start_id)
+  return dataset.map(shift).batch(rows, drop_remainder=True)
 
 
 def bucket_length(length: int, multiple: int = 16) -> int:
@@ -168,7 +192,11 @@ def bucket_length(length: int, multiple: int = 16) -> int:
 
 
 def evaluation_batches(
-  pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, batch_rows: int
+  pairs: Sequence[tuple[str, str]],
+  tokenizer: AnyTokenizer,
+  batch_rows: int,
+  pad_id: int = PAD_ID,
+  start_id: int = BOS_ID,
 ) -> Iterator[dict[str, np.ndarray]]:
   """Padded [1, batch_rows, bucket] batches covering every non-empty pair exactly once.
 
@@ -182,13 +210,13 @@ def evaluation_batches(
     chunk = examples[start : start + batch_rows]
     length = bucket_length(max(max(len(e["inputs"]), len(e["targets"])) for e in chunk))
     batch = {
-      k: np.full((batch_rows, length), PAD_ID, np.int32)
+      k: np.full((batch_rows, length), pad_id, np.int32)
       for k in ("inputs", "targets", "targets_in")
     }
     for row, example in enumerate(chunk):
       source, target = example["inputs"], example["targets"]
       batch["inputs"][row, : len(source)] = source
       batch["targets"][row, : len(target)] = target
-      batch["targets_in"][row, 0] = BOS_ID
+      batch["targets_in"][row, 0] = start_id
       batch["targets_in"][row, 1 : len(target)] = target[:-1]
     yield {k: v[None] for k, v in batch.items()}

@@ -114,7 +114,8 @@ def _micro_batch_sums(params, micro_batch, dropout_key, model, label_smoothing):
     targets_segmentation=micro_batch.get("targets_segment_ids"),
     rngs=None if dropout_key is None else {"dropout": dropout_key},
   )
-  weights = (micro_batch["targets"] > 0).astype(jnp.float32)
+  # Not `> 0`: an imported Marian vocabulary numbers EOS 0 and pads with its last id.
+  weights = (micro_batch["targets"] != model.config.pad_id).astype(jnp.float32)
   sums = losses.cross_entropy_sums(logits, micro_batch["targets"], weights, label_smoothing)
   return sums["loss"], sums
 
