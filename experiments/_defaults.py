@@ -22,6 +22,11 @@ def base_config() -> ml_collections.ConfigDict:
   config.paper_bleu = None
   config.model = model_defaults()
 
+  config.init = ml_collections.ConfigDict()
+  # Fine-tune from a workdir written by `run.py import` (set as init.from=DIR; "" = train from
+  # scratch): its params, tokenizer and model section (the dropout rates stay this config's).
+  config.init["from"] = ""
+
   config.data = ml_collections.ConfigDict()
   # Where pairs come from: "synthetic" (generated offline), "tfds" (WMT via TFDS) or "local"
   # (text files).

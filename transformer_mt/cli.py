@@ -21,7 +21,7 @@ import sys
 
 # Flags that name files or directories, and config keys whose values are paths.
 PATH_FLAGS = ("workdir", "workdirs", "input", "output", "source", "reference", "chart")
-PATH_KEYS = ("data.root", "data.tfds_data_dir", "data.tfds_manual_dir")
+PATH_KEYS = ("data.root", "data.tfds_data_dir", "data.tfds_manual_dir", "init.from")
 
 
 def absolute_path(path: str | None) -> str | None:

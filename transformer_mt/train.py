@@ -3,6 +3,9 @@
 Running `train` into a workdir that already holds checkpoints resumes from the
 latest one: parameters, optimizer state, step, dropout RNG and the data iterator
 all continue exactly where they stopped.
+
+With `init.from=DIR` the run starts from an imported model's parameters, tokenizer and
+model section instead (see `finetune`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from transformer_mt import (
   data_sources,
   distributed,
   evaluation,
+  finetune,
   input_pipeline,
   metrics,
   run_setup,
@@ -45,6 +49,11 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
   """
   # Validate the config and read the data before writing anything: a bad config or bad
   # input leaves no half-made workdir behind.
+  finetune.check_resume_source(workdir, config)
+  imported = None
+  if finetune.source(config):
+    imported = finetune.read_import(finetune.source(config))
+    config = finetune.merged_config(config, imported)
   model_config_for(config)
   data_shards, fsdp_shards, _ = sharding.mesh_shape(config.mesh, jax.device_count())
   policy = config.train.get("nonfinite", "stop")
@@ -59,7 +68,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
   )
   pairs = data_sources.load_pairs(config.data)
   os.makedirs(workdir, exist_ok=True)
-  tokenizer = _shared_tokenizer(workdir, pairs["train"], config)
+  tokenizer = imported.tokenizer if imported else _shared_tokenizer(workdir, pairs["train"], config)
   mesh = sharding.make_mesh(config.mesh)
   setup = run_setup.training_setup(config, tokenizer, mesh)
   model, model_config, shardings = setup.model, setup.model_config, setup.state_shardings
@@ -82,6 +91,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
       seed=config.train.seed,
       process_index=jax.process_index(),
       process_count=jax.process_count(),
+      pad_id=model_config.pad_id,
+      start_id=model_config.decoder_start_id,
     )
 
   manager = checkpointing.make_manager(
@@ -95,6 +106,9 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
     _, state, batches, filter_counts = restored
   else:
     state = train_step.create_sharded_state(config.train.seed, model, setup.tx, mesh)
+    if imported:
+      # Adam's moments start at zero whatever the parameters, so only these are replaced.
+      state = state.replace(params=finetune.initial_params(imported, setup.abstract_params))
     batches, filter_counts = make_batches()
   step_fn = train_step.jit_train_step(
     model,
@@ -255,7 +269,11 @@ def _validation_fn(pairs, tokenizer, model, mesh, shardings, config):
     return None
   eval_step = train_step.jit_eval_step(model, mesh, shardings)
   rows = input_pipeline.bucket_length(config.decode.batch_size, mesh.devices.size)
-  batches = list(input_pipeline.evaluation_batches(pairs, tokenizer, rows))
+  batches = list(
+    input_pipeline.evaluation_batches(
+      pairs, tokenizer, rows, model.config.pad_id, model.config.decoder_start_id
+    )
+  )
 
   def validate(params):
     totals = [
