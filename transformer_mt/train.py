@@ -105,10 +105,16 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
   if restored:
     _, state, batches, filter_counts = restored
   else:
-    state = train_step.create_sharded_state(config.train.seed, model, setup.tx, mesh)
     if imported:
-      # Adam's moments start at zero whatever the parameters, so only these are replaced.
-      state = state.replace(params=finetune.initial_params(imported, setup.abstract_params))
+      state = train_step.sharded_state_from_params(
+        finetune.initial_params(imported, setup.abstract_params),
+        config.train.seed,
+        model,
+        setup.tx,
+        mesh,
+      )
+    else:
+      state = train_step.create_sharded_state(config.train.seed, model, setup.tx, mesh)
     batches, filter_counts = make_batches()
   step_fn = train_step.jit_train_step(
     model,

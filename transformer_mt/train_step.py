@@ -44,14 +44,18 @@ def _create_state(
   key: jax.Array, model: Transformer, tx: optax.GradientTransformation, boxed: bool
 ) -> TrainState:
   param_key, dropout_key = jax.random.split(key)
-  params = _init_params(param_key, model)
-  state = TrainState(
+  state = _state_around(_init_params(param_key, model), dropout_key, tx)
+  return state if boxed else nn.unbox(state)
+
+
+def _state_around(params: Any, dropout_key: jax.Array, tx: optax.GradientTransformation):
+  """Step 0 of training `params`: a fresh optimizer state and the dropout RNG."""
+  return TrainState(
     step=jnp.array(0, jnp.int32),
     params=params,
     opt_state=tx.init(params),
     rng=jax.random.key_data(dropout_key),
   )
-  return state if boxed else nn.unbox(state)
 
 
 def state_shardings(model: Transformer, tx: optax.GradientTransformation, mesh: Mesh) -> Any:
@@ -101,6 +105,23 @@ def create_sharded_state(
   )
   with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
     return init(jax.random.key(seed))
+
+
+def sharded_state_from_params(
+  params: Any, seed: int, model: Transformer, tx: optax.GradientTransformation, mesh: Mesh
+) -> TrainState:
+  """Step 0 of training given (already sharded) parameters, e.g. an imported model's.
+
+  The same state as `create_sharded_state(seed, ...)` with `params` in place of the random
+  ones (the optimizer state and dropout RNG do not depend on the parameter values), but no
+  random parameters are ever made: fine-tuning a large model needs no second copy of it.
+  """
+  _, dropout_key = jax.random.split(jax.random.key(seed))
+  init = jax.jit(
+    functools.partial(_state_around, tx=tx), out_shardings=state_shardings(model, tx, mesh)
+  )
+  with jax.set_mesh(mesh):
+    return init(params, dropout_key)
 
 
 def _micro_batch_sums(params, micro_batch, dropout_key, model, label_smoothing):
