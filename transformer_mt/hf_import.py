@@ -59,9 +59,9 @@ _HUB_NAME = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 OVERRIDABLE_SECTIONS = ("decode", "data")
 
 
-def resolve_source(source: str) -> tuple[str, str]:
-  """(local directory, name) of `hf:DIR_OR_NAME`: a local directory when one exists, else a
-  hub repository downloaded with huggingface_hub (needs the internet).
+def resolve_source(source: str) -> tuple[str, str, bool]:
+  """(local directory, name, downloaded) of `hf:DIR_OR_NAME`: a local directory when one
+  exists, else a hub repository downloaded with huggingface_hub (needs the internet).
 
   Raises:
     ValueError: no `hf:` prefix, or a download that failed.
@@ -74,12 +74,12 @@ def resolve_source(source: str) -> tuple[str, str]:
     )
   name = os.path.expanduser(source[len(PREFIX) :])
   if os.path.isdir(name):
-    return name, os.path.basename(os.path.normpath(name))
+    return name, os.path.basename(os.path.normpath(name)), False
   if os.path.exists(name):
     raise FileNotFoundError(f"--from {source}: {name} is a file; pass its directory.")
   if os.path.isabs(name) or not _HUB_NAME.match(name):
     raise FileNotFoundError(f"--from {source}: no such directory {name}.")
-  return _download(name), name
+  return _download(name), name, True
 
 
 def _download(name: str) -> str:
@@ -262,8 +262,7 @@ def import_pretrained(source: str, workdir: str, overrides: Sequence[str] = ()) 
   if "://" in workdir:
     raise ValueError(f"--workdir {workdir}: an import is written to a local directory.")
   _refuse_existing_checkpoints(workdir)
-  directory, name = resolve_source(source)
-  from_hub = not os.path.isdir(os.path.expanduser(source[len(PREFIX) :]))
+  directory, name, from_hub = resolve_source(source)
   hf_config = read_hf_config(directory)
   tokenizer, tokenizer_config = read_marian_tokenizer(directory)
   model_config = hf_convert.config_from_hf(hf_config)
