@@ -1,7 +1,9 @@
 """How much memory does one train step need? XLA's own accounting for Transformer Base and
-Big at the paper's per-device batch, with and without rematerialization (model.remat).
+Big at the paper's per-device batch, with and without rematerialization (model.remat); and how
+much does translating with NLLB-200 3.3B need, in float32 and bfloat16 (`--inference`)?
 
     python benchmarks/memory.py [--experiments transformer_base_wmt14_ende ...] [--rows 12]
+    python benchmarks/memory.py --inference [--beam 4 --batch 16 --src_len 64]
 
 Nothing large is allocated: the step is lowered and compiled for abstract inputs
 (`train_step.abstract_state`, `jax.ShapeDtypeStruct` batches), as `jit_train_step` compiles
@@ -24,6 +26,16 @@ barriers are gone after compilation and the recomputation is scheduled early, be
 original forward pass, so the compiled memory does not drop there; the residuals column is
 what remat removes from memory where the scheduler places the recomputation in the backward
 pass, as accelerator backends are meant to.
+
+Inference (`--inference`): beam search with NLLB-200 3.3B (its config.json, written out in
+`NLLB_200_3_3B` below; no weights are needed), lowered and compiled for abstract parameters
+and a batch of `--batch` sources of `--src_len` tokens, as `translate` runs it: parameters
+only (no optimizer state: the checkpoint's params item alone is restored), the KV cache for
+`--beam` beams and source length + 50 target positions. Reported: the parameters' bytes and
+XLA's peak (arguments + outputs - aliased + temporaries) for the whole beam search. On CPU,
+XLA computes bfloat16 matmuls in float32 and converts the weights where they are used, so the
+bfloat16 temporaries there include float32 copies of the weights and its peak is no lower than
+float32's; the parameter bytes are what bfloat16 halves on every backend.
 """
 
 from __future__ import annotations
@@ -44,8 +56,15 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import ml_collections  # noqa: E402
 
-from transformer_mt import registry, run_setup, sharding, train_step  # noqa: E402
-from transformer_mt.model import count_parameters  # noqa: E402
+from transformer_mt import (  # noqa: E402
+  beam_search,
+  hf_convert,
+  registry,
+  run_setup,
+  sharding,
+  train_step,
+)
+from transformer_mt.model import Transformer, count_parameters  # noqa: E402
 
 BATCH_KEYS = (
   "inputs",
@@ -57,6 +76,27 @@ BATCH_KEYS = (
   "targets_segment_ids",
 )
 GIB = 2.0**30
+# config.json of facebook/nllb-200-3.3B (the fields hf_convert reads).
+NLLB_200_3_3B = {
+  "model_type": "m2m_100",
+  "activation_function": "relu",
+  "d_model": 2048,
+  "encoder_layers": 24,
+  "decoder_layers": 24,
+  "encoder_attention_heads": 16,
+  "decoder_attention_heads": 16,
+  "encoder_ffn_dim": 8192,
+  "decoder_ffn_dim": 8192,
+  "vocab_size": 256206,
+  "max_position_embeddings": 1024,
+  "scale_embedding": True,
+  "pad_token_id": 1,
+  "eos_token_id": 2,
+  "decoder_start_token_id": 2,
+  "dropout": 0.1,
+  "attention_dropout": 0.1,
+  "activation_dropout": 0.0,
+}
 
 
 def step_memory(experiment: str, remat: bool, rows: int, accum: int) -> dict[str, float]:
@@ -118,6 +158,61 @@ def step_memory(experiment: str, remat: bool, rows: int, accum: int) -> dict[str
   }
 
 
+def inference_memory(dtype: str, batch: int, beam: int, src_len: int) -> dict[str, float]:
+  """Bytes XLA assigns to beam search with NLLB-200 3.3B in `dtype` on one device."""
+  model_config = hf_convert.config_from_hf(NLLB_200_3_3B).replace(dtype=dtype, param_dtype=dtype)
+  mesh = sharding.make_mesh(
+    ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1}), devices=jax.devices()[:1]
+  )
+  params = train_step.abstract_params(Transformer(model_config), mesh)
+  max_len = src_len + 50
+  inputs = jax.ShapeDtypeStruct((batch, src_len), jnp.int32)
+  start = time.perf_counter()
+  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
+    compiled = beam_search.beam_decode.lower(params, inputs, model_config, beam, max_len).compile()
+  stats = compiled.memory_analysis()
+  param_bytes = sum(math.prod(p.shape) * p.dtype.itemsize for p in jax.tree.leaves(params))
+  return {
+    "parameters": count_parameters(model_config),
+    "param_bytes": param_bytes,
+    "arguments": stats.argument_size_in_bytes,
+    "temporaries": stats.temp_size_in_bytes,
+    "peak": (
+      stats.argument_size_in_bytes
+      + stats.output_size_in_bytes
+      - stats.alias_size_in_bytes
+      + stats.temp_size_in_bytes
+    ),
+    "compile_seconds": time.perf_counter() - start,
+  }
+
+
+def main_inference(args) -> None:
+  results = {}
+  print(f"{'NLLB-200 3.3B':16}{'params':>9}{'params GiB':>12}{'temp GiB':>10}{'peak GiB':>10}")
+  for dtype in ("float32", "bfloat16"):
+    m = inference_memory(dtype, args.batch, args.beam, args.src_len)
+    results[dtype] = m
+    print(
+      f"{dtype:16}{m['parameters'] / 1e9:8.2f}B{m['param_bytes'] / GIB:12.2f}"
+      f"{m['temporaries'] / GIB:10.2f}{m['peak'] / GIB:10.2f}",
+      flush=True,
+    )
+  print(
+    json.dumps(
+      {
+        "benchmark": "inference_memory",
+        "model": "nllb-200-3.3B",
+        "backend": jax.default_backend(),
+        "batch": args.batch,
+        "beam": args.beam,
+        "src_len": args.src_len,
+        "results": results,
+      }
+    )
+  )
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument(
@@ -132,7 +227,16 @@ def main():
     help="packed rows per device per step (12 x 256 = 3,072 target tokens)",
   )
   parser.add_argument("--accum", type=int, default=1, help="gradient-accumulation micro-batches")
+  parser.add_argument(
+    "--inference", action="store_true", help="NLLB-200 3.3B beam search instead of train steps"
+  )
+  parser.add_argument("--batch", type=int, default=16, help="--inference: sentences per batch")
+  parser.add_argument("--beam", type=int, default=4, help="--inference: beam size")
+  parser.add_argument("--src_len", type=int, default=64, help="--inference: source tokens")
   args = parser.parse_args()
+  if args.inference:
+    main_inference(args)
+    return
 
   results = {}
   print(
