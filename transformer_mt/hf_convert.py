@@ -331,25 +331,36 @@ def _checked_against_model(params: dict, config: TransformerConfig) -> dict:
 
 
 def read_state_dict(directory: str) -> dict[str, np.ndarray]:
-  """The weights of a `save_pretrained` directory: safetensors (sharded or not), else .bin."""
-  index = os.path.join(directory, "model.safetensors.index.json")
-  single = os.path.join(directory, "model.safetensors")
-  if os.path.exists(index) or os.path.exists(single):
+  """The weights of a `save_pretrained` directory: safetensors, else PyTorch .bin files (each
+  sharded or not; large hub models such as NLLB-200 3.3B come as several shards)."""
+  safetensors_files = _weight_files(directory, "model.safetensors")
+  if safetensors_files:
     from safetensors.numpy import load_file
 
-    if not os.path.exists(index):
-      return load_file(single)
-    with open(index) as f:
-      files = sorted(set(json.load(f)["weight_map"].values()))
-    return {k: v for name in files for k, v in load_file(os.path.join(directory, name)).items()}
-  binary = os.path.join(directory, "pytorch_model.bin")
-  if os.path.exists(binary):
+    return {k: v for name in safetensors_files for k, v in load_file(name).items()}
+  binary_files = _weight_files(directory, "pytorch_model.bin")
+  if binary_files:
     import torch
 
     # weights_only=True: tensors only, no arbitrary pickled objects are run.
-    state_dict = torch.load(binary, map_location="cpu", weights_only=True)
-    return {name: _to_numpy(x) for name, x in state_dict.items()}
-  raise ValueError(f"No model.safetensors or pytorch_model.bin in {directory}.")
+    return {
+      key: _to_numpy(x)
+      for name in binary_files
+      for key, x in torch.load(name, map_location="cpu", weights_only=True).items()
+    }
+  raise ValueError(f"No model.safetensors or pytorch_model.bin (or their shards) in {directory}.")
+
+
+def _weight_files(directory: str, single_name: str) -> list[str]:
+  """Paths of `single_name` in `directory`, or of the shards its `.index.json` lists; []
+  when neither exists."""
+  index = os.path.join(directory, f"{single_name}.index.json")
+  if os.path.exists(index):
+    with open(index) as f:
+      shards = sorted(set(json.load(f)["weight_map"].values()))
+    return [os.path.join(directory, name) for name in shards]
+  single = os.path.join(directory, single_name)
+  return [single] if os.path.exists(single) else []
 
 
 def load_pretrained(directory: str) -> tuple[TransformerConfig, dict]:
