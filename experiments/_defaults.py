@@ -20,6 +20,8 @@ def base_config() -> ml_collections.ConfigDict:
   config.description = ""
   # The published BLEU this experiment reproduces, if any (shown by `run.py report`).
   config.paper_bleu = None
+  # Where that figure comes from and what it measures (shown under `run.py report`'s table).
+  config.paper_bleu_source = ""
   config.model = model_defaults()
 
   config.init = ml_collections.ConfigDict()

@@ -71,4 +71,5 @@ def paper_config(size: str, target_lang: str) -> ml_collections.ConfigDict:
   config.decode.update(beam_size=4, alpha=0.6, extra_len=50, max_len=306, batch_size=64)
   config.evaluate.average_last = spec["average_last"]
   config.paper_bleu = PAPER_BLEU[(size, target_lang)]
+  config.paper_bleu_source = "Vaswani et al. (2017), table 2: tokenized BLEU on newstest2014"
   return config

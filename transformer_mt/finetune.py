@@ -14,6 +14,9 @@ The run's checkpoints save the merged config and the imported tokenizer, so they
 self-contained like any other. Resuming reads the parameters from the run's own checkpoints,
 and still reads DIR's tokenizer and model section: DIR must stay where it is, and
 `init.from` must name the same directory as when the run started.
+
+`init.from=hf:NAME_OR_DIR` (the registry rows of published models) imports the Hugging Face
+checkpoint first, into WORKDIR/pretrained, once: a resumed run finds it there.
 """
 
 from __future__ import annotations
@@ -48,6 +51,26 @@ def source(config: ml_collections.ConfigDict) -> str:
   saved before the key existed)."""
   init = config.get("init") or {}
   return init.get("from", "") or ""
+
+
+# Where `init.from=hf:...` is imported, inside the run's workdir.
+PRETRAINED_DIRNAME = "pretrained"
+
+
+def import_into_workdir(config: ml_collections.ConfigDict, workdir: str) -> str:
+  """The import directory of `init.from`: itself for a directory; for `hf:NAME_OR_DIR`,
+  WORKDIR/pretrained, imported there (with the experiment's data section, so the import
+  evaluates on the experiment's test set) unless an earlier run already did."""
+  from transformer_mt import hf_import  # the import needs safetensors (the interop extra)
+
+  wanted = source(config)
+  if not wanted.startswith(hf_import.PREFIX):
+    return wanted
+  directory = os.path.join(checkpointing.absolute(workdir), PRETRAINED_DIRNAME)
+  if not os.path.isdir(checkpointing.checkpoint_dir(directory)):
+    logging.info("Importing %s into %s.", wanted, directory)
+    hf_import.import_pretrained(wanted, directory, data=config.data)
+  return directory
 
 
 def read_import(directory: str) -> Import:

@@ -246,13 +246,20 @@ def _refuse_existing_checkpoints(workdir: str) -> None:
     )
 
 
-def import_pretrained(source: str, workdir: str, overrides: Sequence[str] = ()) -> str:
+def import_pretrained(
+  source: str,
+  workdir: str,
+  overrides: Sequence[str] = (),
+  data: ml_collections.ConfigDict | None = None,
+) -> str:
   """Converts `hf:DIR_OR_NAME` into checkpoint step 0 of `workdir`; returns its directory.
 
   Args:
     source: `hf:` then a save_pretrained directory or a hub repository name.
     workdir: a new directory, or one without checkpoints.
     overrides: `decode.*` / `data.*` key=value settings for the saved config.
+    data: a whole data section for the saved config (a registry row's: what `evaluate`
+      reads as the test set), applied before `overrides`.
 
   Raises:
     ValueError, FileNotFoundError, FileExistsError: a bad source, an unsupported model,
@@ -282,6 +289,8 @@ def import_pretrained(source: str, workdir: str, overrides: Sequence[str] = ()) 
     name,
     from_hub=from_hub,
   )
+  if data is not None:
+    config.data = data.copy_and_resolve_references()
   _apply_overrides(config, overrides)
   params = hf_convert.params_from_hf(hf_convert.read_state_dict(directory), hf_config)
   return _write_atomically(workdir, params, config, tokenizer)

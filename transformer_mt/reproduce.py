@@ -2,8 +2,9 @@
 
 reproduce = train (or resume) -> average the last N checkpoints (the experiment's
 `evaluate.average_last`) -> evaluate on the test split, all in one workdir, ending
-with WORKDIR/results.json. report = those results as a markdown table beside the
-paper's BLEU, plus a PNG chart.
+with WORKDIR/results.json. A row of a published model (`init.from=hf:NAME`) imports it
+into WORKDIR/pretrained first; with `train.num_steps=0` that import is what is evaluated.
+report = those results as a markdown table beside the published BLEU, plus a PNG chart.
 """
 
 from __future__ import annotations
@@ -16,7 +17,15 @@ from typing import Any
 
 import jax
 
-from transformer_mt import averaging, checkpointing, evaluate, registry, text_files, train
+from transformer_mt import (
+  averaging,
+  checkpointing,
+  evaluate,
+  finetune,
+  registry,
+  text_files,
+  train,
+)
 from transformer_mt.model import count_parameters
 from transformer_mt.run_setup import model_config_for
 
@@ -35,21 +44,30 @@ def _averaged_dir(workdir: str, last_n: int) -> tuple[str, list[int]]:
 def reproduce(name: str, workdir: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
   config = registry.load_experiment(name, overrides)
   start = time.perf_counter()
-  trained = train.train(config, workdir)
-  if trained.get("preempted"):
-    raise RuntimeError("Training was stopped by a signal; rerun the same command to resume.")
-  last_n = config.evaluate.get("average_last", 0)
-  eval_dir, averaged = (
-    _averaged_dir(workdir, last_n)
-    if last_n > 1
-    else (workdir, checkpointing.all_steps(workdir)[-1:])
-  )
+  if config.train.num_steps == 0 and finetune.source(config):
+    # A published model evaluated as it is: nothing to train or average.
+    eval_dir = finetune.import_into_workdir(config, workdir)
+    trained, averaged = {"step": 0}, [0]
+  else:
+    trained = train.train(config, workdir)
+    if trained.get("preempted"):
+      raise RuntimeError("Training was stopped by a signal; rerun the same command to resume.")
+    last_n = config.evaluate.get("average_last", 0)
+    eval_dir, averaged = (
+      _averaged_dir(workdir, last_n)
+      if last_n > 1
+      else (workdir, checkpointing.all_steps(workdir)[-1:])
+    )
   scores = evaluate.evaluate(eval_dir, "test")
-  model = model_config_for(config)
+  # The evaluated checkpoint's own model (an import's or a fine-tuned one's, not the
+  # experiment file's model section).
+  saved, tokenizer, _ = checkpointing.read_config(eval_dir)
+  model = model_config_for(saved, tokenizer)
   results = {
     "experiment": name,
     "description": config.description,
     "paper_bleu": config.get("paper_bleu"),
+    "paper_bleu_source": config.get("paper_bleu_source"),
     "sacrebleu": scores["sacrebleu"],
     "sacrebleu_signature": scores["sacrebleu_signature"],
     "paper_comparable_bleu": scores["paper_bleu"],
@@ -88,7 +106,7 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     return "–" if value is None else format(value, spec)
 
   lines = [
-    "| experiment | paper BLEU | ours: paper-comparable | ours: sacreBLEU | params | steps "
+    "| experiment | published BLEU | ours: paper-comparable | ours: sacreBLEU | params | steps "
     "| wall time (this run) | hardware |",
     "|---|---|---|---|---|---|---|---|",
   ]
@@ -102,6 +120,11 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
   signatures = sorted({r["sacrebleu_signature"] for r in rows})
   lines.append("")
   lines.append("sacreBLEU signature(s): " + "; ".join(signatures))
+  # Rows of published models say where their figure comes from (the paper rows: its table 2).
+  sources = [(r["experiment"], r["paper_bleu_source"]) for r in rows if r.get("paper_bleu_source")]
+  if sources:
+    lines.append("")
+    lines += ["Published figures:"] + [f"- {name}: {source}" for name, source in sources]
   return "\n".join(lines)
 
 

@@ -52,7 +52,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
   finetune.check_resume_source(workdir, config)
   imported = None
   if finetune.source(config):
-    imported = finetune.read_import(finetune.source(config))
+    imported = finetune.read_import(finetune.import_into_workdir(config, workdir))
     config = finetune.merged_config(config, imported)
   model_config_for(config)
   data_shards, fsdp_shards, _ = sharding.mesh_shape(config.mesh, jax.device_count())
