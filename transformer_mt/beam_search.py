@@ -289,7 +289,8 @@ def beam_search(
 
 
 @functools.partial(
-  jax.jit, static_argnames=("config", "beam_size", "max_len", "alpha", "always_gather")
+  jax.jit,
+  static_argnames=("config", "beam_size", "max_len", "alpha", "always_gather", "forced_first_id"),
 )
 def beam_decode(
   params: Any,
@@ -300,6 +301,7 @@ def beam_decode(
   alpha: float = 0.6,
   max_lengths: jax.Array | None = None,
   always_gather: bool = False,
+  forced_first_id: int | None = None,
 ) -> BeamSearchOutput:
   """Beam search with the Transformer for `inputs` int [batch, src_len] (0 = pad).
 
@@ -314,6 +316,8 @@ def beam_decode(
       length + 50); clipped to max_len, which sizes the cache and the outputs.
     always_gather: the reference path (same results, slower): the whole cache, cross-attention
       keys/values included, is reordered at every step.
+    forced_first_id: the first token of every hypothesis, at no cost to its score
+      (`decode.force_first_token`: a target language code), or None.
   """
   batch = inputs.shape[0]
   inputs_valid = inputs != config.pad_id  # [batch, src_len]
@@ -327,7 +331,8 @@ def beam_decode(
 
     def tokens_to_logits(tokens, position, cache):
       logits, cache = decode.decode_step(params, cache, beam_inputs_valid, tokens, position, config)
-      return decode.never_generated(logits, config.suppressed_ids), cache
+      logits = decode.never_generated(logits, config.suppressed_ids)
+      return decode.force_first_token(logits, position, forced_first_id), cache
 
     return beam_search(
       tokens_to_logits,
@@ -348,7 +353,8 @@ def beam_decode(
     logits, cache = decode.decode_step(
       params, decode.merge_cache(cache, cross_cache), beam_inputs_valid, tokens, position, config
     )
-    return decode.never_generated(logits, config.suppressed_ids), decode.split_cache(cache)[0]
+    logits = decode.never_generated(logits, config.suppressed_ids)
+    return decode.force_first_token(logits, position, forced_first_id), decode.split_cache(cache)[0]
 
   return beam_search(
     tokens_to_logits,

@@ -7,7 +7,8 @@ Layout of `WORKDIR/checkpoints/<step>/`:
   data_iter/   the Grain iterator state, one JSON file per process
   config/      the experiment config as JSON
   tokenizer/   the SentencePiece model file, loadable by SentencePiece itself (an imported
-               Marian model: its source.spm, target.spm and vocab.json instead)
+               Marian model: its source.spm, target.spm and vocab.json instead; other
+               imported tokenizers: their own files and tokenizer_kind.json naming the kind)
 
 Parameters and optimizer state are separate items so that inference (translate, evaluate,
 average, attention) restores `params` alone: the Adam moments are twice its size. Averaged
@@ -34,6 +35,8 @@ import ml_collections
 import orbax.checkpoint as ocp
 from etils import epath
 
+from transformer_mt import hf_tokenizers
+from transformer_mt.hf_tokenizers import LanguageTagTokenizer
 from transformer_mt.tokenizer import (
   MODEL_FILENAME,
   VOCAB_FILENAME,
@@ -43,21 +46,42 @@ from transformer_mt.tokenizer import (
   VocabTokenizer,
 )
 
+# Tokenizers saved with a kind marker: kind -> class. Such a class has a `kind` attribute,
+# `files()` (name -> bytes) and `from_files(files)`; add a kind with one line here.
+TOKENIZER_KINDS: dict[str, type] = {
+  **{kind: LanguageTagTokenizer for kind in hf_tokenizers.KINDS},
+}
+# The marker: {"kind": ...}. Checkpoints without it hold our SentencePiece model or Marian's files.
+KIND_FILENAME = "tokenizer_kind.json"
+
 
 class TokenizerCheckpointHandler(ocp.CheckpointHandler):
-  """Stores the tokenizer as plain files in the checkpoint: our SentencePiece model, or an
-  imported model's SentencePiece models and vocabulary. Which files are there says which."""
+  """Stores the tokenizer as plain files in the checkpoint: our SentencePiece model, an
+  imported Marian model's SentencePiece models and vocabulary (which files are there says
+  which), or the files of another imported kind beside a marker naming the kind."""
 
   def save(self, directory: epath.Path, args: TokenizerSave):
     if jax.process_index() != 0:
       return
-    if isinstance(args.tokenizer, VocabTokenizer):
+    kind = getattr(args.tokenizer, "kind", None)
+    if kind is not None:
+      if kind not in TOKENIZER_KINDS:
+        raise ValueError(f"No checkpoint format for tokenizer kind {kind!r}.")
+      for name, contents in args.tokenizer.files().items():
+        (directory / name).write_bytes(contents)
+      (directory / KIND_FILENAME).write_text(json.dumps({"kind": kind}))
+    elif isinstance(args.tokenizer, VocabTokenizer):
       for name, contents in args.tokenizer.files().items():
         (directory / name).write_bytes(contents)
     else:
       (directory / MODEL_FILENAME).write_bytes(args.tokenizer.model_proto)
 
   def restore(self, directory: epath.Path, args: TokenizerRestore | None = None) -> AnyTokenizer:
+    if (directory / KIND_FILENAME).exists():
+      kind_class = TOKENIZER_KINDS[_tokenizer_kind(directory)]
+      return kind_class.from_files(
+        {name: (directory / name).read_bytes() for name in kind_class.FILES}
+      )
     if (directory / VOCAB_FILENAME).exists():
       return VocabTokenizer.from_files(
         {name: (directory / name).read_bytes() for name in tokenizer_files(directory)}
@@ -102,9 +126,26 @@ def checkpoint_dir(workdir: str) -> str:
   return str(epath.Path(absolute(workdir)) / "checkpoints")
 
 
+def _tokenizer_kind(directory: epath.Path) -> str:
+  """The kind named by a tokenizer item's marker file."""
+  path = directory / KIND_FILENAME
+  kind = json.loads(path.read_text()).get("kind")
+  if kind not in TOKENIZER_KINDS:
+    raise ValueError(
+      f"{path} names the tokenizer kind {kind!r}, which this version cannot read (known: "
+      f"{sorted(TOKENIZER_KINDS)})."
+    )
+  return kind
+
+
 def tokenizer_files(directory: epath.Path) -> tuple[str, ...]:
-  """The files a tokenizer item cannot be read without: an imported model's when any of
-  them is there, else our SentencePiece model."""
+  """The files a tokenizer item cannot be read without: its kind's beside a kind marker, an
+  imported Marian model's when any of them is there, else our SentencePiece model."""
+  if (directory / KIND_FILENAME).exists():
+    try:
+      return (KIND_FILENAME, *TOKENIZER_KINDS[_tokenizer_kind(directory)].FILES)
+    except (OSError, ValueError):  # an unreadable marker: reported as the marker's damage
+      return (KIND_FILENAME,)
   if any((directory / name).exists() for name in VOCAB_TOKENIZER_FILES):
     return VOCAB_TOKENIZER_FILES
   return (MODEL_FILENAME,)

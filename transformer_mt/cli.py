@@ -111,7 +111,9 @@ def _cmd_train(args) -> None:
 def _cmd_import(args) -> None:
   from transformer_mt import hf_import
 
-  step_dir = hf_import.import_pretrained(args.from_, args.workdir, args.overrides)
+  step_dir = hf_import.import_pretrained(
+    args.from_, args.workdir, args.overrides, args.src_lang, args.tgt_lang
+  )
   print(f"Imported {args.from_} into {step_dir} (use --workdir {args.workdir} to translate).")
 
 
@@ -126,7 +128,13 @@ def _cmd_translate(args) -> None:
   from transformer_mt import translate
 
   translator = translate.load_translator(
-    args.workdir, args.step, _inference_mesh(args), beam_size=args.beam, alpha=args.alpha
+    args.workdir,
+    args.step,
+    _inference_mesh(args),
+    beam_size=args.beam,
+    alpha=args.alpha,
+    source_lang=args.src_lang,
+    target_lang=args.tgt_lang,
   )
   if args.input == "-":
     lines = translate.read_lines(sys.stdin.buffer)
@@ -158,6 +166,8 @@ def _cmd_evaluate(args) -> None:
     args.reference,
     args.limit,
     _inference_mesh(args),
+    args.src_lang,
+    args.tgt_lang,
   )
   print(
     f"{report['split']}: {report['num_sentences']} sentences, step {report['step']}, "
@@ -267,12 +277,27 @@ def _mesh_flag() -> argparse.ArgumentParser:
   return flags
 
 
+def _language_flags() -> argparse.ArgumentParser:
+  """--src_lang/--tgt_lang: the languages of a multilingual import (mBART, NLLB)."""
+  flags = argparse.ArgumentParser(add_help=False)
+  for flag, side in (("--src_lang", "source"), ("--tgt_lang", "target")):
+    flags.add_argument(
+      flag,
+      default=None,
+      metavar="CODE",
+      help=f"{side} language code of an imported mBART or NLLB model, e.g. en_XX or eng_Latn; "
+      f"import saves it as data.{side}_lang, which translate and evaluate default to",
+    )
+  return flags
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="run.py", description=__doc__.splitlines()[0])
   parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
   commands = parser.add_subparsers(dest="command", required=True)
   distributed_flags = _distributed_flags()
   mesh_flag = _mesh_flag()
+  language_flags = _language_flags()
 
   p = commands.add_parser("list", help="list experiments with parameter counts")
   p.set_defaults(func=_cmd_list)
@@ -318,8 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
 
   p = commands.add_parser(
     "import",
-    help="convert a Hugging Face checkpoint (Marian) and its tokenizer into a workdir that "
-    "translate and evaluate use",
+    help="convert a Hugging Face checkpoint (Marian, mBART, NLLB) and its tokenizer into a "
+    "workdir that translate and evaluate use",
+    parents=[language_flags],
   )
   p.add_argument(
     "--from",
@@ -338,7 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.set_defaults(func=_cmd_import)
 
   p = commands.add_parser(
-    "translate", help="translate lines with a trained checkpoint", parents=[mesh_flag]
+    "translate",
+    help="translate lines with a trained checkpoint",
+    parents=[mesh_flag, language_flags],
   )
   p.add_argument("--workdir", required=True, help="workdir (or its checkpoints/) of a trained run")
   p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
@@ -353,7 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
   p = commands.add_parser(
     "evaluate",
     help="translate a test set and report sacreBLEU and paper BLEU",
-    parents=[mesh_flag],
+    parents=[mesh_flag, language_flags],
   )
   p.add_argument("--workdir", required=True, help="workdir or averaged checkpoint directory")
   p.add_argument(

@@ -148,6 +148,22 @@ def never_generated(logits: jax.Array, ids: tuple[int, ...] = (PAD_ID, BOS_ID)) 
   return logits
 
 
+def force_first_token(logits: jax.Array, position: jax.Array, token_id: int | None) -> jax.Array:
+  """At position 0 only `token_id` may come, with log-probability 0 so that it adds nothing to
+  a hypothesis' score; later positions are unchanged. This is transformers'
+  ForcedBOSTokenLogitsProcessor: mBART-50 and NLLB generate the target language code first.
+
+  Args:
+    logits: float [rows, vocab].
+    position: int32 [], the target position being predicted.
+    token_id: the forced token, or None for no forcing.
+  """
+  if token_id is None:
+    return logits
+  forced = jnp.full_like(logits, -jnp.inf).at[..., token_id].set(0.0)
+  return jnp.where(position == 0, forced, logits)
+
+
 @flax.struct.dataclass
 class GreedyState:
   step: jax.Array  # int32 []: target positions generated so far.
@@ -157,14 +173,20 @@ class GreedyState:
   cache: Any  # the decoder's KV cache.
 
 
-@functools.partial(jax.jit, static_argnames=("config", "max_len"))
+@functools.partial(jax.jit, static_argnames=("config", "max_len", "forced_first_id"))
 def greedy_decode(
-  params: Any, inputs: jax.Array, config: TransformerConfig, max_len: int
+  params: Any,
+  inputs: jax.Array,
+  config: TransformerConfig,
+  max_len: int,
+  forced_first_id: int | None = None,
 ) -> jax.Array:
   """Argmax decoding: int32 [batch, max_len] target ids, EOS included, PAD afterwards.
 
   PAD, EOS and the decoder start token are the config's (`pad_id`, `eos_id`,
-  `decoder_start_id`), so imported models decode with their own ids.
+  `decoder_start_id`), so imported models decode with their own ids. `forced_first_id`, if
+  given, is the first generated token of every row (`force_first_token`: a target language
+  code), and is part of the output.
   """
   batch = inputs.shape[0]
   pad_id, eos_id = config.pad_id, config.eos_id
@@ -185,7 +207,9 @@ def greedy_decode(
     logits, cache = decode_step(
       params, state.cache, inputs_valid, state.last_tokens, state.step, config
     )
-    next_tokens = jnp.argmax(never_generated(logits, config.suppressed_ids), axis=-1)
+    logits = never_generated(logits, config.suppressed_ids)
+    logits = force_first_token(logits, state.step, forced_first_id)
+    next_tokens = jnp.argmax(logits, axis=-1)
     next_tokens = jnp.where(state.finished, pad_id, next_tokens.astype(jnp.int32))
     outputs = jax.lax.dynamic_update_slice(state.outputs, next_tokens[:, None], (0, state.step))
     return GreedyState(

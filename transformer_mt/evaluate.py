@@ -29,6 +29,8 @@ def evaluate(
   reference_file: str | None = None,
   limit: int | None = None,
   mesh: Mesh | None = None,
+  source_lang: str | None = None,
+  target_lang: str | None = None,
 ) -> dict[str, Any]:
   """Translates the experiment's `split` (or the given files) and writes the BLEU report.
 
@@ -37,6 +39,7 @@ def evaluate(
     source_file, reference_file: evaluate on these line-aligned files instead of `split`.
     limit: only the first `limit` sentences (for quick checks; the report says so).
     mesh: the devices to decode on (default: every device on the data axis).
+    source_lang, target_lang: language codes of a multilingual import (default: its config's).
   """
   config, _, step = checkpointing.read_config(workdir, step)
   if source_file or reference_file:
@@ -60,12 +63,22 @@ def evaluate(
       )
     pairs, name = splits[split], split
   pairs = list(pairs[:limit] if limit else pairs)
-  translator = load_translator(workdir, step, mesh, beam_size=beam_size, alpha=alpha)
+  translator = load_translator(
+    workdir,
+    step,
+    mesh,
+    beam_size=beam_size,
+    alpha=alpha,
+    source_lang=source_lang,
+    target_lang=target_lang,
+  )
   start = time.perf_counter()
   hypotheses = translator.translate([source for source, _ in pairs], progress=True)
   seconds = time.perf_counter() - start
   report = evaluation.bleu_report(
-    hypotheses, [target for _, target in pairs], config.data.get("target_lang", "en")
+    hypotheses,
+    [target for _, target in pairs],
+    target_lang or config.data.get("target_lang") or "en",
   )
   report.update(
     {

@@ -8,8 +8,10 @@ items, no optimizer state (like an averaged checkpoint). `translate`, `evaluate`
 
 The config's `model` section holds every `TransformerConfig` field of the import, vocabulary
 sizes included, so `run_setup.model_setup` rebuilds exactly the converted model; `init` says
-where the weights came from. Only Marian (OPUS-MT) is importable so far: the weights of FSMT,
-mBART and M2M100 convert, but their tokenizers are not read yet.
+where the weights came from. Importable: Marian (OPUS-MT), mBART (cc25 and 50) and NLLB-200
+(model_type m2m_100 with NllbTokenizer; hf_tokenizers.py reads the last two, and their
+languages are saved as data.source_lang / data.target_lang). FSMT's weights convert, but its
+tokenizer is not read yet.
 
 Nothing is written until everything is converted, and the checkpoint is written into a
 temporary directory beside the workdir and renamed into place only when complete, so a
@@ -27,7 +29,7 @@ from collections.abc import Sequence
 
 import ml_collections
 
-from transformer_mt import checkpointing, hf_convert, registry
+from transformer_mt import checkpointing, hf_convert, hf_tokenizers, registry
 from transformer_mt.config import TransformerConfig
 from transformer_mt.tokenizer import (
   SOURCE_SPM,
@@ -36,10 +38,14 @@ from transformer_mt.tokenizer import (
   VocabTokenizer,
 )
 
+# What an import reads: Marian's tokenizer, or mBART's / NLLB's.
+ImportedTokenizer = VocabTokenizer | hf_tokenizers.LanguageTagTokenizer
+
 PREFIX = "hf:"
 # Model types whose tokenizer we can read (their weights: hf_convert.SUPPORTED_MODEL_TYPES).
-IMPORTABLE_MODEL_TYPES = ("marian",)
-# What a hub download fetches: the config, the weights (either format) and Marian's tokenizer.
+IMPORTABLE_MODEL_TYPES = ("marian", "mbart", "m2m_100")
+# What a hub download fetches: the config, the weights (either format) and the tokenizer
+# (Marian's files; mBART's and NLLB's tokenizer.json).
 _HUB_FILES = [
   "config.json",
   "generation_config.json",
@@ -51,6 +57,9 @@ _HUB_FILES = [
   TARGET_SPM,
   VOCAB_FILENAME,
   "tokenizer_config.json",
+  "tokenizer.json",
+  "special_tokens_map.json",
+  "sentencepiece.bpe.model",
 ]
 # A hub repository id: "name" or "owner/name".
 _HUB_NAME = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
@@ -160,7 +169,16 @@ def read_marian_tokenizer(directory: str) -> tuple[VocabTokenizer, dict]:
   return tokenizer, tokenizer_config
 
 
-def _check_tokenizer_fits(tokenizer: VocabTokenizer, model_config: TransformerConfig) -> None:
+def read_tokenizer(directory: str, model_type: str) -> tuple[ImportedTokenizer, dict]:
+  """(tokenizer, tokenizer_config.json) of a `save_pretrained` directory of `model_type`."""
+  if model_type == "marian":
+    return read_marian_tokenizer(directory)
+  config_path = os.path.join(directory, "tokenizer_config.json")
+  tokenizer_config = _read_json(config_path) if os.path.exists(config_path) else {}
+  return hf_tokenizers.read_tokenizer(directory, model_type), tokenizer_config
+
+
+def _check_tokenizer_fits(tokenizer: ImportedTokenizer, model_config: TransformerConfig) -> None:
   """The tokenizer's special ids and vocabulary must be the model's."""
   problems = [
     f"{name} id {ours} (tokenizer) != {theirs} (config.json)"
@@ -180,7 +198,7 @@ def _check_tokenizer_fits(tokenizer: VocabTokenizer, model_config: TransformerCo
 
 def run_config(
   model_config: TransformerConfig,
-  tokenizer: VocabTokenizer,
+  tokenizer: ImportedTokenizer,
   hf_config: dict,
   generation: dict,
   tokenizer_config: dict,
@@ -205,11 +223,14 @@ def run_config(
     dict(type=f"hf_{hf_config['model_type']}", vocab_size=tokenizer.vocab_size)
   )
   # No data of its own: evaluate with --source/--reference, or set data.* when importing.
+  # A multilingual model's languages are language codes, unset ("") unless given at import:
+  # its tokenizer_config.json holds the class's default source language, not a choice.
+  default_lang = "" if hasattr(tokenizer, "languages") else "en"
   config.data = ml_collections.ConfigDict(
     dict(
       source="none",
-      source_lang=str(tokenizer_config.get("source_lang") or "en"),
-      target_lang=str(tokenizer_config.get("target_lang") or "en"),
+      source_lang=str(tokenizer_config.get("source_lang") or default_lang),
+      target_lang=str(tokenizer_config.get("target_lang") or default_lang),
       root="",
       test_prefixes=[],
     )
@@ -246,11 +267,41 @@ def _refuse_existing_checkpoints(workdir: str) -> None:
     )
 
 
+def _set_languages(
+  config: ml_collections.ConfigDict,
+  tokenizer: ImportedTokenizer,
+  source_lang: str | None,
+  target_lang: str | None,
+) -> None:
+  """Saves the languages given as flags and checks them (and data.* overrides) against the
+  model's language codes."""
+  if source_lang:
+    config.data.source_lang = source_lang
+  if target_lang:
+    config.data.target_lang = target_lang
+  if not hasattr(tokenizer, "languages"):
+    given = [f for f, v in (("--src_lang", source_lang), ("--tgt_lang", target_lang)) if v]
+    if given:
+      raise ValueError(
+        f"{' and '.join(given)}: this model has no language tags (only mBART and NLLB "
+        "models do); set data.source_lang/data.target_lang instead to name the languages."
+      )
+    return
+  for flag, code in (
+    ("--src_lang", config.data.source_lang),
+    ("--tgt_lang", config.data.target_lang),
+  ):
+    if code:
+      tokenizer.language_id(code, flag)
+
+
 def import_pretrained(
   source: str,
   workdir: str,
   overrides: Sequence[str] = (),
   data: ml_collections.ConfigDict | None = None,
+  source_lang: str | None = None,
+  target_lang: str | None = None,
 ) -> str:
   """Converts `hf:DIR_OR_NAME` into checkpoint step 0 of `workdir`; returns its directory.
 
@@ -260,6 +311,8 @@ def import_pretrained(
     overrides: `decode.*` / `data.*` key=value settings for the saved config.
     data: a whole data section for the saved config (a registry row's: what `evaluate`
       reads as the test set), applied before `overrides`.
+    source_lang, target_lang: language codes of an mBART or NLLB model (en_XX, eng_Latn),
+      saved as data.source_lang / data.target_lang; translate can override them.
 
   Raises:
     ValueError, FileNotFoundError, FileExistsError: a bad source, an unsupported model,
@@ -271,7 +324,11 @@ def import_pretrained(
   _refuse_existing_checkpoints(workdir)
   directory, name, from_hub = resolve_source(source)
   hf_config = read_hf_config(directory)
-  tokenizer, tokenizer_config = read_marian_tokenizer(directory)
+  tokenizer, tokenizer_config = read_tokenizer(directory, hf_config["model_type"])
+  if hasattr(tokenizer, "languages") and hf_config.get("decoder_start_token_id") is None:
+    # mBART-cc25's config names no decoder start: it is the target language code, set at
+    # translate time (translate.with_languages); EOS stands in until then.
+    hf_config = {**hf_config, "decoder_start_token_id": hf_config.get("eos_token_id")}
   model_config = hf_convert.config_from_hf(hf_config)
   _check_tokenizer_fits(tokenizer, model_config)
   # Newer saves keep num_beams and max_length in generation_config.json, older ones in config.json.
@@ -292,11 +349,12 @@ def import_pretrained(
   if data is not None:
     config.data = data.copy_and_resolve_references()
   _apply_overrides(config, overrides)
+  _set_languages(config, tokenizer, source_lang, target_lang)
   params = hf_convert.params_from_hf(hf_convert.read_state_dict(directory), hf_config)
   return _write_atomically(workdir, params, config, tokenizer)
 
 
-def _write_atomically(workdir: str, params, config, tokenizer: VocabTokenizer) -> str:
+def _write_atomically(workdir: str, params, config, tokenizer: ImportedTokenizer) -> str:
   """Saves into a temporary workdir beside `workdir`, then renames its checkpoints/ into place."""
   parent = os.path.dirname(workdir)
   os.makedirs(parent, exist_ok=True)

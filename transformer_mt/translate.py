@@ -41,6 +41,8 @@ class Translator:
   # 1 = greedy; the paper decodes with beam 4 and length penalty alpha 0.6.
   beam_size: int = 1
   alpha: float = 0.6
+  # The first target token, forced (mBART-50 and NLLB: the target language code), or None.
+  forced_first_id: int | None = None
 
   def translate(self, lines: Sequence[str], progress: bool = False) -> list[str]:
     encoded = self.tokenizer.encode([line.strip() for line in lines])
@@ -100,9 +102,12 @@ class Translator:
           max_len,
           self.alpha,
           sharding.global_batch_from_host(max_lengths, self.mesh),
+          forced_first_id=self.forced_first_id,
         ).sequences
       else:
-        outputs = decode.greedy_decode(self.params, inputs, self.model_config, max_len)
+        outputs = decode.greedy_decode(
+          self.params, inputs, self.model_config, max_len, forced_first_id=self.forced_first_id
+        )
     return list(sharding.to_host(outputs)[: len(sources)])
 
 
@@ -112,26 +117,76 @@ def load_translator(
   mesh: Mesh | None = None,
   beam_size: int | None = None,
   alpha: float | None = None,
+  source_lang: str | None = None,
+  target_lang: str | None = None,
 ) -> Translator:
   """A Translator from a checkpoint directory alone (its config and tokenizer are inside).
 
   Only the checkpoint's `params` item is read, and no optimizer is built. The mesh is
   the one inference runs on (default: every device on the data axis), never the training
   mesh in the config, so a model trained with FSDP on 8 devices translates on 1.
-  Beam size and alpha default to the experiment's `decode` section.
+  Beam size and alpha default to the experiment's `decode` section; the languages of a
+  multilingual import (`source_lang`, `target_lang`: language codes) to its `data` section.
   """
   config, tokenizer, step = checkpointing.read_config(workdir, step)
+  tokenizer, model_config, forced_first_id = with_languages(
+    tokenizer, config, source_lang, target_lang, workdir
+  )
   mesh = mesh or sharding.make_mesh(sharding.inference_mesh_config())
   setup = run_setup.model_setup(config, tokenizer, mesh)
   params = checkpointing.restore_params(workdir, step, setup.abstract_params)
   logging.info("Loaded step %d from %s onto mesh %s.", step, workdir, dict(mesh.shape))
   return Translator(
     params=params,
-    model_config=setup.model_config,
+    model_config=model_config or setup.model_config,
     tokenizer=tokenizer,
     mesh=mesh,
+    forced_first_id=forced_first_id,
     **run_setup.decode_settings(config, beam_size, alpha),
   )
+
+
+def with_languages(
+  tokenizer: AnyTokenizer,
+  config,
+  source_lang: str | None,
+  target_lang: str | None,
+  workdir: str,
+) -> tuple[AnyTokenizer, TransformerConfig | None, int | None]:
+  """(tokenizer, model config or None to keep the checkpoint's, forced first token or None)
+  for translating `source_lang` -> `target_lang` (default: the config's data languages).
+
+  A multilingual import (a tokenizer with `languages`) tags the source with its language and
+  starts the target with its own (mBART-cc25: as the decoder's first input; mBART-50, NLLB:
+  as the forced first token). Any other model has no language tags and takes no languages.
+
+  Raises:
+    ValueError: languages for a model without tags, a model with tags but no languages,
+      or a code the model does not know (naming the closest ones).
+  """
+  if not hasattr(tokenizer, "languages"):
+    given = [f for f, v in (("--src_lang", source_lang), ("--tgt_lang", target_lang)) if v]
+    if given:
+      raise ValueError(
+        f"{' and '.join(given)}: the model in {workdir} has no language tags (only imported "
+        "mBART and NLLB models do); drop the flag."
+      )
+    return tokenizer, None, None
+  source = source_lang or config.data.get("source_lang") or None
+  target = target_lang or config.data.get("target_lang") or None
+  missing = [f for f, v in (("--src_lang", source), ("--tgt_lang", target)) if not v]
+  if missing:
+    raise ValueError(
+      f"{workdir} holds a multilingual {tokenizer.kind} model imported without a source and "
+      f"target language: pass {' and '.join(missing)} (codes such as "
+      f"{', '.join(tokenizer.languages[:3])}), or import it with them."
+    )
+  tokenizer = tokenizer.with_languages(source, target)
+  decoder_start_id, forced_first_id = tokenizer.target_ids()
+  model_config = run_setup.model_config_for(config, tokenizer)
+  if decoder_start_id is not None:
+    model_config = model_config.replace(decoder_start_id=decoder_start_id)
+  return tokenizer, model_config, forced_first_id
 
 
 def read_lines(stream: Iterable[bytes | str]) -> list[str]:

@@ -1,0 +1,326 @@
+"""`run.py import` of mBART-cc25, mBART-50 and NLLB-200: same ids, same text, same translations
+as transformers, language tags included.
+
+For each kind a tiny real tokenizer is built the way the published ones are: a SentencePiece
+model trained here on 3000 lines of news text (unigram for mBART, BPE for NLLB), turned into
+the transformers tokenizer (fairseq id layout, language codes after the pieces) and saved with
+`save_pretrained` beside a tiny random model (test_hf_models.py's sizes). The directory is
+imported with the CLI, then compared with transformers on 300 unseen sentences (ids and
+decoded text) and on greedy translations, whose target language comes in as the decoder's
+first input (mBART-cc25) or as a forced first token (mBART-50, NLLB).
+
+Select with `-m interop`; skipped without transformers (>= 5), torch, or the shared news data.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pathlib
+import shutil
+import types
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="needs torch: pip install -e '.[interop]'")
+transformers = pytest.importorskip(
+  "transformers", minversion="5", reason="needs transformers>=5: pip install -e '.[interop]'"
+)
+import sentencepiece as spm  # noqa: E402
+from test_hf_models import _SIZES  # noqa: E402
+
+from transformer_mt import (  # noqa: E402
+  beam_search,
+  checkpointing,
+  cli,
+  decode,
+  hf_tokenizers,
+  translate,
+)
+
+pytestmark = pytest.mark.interop
+
+NEWS = pathlib.Path(__file__).parents[2] / "shared" / "data" / "news" / "en-de" / "newstest2013"
+# Target tokens both decoders generate at most (the forced language code included).
+MAX_NEW_TOKENS = 16
+EOS_BIAS = 6.0
+# kind -> (torch seed, weight scale) of its random model: chosen so that greedy translations
+# differ between sentences (random models mostly repeat one token).
+MODEL_SEEDS = {"mbart": (0, 2.0), "mbart50": (3, 2.0), "nllb": (2, 2.0)}
+
+# kind -> (transformers class, SentencePiece model type, model_type, source, target code,
+# extra from_pretrained arguments). NLLB gets three of its codes (the class would add none to
+# a bare SentencePiece model); the mBART classes always add their 25 / 52. clean-up is on
+# where transformers applies it (unigram mBART-50) and where it ignores it (BPE NLLB).
+KINDS = {
+  "mbart": ("MBartTokenizer", "unigram", "mbart", "en_XX", "de_DE", {}),
+  "mbart50": (
+    "MBart50Tokenizer",
+    "unigram",
+    "mbart",
+    "en_XX",
+    "de_DE",
+    {"clean_up_tokenization_spaces": True},
+  ),
+  "nllb": (
+    "NllbTokenizer",
+    "bpe",
+    "m2m_100",
+    "eng_Latn",
+    "deu_Latn",
+    {
+      "additional_special_tokens": ["eng_Latn", "deu_Latn", "fra_Latn"],
+      "clean_up_tokenization_spaces": True,
+    },
+  ),
+}
+
+
+def _lines(lang: str, start: int, stop: int) -> list[str]:
+  path = NEWS.with_suffix(f".{lang}")
+  if not path.exists():
+    pytest.skip(f"needs the shared news data: {path} is missing (see the README's Data section)")
+  return path.read_text(encoding="utf-8").splitlines()[start:stop]
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_models(tmp_path_factory) -> dict[str, pathlib.Path]:
+  """model type -> a SentencePiece model trained on English and German news lines."""
+  lines = _lines("en", 0, 1500) + _lines("de", 0, 1500)
+  directory = tmp_path_factory.mktemp("spm")
+  paths = {}
+  for model_type in ("unigram", "bpe"):
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(lines),
+      model_writer=model,
+      vocab_size=300,
+      model_type=model_type,
+      character_coverage=1.0,
+      minloglevel=2,
+    )
+    paths[model_type] = directory / f"{model_type}.model"
+    paths[model_type].write_bytes(model.getvalue())
+  return paths
+
+
+def _hf_model(kind: str, model_type: str, tokenizer, decoder_start: int | None):
+  """A tiny random model whose vocabulary is the tokenizer's, weights spread as in
+  test_hf_models.py; EOS made likelier (mBART's final_logits_bias)."""
+  common = dict(
+    _SIZES,
+    max_position_embeddings=256,
+    vocab_size=len(tokenizer),
+    pad_token_id=tokenizer.pad_token_id,
+    eos_token_id=tokenizer.eos_token_id,
+    bos_token_id=0,
+    decoder_start_token_id=decoder_start,
+  )
+  if model_type == "mbart":
+    config = transformers.MBartConfig(activation_function="gelu", **common)
+  else:
+    config = transformers.M2M100Config(**common)
+  seed, scale = MODEL_SEEDS[kind]
+  torch.manual_seed(seed)
+  model = transformers.AutoModelForSeq2SeqLM.from_config(config).eval()
+  with torch.no_grad():
+    for name, parameter in model.named_parameters():
+      if model_type == "mbart" or "embed_positions" not in name:
+        parameter.copy_(torch.randn_like(parameter) * scale)
+    if hasattr(model, "final_logits_bias"):
+      model.final_logits_bias.copy_(torch.randn_like(model.final_logits_bias))
+      model.final_logits_bias[0, config.eos_token_id] += EOS_BIAS
+  return model
+
+
+@pytest.fixture(scope="module", params=list(KINDS))
+def imported(request, sentencepiece_models, tmp_path_factory):
+  """(kind, save_pretrained directory, imported workdir) of a tiny model of each kind."""
+  kind = request.param
+  class_name, spm_type, model_type, source, target, extra = KINDS[kind]
+  files = tmp_path_factory.mktemp(f"{kind}_files")
+  shutil.copy(sentencepiece_models[spm_type], files / "sentencepiece.bpe.model")
+  tokenizer = getattr(transformers, class_name).from_pretrained(files, **extra)
+  # mBART-cc25's config names no decoder start (it is the target code); the others start at EOS.
+  model = _hf_model(
+    kind, model_type, tokenizer, None if kind == "mbart" else tokenizer.eos_token_id
+  )
+  directory = tmp_path_factory.mktemp(f"{kind}-tiny")
+  model.save_pretrained(directory)
+  tokenizer.save_pretrained(directory)
+  workdir = tmp_path_factory.mktemp(f"{kind}-imported") / "workdir"
+  argv = ["import", "--from", f"hf:{directory}", "--workdir", str(workdir)]
+  argv += ["--src_lang", source, "--tgt_lang", target, f"decode.max_len={MAX_NEW_TOKENS}"]
+  assert cli.main(argv) == 0
+  return kind, directory, workdir
+
+
+def _hf_tokenizer(kind: str, directory, **languages):
+  return getattr(transformers, KINDS[kind][0]).from_pretrained(directory, **languages)
+
+
+def test_tokenizer_matches_transformers(imported):
+  kind, directory, workdir = imported
+  _, _, _, source, target, _ = KINDS[kind]
+  theirs = _hf_tokenizer(kind, directory, src_lang=source, tgt_lang=target)
+  # Through the checkpoint: what translate restores (tokenizer.json and the kind marker).
+  _, ours, _ = checkpointing.read_config(str(workdir))
+  assert isinstance(ours, hf_tokenizers.LanguageTagTokenizer) and ours.kind == kind
+  ours = ours.with_languages(source, target)
+  english = _lines("en", 2000, 2300)  # none of them trained the SentencePiece model
+  expected = theirs(english).input_ids
+  assert ours.encode(english) == expected
+  tag = theirs.convert_tokens_to_ids(source)
+  assert expected[0][0 if kind != "mbart" else -1] == tag  # the placement really differs
+  assert (ours.pad_id, ours.eos_id, ours.vocab_size) == (
+    theirs.pad_token_id,
+    theirs.eos_token_id,
+    len(theirs),
+  )
+
+  german = theirs(text_target=_lines("de", 2000, 2100)).input_ids  # target code tagged
+  rng = np.random.default_rng(0)
+  # What a model may write: any ids (language codes, <mask>, <unk>, pad) before EOS.
+  ordinary = np.array([i for i in range(ours.vocab_size) if i != ours.eos_id])
+  random_ids = [list(rng.choice(ordinary, 20)) + [ours.eos_id] for _ in range(20)]
+  for ids in expected + german + random_ids:
+    assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True), ids
+
+
+def _generate(kind: str, directory, lines: list[str], suppressed: list[int]) -> list[str]:
+  """transformers' greedy translations with the target language as the published models take
+  it: decoder_start_token_id (mBART-cc25) or forced_bos_token_id (mBART-50, NLLB)."""
+  _, _, _, source, target, _ = KINDS[kind]
+  tokenizer = _hf_tokenizer(kind, directory, src_lang=source)
+  target_id = tokenizer.convert_tokens_to_ids(target)
+  model = transformers.AutoModelForSeq2SeqLM.from_pretrained(directory).eval()
+  inputs = tokenizer(lines, return_tensors="pt", padding=True)
+  language = (
+    dict(decoder_start_token_id=target_id, forced_bos_token_id=None)
+    if kind == "mbart"
+    else dict(decoder_start_token_id=tokenizer.eos_token_id, forced_bos_token_id=target_id)
+  )
+  with torch.no_grad():
+    outputs = model.generate(
+      **inputs,
+      **language,
+      num_beams=1,
+      do_sample=False,
+      max_new_tokens=MAX_NEW_TOKENS,
+      min_length=0,
+      suppress_tokens=suppressed,
+      forced_eos_token_id=None,
+    )
+  return tokenizer.batch_decode(outputs, skip_special_tokens=True)
+
+
+def test_imported_workdir_translates_like_generate(imported, tmp_path, capsys):
+  kind, directory, workdir = imported
+  lines = [line for line in _lines("en", 2400, 2500) if len(line) < 60][:8]
+  (tmp_path / "input.txt").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+  output = tmp_path / "output.txt"
+  argv = ["translate", "--workdir", str(workdir), "--beam", "1"]
+  rc = cli.main(argv + ["--input", str(tmp_path / "input.txt"), "--output", str(output)])
+  assert rc == 0, capsys.readouterr().err
+  ours = output.read_text(encoding="utf-8").splitlines()
+
+  translator = translate.load_translator(str(workdir))
+  config = translator.model_config
+  target_id = translator.tokenizer.language_id(KINDS[kind][4])
+  if kind == "mbart":
+    assert (config.decoder_start_id, translator.forced_first_id) == (target_id, None)
+  else:
+    assert (config.decoder_start_id, translator.forced_first_id) == (config.eos_id, target_id)
+  assert ours == _generate(kind, directory, lines, list(config.suppressed_ids))
+  assert len(set(ours)) >= 2, ours  # otherwise the comparison would prove little
+  assert not any(KINDS[kind][4] in line for line in ours)  # the code is not part of the text
+
+
+def test_forced_first_token_beam_one_equals_greedy(imported):
+  """beam_decode forces the same first token as greedy decoding, at no cost: beam 1 == greedy."""
+  kind, _, workdir = imported
+  if kind == "mbart":
+    pytest.skip("mBART-cc25 starts from the target code; nothing is forced")
+  translator = translate.load_translator(str(workdir))
+  forced = translator.forced_first_id
+  inputs = jnp.asarray(
+    translator.padded_batch(translator.tokenizer.encode(_lines("en", 2600, 2604)))[0]
+  )
+  greedy = decode.greedy_decode(
+    translator.params, inputs, translator.model_config, MAX_NEW_TOKENS, forced_first_id=forced
+  )
+  beam = beam_search.beam_decode(
+    translator.params,
+    inputs,
+    translator.model_config,
+    1,
+    MAX_NEW_TOKENS,
+    forced_first_id=forced,
+  )
+  greedy, sequences = np.asarray(greedy), np.asarray(beam.sequences)
+  assert (greedy[:4, 0] == forced).all()
+  np.testing.assert_array_equal(sequences[:4], greedy[:4])
+  # Unforced, the random model starts otherwise: the forcing is what put the code there.
+  unforced = np.asarray(
+    decode.greedy_decode(translator.params, inputs, translator.model_config, MAX_NEW_TOKENS)
+  )
+  assert (unforced[:4, 0] != forced).any()
+
+
+def _error_line(capsys) -> str:
+  lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+  assert len(lines) == 1, lines
+  return lines[0]
+
+
+def test_language_errors_are_one_line(imported, tmp_path, capsys):
+  kind, directory, workdir = imported
+  _, _, _, source, target, _ = KINDS[kind]
+  (tmp_path / "input.txt").write_text("Hello.\n", encoding="utf-8")
+  argv = ["translate", "--workdir", str(workdir), "--input", str(tmp_path / "input.txt")]
+  misspelt = target[:-1] + ("x" if target[-1] != "x" else "y")
+  assert cli.main(argv + ["--tgt_lang", misspelt]) == 2
+  line = _error_line(capsys)
+  assert f"--tgt_lang {misspelt!r}" in line and target in line  # the closest code is named
+
+  # Imported without languages: translate asks for them.
+  bare = tmp_path / "bare"
+  assert cli.main(["import", "--from", f"hf:{directory}", "--workdir", str(bare)]) == 0
+  capsys.readouterr()
+  bare_argv = ["translate", "--workdir", str(bare), "--input", str(tmp_path / "input.txt")]
+  assert cli.main(bare_argv) == 2
+  assert "pass --src_lang and --tgt_lang" in _error_line(capsys)
+  assert cli.main(bare_argv + ["--src_lang", source, "--tgt_lang", target]) == 0
+  capsys.readouterr()
+
+  # An unknown code at import: nothing written.
+  target_dir = tmp_path / "bad_import"
+  bad = ["import", "--from", f"hf:{directory}", "--workdir", str(target_dir)]
+  assert cli.main(bad + ["--src_lang", "xx_YY"]) == 2
+  assert "--src_lang 'xx_YY' is not a language code" in _error_line(capsys)
+  assert not target_dir.exists()
+
+
+def test_models_without_tags_take_no_languages():
+  plain = types.SimpleNamespace()  # our tokenizers and Marian's have no `languages`
+  assert translate.with_languages(plain, None, None, None, "w") == (plain, None, None)
+  with pytest.raises(ValueError, match="--tgt_lang: the model in w has no language tags"):
+    translate.with_languages(plain, None, None, "de", "w")
+
+
+def test_m2m100_tokenizer_is_refused(imported, tmp_path, capsys):
+  kind, directory, _ = imported
+  if kind != "nllb":
+    pytest.skip("an m2m_100 model only")
+  copy = tmp_path / "m2m100"
+  shutil.copytree(directory, copy)
+  config = json.loads((copy / "tokenizer_config.json").read_text())
+  (copy / "tokenizer_config.json").write_text(
+    json.dumps(dict(config, tokenizer_class="M2M100Tokenizer"))
+  )
+  target = tmp_path / "from_m2m100"
+  assert cli.main(["import", "--from", f"hf:{copy}", "--workdir", str(target)]) == 2
+  assert "only NLLB-200" in _error_line(capsys)
+  assert not target.exists()
