@@ -37,6 +37,10 @@ def base_config() -> ml_collections.ConfigDict:
   # "tfds").
   config.data.source_lang = "en"
   config.data.target_lang = "de"
+  # A multilingual pretrained model's language tags (mBART en_XX, NLLB eng_Latn; "" for
+  # models without): the source tag and the target language the decoder starts from.
+  config.data.source_code = ""
+  config.data.target_code = ""
   # Synthetic corpus: number of training / held-out test / validation pairs and the generator's
   # seed.
   config.data.num_train = 50_000

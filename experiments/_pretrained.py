@@ -42,7 +42,7 @@ def pretrained_config(
     test_prefixes=[f"news/{pair}/newstest2014"],
   )
   if language_codes:
-    config.data.source_code, config.data.target_code = language_codes
+    config.data.update(source_code=language_codes[0], target_code=language_codes[1])
   # Evaluation only: the import is the model (a fine-tuning row sets its own steps).
   config.train.num_steps = 0
   config.paper_bleu = published_bleu

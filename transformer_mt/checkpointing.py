@@ -35,24 +35,8 @@ import ml_collections
 import orbax.checkpoint as ocp
 from etils import epath
 
-from transformer_mt import hf_tokenizers
-from transformer_mt.hf_tokenizers import LanguageTagTokenizer
-from transformer_mt.tokenizer import (
-  MODEL_FILENAME,
-  VOCAB_FILENAME,
-  VOCAB_TOKENIZER_FILES,
-  AnyTokenizer,
-  Tokenizer,
-  VocabTokenizer,
-)
-
-# Tokenizers saved with a kind marker: kind -> class. Such a class has a `kind` attribute,
-# `files()` (name -> bytes) and `from_files(files)`; add a kind with one line here.
-TOKENIZER_KINDS: dict[str, type] = {
-  **{kind: LanguageTagTokenizer for kind in hf_tokenizers.KINDS},
-}
-# The marker: {"kind": ...}. Checkpoints without it hold our SentencePiece model or Marian's files.
-KIND_FILENAME = "tokenizer_kind.json"
+from transformer_mt import tokenizer as tokenizers
+from transformer_mt.tokenizer import KIND_FILENAME, AnyTokenizer
 
 
 class TokenizerCheckpointHandler(ocp.CheckpointHandler):
@@ -63,33 +47,15 @@ class TokenizerCheckpointHandler(ocp.CheckpointHandler):
   def save(self, directory: epath.Path, args: TokenizerSave):
     if jax.process_index() != 0:
       return
-    kind = getattr(args.tokenizer, "kind", None)
-    if kind is not None:
-      if kind not in TOKENIZER_KINDS:
-        raise ValueError(f"No checkpoint format for tokenizer kind {kind!r}.")
-      for name, contents in args.tokenizer.files().items():
-        (directory / name).write_bytes(contents)
-      (directory / KIND_FILENAME).write_text(json.dumps({"kind": kind}))
-    elif isinstance(args.tokenizer, VocabTokenizer):
-      for name, contents in args.tokenizer.files().items():
-        (directory / name).write_bytes(contents)
-    else:
-      (directory / MODEL_FILENAME).write_bytes(args.tokenizer.model_proto)
+    for name, contents in tokenizers.to_files(args.tokenizer).items():
+      (directory / name).write_bytes(contents)
 
   def restore(self, directory: epath.Path, args: TokenizerRestore | None = None) -> AnyTokenizer:
-    if (directory / KIND_FILENAME).exists():
-      kind_class = TOKENIZER_KINDS[_tokenizer_kind(directory)]
-      return kind_class.from_files(
-        {name: (directory / name).read_bytes() for name in kind_class.FILES}
-      )
-    if (directory / VOCAB_FILENAME).exists():
-      return VocabTokenizer.from_files(
-        {name: (directory / name).read_bytes() for name in tokenizer_files(directory)}
-      )
-    path = directory / MODEL_FILENAME
-    if not path.exists():
-      raise FileNotFoundError(f"Checkpoint has no tokenizer: {path} is missing.")
-    return Tokenizer(path.read_bytes())
+    names = tokenizer_files(directory)
+    missing = [name for name in names if not (directory / name).exists()]
+    if missing:
+      raise FileNotFoundError(f"Checkpoint has no tokenizer: {directory / missing[0]} is missing.")
+    return tokenizers.from_files({name: (directory / name).read_bytes() for name in names})
 
   def metadata(self, directory: epath.Path):
     return None
@@ -126,29 +92,17 @@ def checkpoint_dir(workdir: str) -> str:
   return str(epath.Path(absolute(workdir)) / "checkpoints")
 
 
-def _tokenizer_kind(directory: epath.Path) -> str:
-  """The kind named by a tokenizer item's marker file."""
-  path = directory / KIND_FILENAME
-  kind = json.loads(path.read_text()).get("kind")
-  if kind not in TOKENIZER_KINDS:
-    raise ValueError(
-      f"{path} names the tokenizer kind {kind!r}, which this version cannot read (known: "
-      f"{sorted(TOKENIZER_KINDS)})."
-    )
-  return kind
-
-
 def tokenizer_files(directory: epath.Path) -> tuple[str, ...]:
   """The files a tokenizer item cannot be read without: its kind's beside a kind marker, an
   imported Marian model's when any of them is there, else our SentencePiece model."""
-  if (directory / KIND_FILENAME).exists():
+  marker = directory / KIND_FILENAME
+  if marker.exists():
     try:
-      return (KIND_FILENAME, *TOKENIZER_KINDS[_tokenizer_kind(directory)].FILES)
+      return tokenizers.required_files((), marker.read_bytes())
     except (OSError, ValueError):  # an unreadable marker: reported as the marker's damage
       return (KIND_FILENAME,)
-  if any((directory / name).exists() for name in VOCAB_TOKENIZER_FILES):
-    return VOCAB_TOKENIZER_FILES
-  return (MODEL_FILENAME,)
+  names = [p.name for p in directory.iterdir()] if directory.exists() else []
+  return tokenizers.required_files(names)
 
 
 # Files each checkpoint item cannot be read without (globs, relative to the item's directory);

@@ -286,7 +286,7 @@ def _language_flags() -> argparse.ArgumentParser:
       default=None,
       metavar="CODE",
       help=f"{side} language code of an imported mBART or NLLB model, e.g. en_XX or eng_Latn; "
-      f"import saves it as data.{side}_lang, which translate and evaluate default to",
+      f"import saves it as data.{side}_code, which translate and evaluate default to",
     )
   return flags
 

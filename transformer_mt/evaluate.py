@@ -19,6 +19,13 @@ from transformer_mt import checkpointing, data_sources, evaluation, text_files
 from transformer_mt.translate import load_translator
 
 
+def bleu_language(config, target_code: str | None = None) -> str:
+  """The target language BLEU tokenizes for: data.target_lang, else the language part of a
+  multilingual model's target code (de_DE -> de; NLLB's deu_Latn -> deu)."""
+  code = target_code or config.data.get("target_code") or ""
+  return config.data.get("target_lang") or code.split("_")[0] or "en"
+
+
 def evaluate(
   workdir: str,
   split: str = "test",
@@ -78,7 +85,7 @@ def evaluate(
   report = evaluation.bleu_report(
     hypotheses,
     [target for _, target in pairs],
-    target_lang or config.data.get("target_lang") or "en",
+    bleu_language(config, target_lang),
   )
   report.update(
     {

@@ -110,6 +110,36 @@ def merged_config(config: ml_collections.ConfigDict, imported: Import) -> ml_col
   return merged
 
 
+def with_languages(
+  imported: Import, config: ml_collections.ConfigDict
+) -> tuple[Import, int | None]:
+  """(the import with its tokenizer set to data.source_code -> data.target_code, the forced
+  first target token or None) for a multilingual import (mBART, NLLB); others unchanged.
+
+  mBART-cc25's decoder starts from the target code: `config.model.decoder_start_id` (the
+  merged config) is set to it, so training feeds what decoding will. mBART-50 and NLLB
+  start from </s> and are trained to emit the code first (`encode_targets`).
+
+  Raises:
+    ValueError: a multilingual import without both codes, or a code it does not know.
+  """
+  tokenizer = imported.tokenizer
+  if not hasattr(tokenizer, "languages"):
+    return imported, None
+  source, target = config.data.get("source_code"), config.data.get("target_code")
+  if not (source and target):
+    raise ValueError(
+      f"init.from={imported.directory} is a multilingual {tokenizer.kind} model: set "
+      "data.source_code and data.target_code to its language codes (e.g. "
+      f"{', '.join(tokenizer.languages[:3])})."
+    )
+  tokenizer = tokenizer.with_languages(source, target)
+  decoder_start_id, forced_first_id = tokenizer.target_ids()
+  if decoder_start_id is not None:
+    config.model.decoder_start_id = decoder_start_id
+  return dataclasses.replace(imported, tokenizer=tokenizer), forced_first_id
+
+
 def check_resume_source(workdir: str, config: ml_collections.ConfigDict) -> None:
   """Raises ValueError when `workdir` holds checkpoints of a run with another `init.from`.
 

@@ -83,7 +83,9 @@ class FsmtTokenizer:
       have the same id in both vocabularies, as the model has one id for each.
   """
 
-  KIND = KIND
+  KIND = kind = KIND
+  # A checkpoint's tokenizer item: the Hugging Face files and our settings.
+  FILES = (*HF_FILES, SETTINGS)
 
   def __init__(
     self,
@@ -115,12 +117,9 @@ class FsmtTokenizer:
     self._special_ids = frozenset(special_ids.values())
     self._target_pieces = {i: piece for piece, i in self.target_vocab.items()}
 
-    # FSMTTokenizer.moses_pipeline: replace-unicode-punctuation, normalize-punctuation,
-    # remove-non-printing-char; then the tokenizer with the options it passes.
-    self._normalizer = sacremoses.MosesPunctNormalizer(
-      lang=self.source_lang, pre_replace_unicode_punct=True, post_remove_control_chars=True
-    )
-    self._moses = sacremoses.MosesTokenizer(lang=self.source_lang)
+    self._normalizer, self._moses = _moses_pipeline(self.source_lang)
+    # The target side, for fine-tuning's references (FSMTTokenizer has no target pipeline).
+    self._target_normalizer, self._target_moses = _moses_pipeline(self.target_lang)
     self._detokenizer = sacremoses.MosesDetokenizer(lang=self.target_lang)
     self._bpe = _bpe_tokenizer(parse_merges(merges), self.source_vocab)
 
@@ -136,20 +135,32 @@ class FsmtTokenizer:
     """Ids of the target vocabulary: the model's `target_vocab_size` (tgt_vocab_size)."""
     return max(self.target_vocab.values()) + 1
 
-  def words(self, text: str) -> list[str]:
-    """The Moses words of `text`, as FSMTTokenizer cuts them before BPE."""
+  def words(self, text: str, target: bool = False) -> list[str]:
+    """The Moses words of `text`, as FSMTTokenizer cuts them before BPE (with the target
+    language's rules when `target`)."""
     if self.do_lower_case:
       text = text.lower()
-    text = self._normalizer.normalize(text)
-    words = self._moses.tokenize(text, aggressive_dash_splits=True, return_str=False, escape=True)
+    normalizer, moses = (
+      (self._target_normalizer, self._target_moses) if target else (self._normalizer, self._moses)
+    )
+    text = normalizer.normalize(text)
+    words = moses.tokenize(text, aggressive_dash_splits=True, return_str=False, escape=True)
     return [word for word in words if word]
 
   def encode(self, texts: Sequence[str]) -> list[list[int]]:
     """Source-vocabulary ids of each text, ending with EOS."""
+    return self._encode(texts, target=False)
+
+  def encode_targets(self, texts: Sequence[str]) -> list[list[int]]:
+    """Target-vocabulary ids of each target-language text, ending with EOS: the references
+    of fine-tuning, cut as the source side is (one merges file serves both)."""
+    return self._encode(texts, target=True)
+
+  def _encode(self, texts: Sequence[str], target: bool) -> list[list[int]]:
     encodings = self._bpe.encode_batch(
-      [self.words(text) for text in texts], is_pretokenized=True, add_special_tokens=False
+      [self.words(text, target) for text in texts], is_pretokenized=True, add_special_tokens=False
     )
-    vocab, unk = self.source_vocab, self.unk_id
+    vocab, unk = (self.target_vocab if target else self.source_vocab), self.unk_id
     return [[vocab.get(p, unk) for p in e.tokens] + [self.eos_id] for e in encodings]
 
   def decode(self, ids: Iterable[int]) -> str:
@@ -194,6 +205,15 @@ class FsmtTokenizer:
       settings.get("do_lower_case", False),
       settings.get("special_tokens"),
     )
+
+
+def _moses_pipeline(lang: str) -> tuple[sacremoses.MosesPunctNormalizer, sacremoses.MosesTokenizer]:
+  """FSMTTokenizer.moses_pipeline: replace-unicode-punctuation, normalize-punctuation,
+  remove-non-printing-char; then the tokenizer (called with the options it passes)."""
+  normalizer = sacremoses.MosesPunctNormalizer(
+    lang=lang, pre_replace_unicode_punct=True, post_remove_control_chars=True
+  )
+  return normalizer, sacremoses.MosesTokenizer(lang=lang)
 
 
 def _bpe_tokenizer(merges: list[tuple[str, str]], vocab: dict[str, int]) -> tokenizers.Tokenizer:

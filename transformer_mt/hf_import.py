@@ -8,10 +8,10 @@ items, no optimizer state (like an averaged checkpoint). `translate`, `evaluate`
 
 The config's `model` section holds every `TransformerConfig` field of the import, vocabulary
 sizes included, so `run_setup.model_setup` rebuilds exactly the converted model; `init` says
-where the weights came from. Importable: Marian (OPUS-MT), mBART (cc25 and 50) and NLLB-200
-(model_type m2m_100 with NllbTokenizer; hf_tokenizers.py reads the last two, and their
-languages are saved as data.source_lang / data.target_lang). FSMT's weights convert, but its
-tokenizer is not read yet.
+where the weights came from. Importable: Marian (OPUS-MT), FSMT (fairseq's WMT19 models;
+fsmt_tokenizer.py reads its tokenizer), mBART (cc25 and 50) and NLLB-200 (model_type m2m_100
+with NllbTokenizer; hf_tokenizers.py reads the last two, and their language codes are saved as
+data.source_code / data.target_code).
 
 Nothing is written until everything is converted, and the checkpoint is written into a
 temporary directory beside the workdir and renamed into place only when complete, so a
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import ml_collections
 
-from transformer_mt import checkpointing, hf_convert, hf_tokenizers, registry
+from transformer_mt import checkpointing, fsmt_tokenizer, hf_convert, hf_tokenizers, registry
 from transformer_mt.config import TransformerConfig
 from transformer_mt.tokenizer import (
   SOURCE_SPM,
@@ -39,13 +39,16 @@ from transformer_mt.tokenizer import (
 )
 
 # What an import reads: Marian's tokenizer, or mBART's / NLLB's.
-ImportedTokenizer = VocabTokenizer | hf_tokenizers.LanguageTagTokenizer
+ImportedTokenizer = (
+  VocabTokenizer | fsmt_tokenizer.FsmtTokenizer | hf_tokenizers.LanguageTagTokenizer
+)
 
 PREFIX = "hf:"
 # Model types whose tokenizer we can read (their weights: hf_convert.SUPPORTED_MODEL_TYPES).
-IMPORTABLE_MODEL_TYPES = ("marian", "mbart", "m2m_100")
-# What a hub download fetches: the config, the weights (either format) and the tokenizer
-# (Marian's files; mBART's and NLLB's tokenizer.json).
+IMPORTABLE_MODEL_TYPES = ("marian", "fsmt", "mbart", "m2m_100")
+# What a hub download fetches: the config, the weights (safetensors, else PyTorch .bin; either
+# whole or sharded) and the tokenizer (Marian's files; FSMT's vocabularies and merges; mBART's
+# and NLLB's tokenizer.json).
 _HUB_FILES = [
   "config.json",
   "generation_config.json",
@@ -53,6 +56,9 @@ _HUB_FILES = [
   "model-*.safetensors",
   "model.safetensors.index.json",
   "pytorch_model.bin",
+  "pytorch_model-*.bin",
+  "pytorch_model.bin.index.json",
+  *fsmt_tokenizer.HF_FILES,
   SOURCE_SPM,
   TARGET_SPM,
   VOCAB_FILENAME,
@@ -94,15 +100,24 @@ def resolve_source(source: str) -> tuple[str, str, bool]:
 def _download(name: str) -> str:
   """The local snapshot of hub repository `name` (cached by huggingface_hub)."""
   try:
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import list_repo_files, snapshot_download
 
-    return snapshot_download(repo_id=name, allow_patterns=_HUB_FILES)
+    patterns = hub_patterns(list_repo_files(name))
+    return snapshot_download(repo_id=name, allow_patterns=patterns)
   except Exception as e:  # noqa: BLE001 - whatever stops the download, the user gets one line
     raise ValueError(
       f"No local directory {name!r}, and downloading it from the Hugging Face hub failed "
       f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). Pass a directory "
       "written by save_pretrained, or check the name and the internet connection."
     ) from e
+
+
+def hub_patterns(repo_files: Sequence[str]) -> list[str]:
+  """The files to download from a hub repository holding `repo_files`: the PyTorch .bin
+  weights only when there are no safetensors (many repositories hold both)."""
+  if any(name.endswith(".safetensors") for name in repo_files):
+    return [p for p in _HUB_FILES if not p.startswith("pytorch_model")]
+  return list(_HUB_FILES)
 
 
 def _read_json(path: str) -> dict:
@@ -173,6 +188,11 @@ def read_tokenizer(directory: str, model_type: str) -> tuple[ImportedTokenizer, 
   """(tokenizer, tokenizer_config.json) of a `save_pretrained` directory of `model_type`."""
   if model_type == "marian":
     return read_marian_tokenizer(directory)
+  if model_type == "fsmt":
+    tokenizer, tokenizer_config = fsmt_tokenizer.read_fsmt_tokenizer(directory)
+    # FSMT names its languages in `langs`; the saved config's data section reads these.
+    languages = dict(source_lang=tokenizer.source_lang, target_lang=tokenizer.target_lang)
+    return tokenizer, {**tokenizer_config, **languages}
   config_path = os.path.join(directory, "tokenizer_config.json")
   tokenizer_config = _read_json(config_path) if os.path.exists(config_path) else {}
   return hf_tokenizers.read_tokenizer(directory, model_type), tokenizer_config
@@ -191,6 +211,11 @@ def _check_tokenizer_fits(tokenizer: ImportedTokenizer, model_config: Transforme
   if tokenizer.vocab_size > model_config.vocab_size:
     problems.append(
       f"the vocabulary has {tokenizer.vocab_size} ids, the model {model_config.vocab_size}"
+    )
+  target_size = getattr(tokenizer, "target_vocab_size", tokenizer.vocab_size)
+  if target_size > model_config.output_vocab_size:
+    problems.append(
+      f"the target vocabulary has {target_size} ids, the model {model_config.output_vocab_size}"
     )
   if problems:
     raise ValueError("The tokenizer does not fit the model: " + "; ".join(problems) + ".")
@@ -223,14 +248,16 @@ def run_config(
     dict(type=f"hf_{hf_config['model_type']}", vocab_size=tokenizer.vocab_size)
   )
   # No data of its own: evaluate with --source/--reference, or set data.* when importing.
-  # A multilingual model's languages are language codes, unset ("") unless given at import:
-  # its tokenizer_config.json holds the class's default source language, not a choice.
-  default_lang = "" if hasattr(tokenizer, "languages") else "en"
+  # source_lang/target_lang name the languages (file suffixes, BLEU's tokenization);
+  # source_code/target_code are a multilingual model's language tags, unset ("") unless
+  # given at import: its tokenizer_config.json holds the class's default, not a choice.
   config.data = ml_collections.ConfigDict(
     dict(
       source="none",
-      source_lang=str(tokenizer_config.get("source_lang") or default_lang),
-      target_lang=str(tokenizer_config.get("target_lang") or default_lang),
+      source_lang=str(tokenizer_config.get("source_lang") or "en"),
+      target_lang=str(tokenizer_config.get("target_lang") or "en"),
+      source_code="",
+      target_code="",
       root="",
       test_prefixes=[],
     )
@@ -270,17 +297,17 @@ def _refuse_existing_checkpoints(workdir: str) -> None:
 def _set_languages(
   config: ml_collections.ConfigDict,
   tokenizer: ImportedTokenizer,
-  source_lang: str | None,
-  target_lang: str | None,
+  source_code: str | None,
+  target_code: str | None,
 ) -> None:
-  """Saves the languages given as flags and checks them (and data.* overrides) against the
-  model's language codes."""
-  if source_lang:
-    config.data.source_lang = source_lang
-  if target_lang:
-    config.data.target_lang = target_lang
+  """Saves the language codes given as flags (data.source_code / data.target_code) and
+  checks them, and any given by data.* overrides or a registry row, against the model's."""
+  if source_code:
+    config.data.source_code = source_code
+  if target_code:
+    config.data.target_code = target_code
   if not hasattr(tokenizer, "languages"):
-    given = [f for f, v in (("--src_lang", source_lang), ("--tgt_lang", target_lang)) if v]
+    given = [f for f, v in (("--src_lang", source_code), ("--tgt_lang", target_code)) if v]
     if given:
       raise ValueError(
         f"{' and '.join(given)}: this model has no language tags (only mBART and NLLB "
@@ -288,8 +315,8 @@ def _set_languages(
       )
     return
   for flag, code in (
-    ("--src_lang", config.data.source_lang),
-    ("--tgt_lang", config.data.target_lang),
+    ("--src_lang", config.data.get("source_code")),
+    ("--tgt_lang", config.data.get("target_code")),
   ):
     if code:
       tokenizer.language_id(code, flag)
@@ -312,7 +339,7 @@ def import_pretrained(
     data: a whole data section for the saved config (a registry row's: what `evaluate`
       reads as the test set), applied before `overrides`.
     source_lang, target_lang: language codes of an mBART or NLLB model (en_XX, eng_Latn),
-      saved as data.source_lang / data.target_lang; translate can override them.
+      saved as data.source_code / data.target_code; translate can override them.
 
   Raises:
     ValueError, FileNotFoundError, FileExistsError: a bad source, an unsupported model,

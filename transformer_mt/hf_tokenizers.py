@@ -134,6 +134,15 @@ class LanguageTagTokenizer:
       return [e.ids + [self.eos_id, code] for e in encoded]
     return [[code] + e.ids + [self.eos_id] for e in encoded]
 
+  def encode_targets(self, texts: Sequence[str]) -> list[list[int]]:
+    """Ids of target-language texts as the decoder is trained to produce them, ending with
+    EOS: after the decoder start, mBART-cc25 begins with the first piece (its start is the
+    target code); mBART-50 and NLLB begin with the target code (the token they force)."""
+    decoder_start_id, forced_first_id = self.target_ids()
+    encoded = self._tokenizer.encode_batch(list(texts), add_special_tokens=False)
+    prefix = [] if forced_first_id is None else [forced_first_id]
+    return [prefix + e.ids + [self.eos_id] for e in encoded]
+
   def decode(self, ids: Iterable[int]) -> str:
     ids = [int(i) for i in ids]
     if self.eos_id in ids:

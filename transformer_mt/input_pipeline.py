@@ -26,7 +26,8 @@ from collections.abc import Iterator, Sequence
 import grain
 import numpy as np
 
-from transformer_mt.tokenizer import BOS_ID, PAD_ID, AnyTokenizer, Tokenizer, VocabTokenizer
+from transformer_mt import tokenizer as tokenizers
+from transformer_mt.tokenizer import BOS_ID, PAD_ID, AnyTokenizer
 
 
 @dataclasses.dataclass
@@ -48,27 +49,32 @@ class FilterCounts:
 class TokenizePair:
   """(source, target) text -> {"inputs", "targets"} id arrays, EOS-terminated.
 
-  Pickles as the tokenizer's serialized files, so it travels into Grain worker processes
-  (SentencePiece processors do not pickle).
+  The source is cut by `encode`, the target by `encode_targets` (an imported model may cut
+  the two sides differently: Marian's two SentencePiece models, FSMT's two vocabularies,
+  mBART/NLLB's language tags). Pickles as the tokenizer's files and languages, so it travels
+  into Grain worker processes (SentencePiece processors do not pickle).
   """
 
   def __init__(self, tokenizer: AnyTokenizer):
     self._tokenizer = tokenizer
 
   def __getstate__(self):
-    if isinstance(self._tokenizer, VocabTokenizer):
-      return {"vocab_files": self._tokenizer.files()}
-    return {"_proto": self._tokenizer.model_proto}
+    languages = None
+    if hasattr(self._tokenizer, "with_languages"):
+      languages = (self._tokenizer.source_lang, self._tokenizer.target_lang)
+    return {"files": tokenizers.to_files(self._tokenizer), "languages": languages}
 
   def __setstate__(self, state):
-    if "vocab_files" in state:
-      self._tokenizer = VocabTokenizer.from_files(state["vocab_files"])
-    else:
-      self._tokenizer = Tokenizer(state["_proto"])
+    self._tokenizer = tokenizers.from_files(state["files"])
+    if state["languages"] is not None:
+      self._tokenizer = self._tokenizer.with_languages(*state["languages"])
 
   def __call__(self, pair: tuple[str, str]) -> dict[str, np.ndarray]:
-    source, target = pair
-    source_ids, target_ids = self._tokenizer.encode([source.strip(), target.strip()])
+    source, target = pair[0].strip(), pair[1].strip()
+    eos = [self._tokenizer.eos_id]
+    # An empty side is the EOS alone (which KeepPair drops), whatever tags the model adds.
+    source_ids = self._tokenizer.encode([source])[0] if source else eos
+    target_ids = self._tokenizer.encode_targets([target])[0] if target else eos
     return {"inputs": np.asarray(source_ids, np.int32), "targets": np.asarray(target_ids, np.int32)}
 
 

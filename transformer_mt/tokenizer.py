@@ -6,9 +6,11 @@ bos = 2 (the decoder's first input), unk = 3.
 
 `VocabTokenizer`: a Hugging Face Marian (OPUS-MT) tokenizer, for imported checkpoints
 (`run.py import`). Two SentencePiece models cut source and target text into pieces and one
-vocabulary (vocab.json) numbers the pieces, with the model's own pad/eos/unk ids.
+vocabulary (vocab.json) numbers the pieces, with the model's own pad/eos/unk ids. The other
+imported kinds have modules of their own (fsmt_tokenizer.py, hf_tokenizers.py); `to_files` /
+`from_files` store and rebuild any of them.
 
-Both have `encode`, `decode`, `pieces`, `vocab_size`, `pad_id` and `eos_id`, so translation
+All have `encode`, `decode`, `pieces`, `vocab_size`, `pad_id` and `eos_id`, so translation
 and evaluation take either. The files travel inside every checkpoint, so a checkpoint
 directory is enough to translate.
 """
@@ -24,6 +26,9 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 
+from transformer_mt import hf_tokenizers
+from transformer_mt.fsmt_tokenizer import FsmtTokenizer
+from transformer_mt.hf_tokenizers import LanguageTagTokenizer
 from transformer_mt.text_files import write_atomically
 
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
@@ -51,6 +56,9 @@ class Tokenizer:
 
   def encode(self, texts: Sequence[str]) -> list[list[int]]:
     return [ids + [EOS_ID] for ids in self._sp.encode(list(texts), out_type=int)]
+
+  # One vocabulary for both sides.
+  encode_targets = encode
 
   def decode(self, ids: Iterable[int]) -> str:
     ids = [int(i) for i in ids]
@@ -121,7 +129,15 @@ class VocabTokenizer:
     return max(self.vocab.values()) + 1
 
   def encode(self, texts: Sequence[str]) -> list[list[int]]:
-    pieces = self._source.encode(list(texts), out_type=str)
+    return self._encode(self._source, texts)
+
+  def encode_targets(self, texts: Sequence[str]) -> list[list[int]]:
+    """Target-language texts cut by the target SentencePiece model (MarianTokenizer's
+    `text_target`): the references of fine-tuning."""
+    return self._encode(self._target, texts)
+
+  def _encode(self, processor: spm.SentencePieceProcessor, texts: Sequence[str]) -> list[list[int]]:
+    pieces = processor.encode(list(texts), out_type=str)
     return [[self.vocab.get(p, self.unk_id) for p in row] + [self.eos_id] for row in pieces]
 
   def decode(self, ids: Iterable[int]) -> str:
@@ -157,8 +173,62 @@ class VocabTokenizer:
     )
 
 
-# Either kind: what translation, evaluation and checkpoints take.
-AnyTokenizer = Tokenizer | VocabTokenizer
+# Imported tokenizers stored beside a marker naming their kind (Marian's predate the marker
+# and are told apart by their files): kind -> class with `kind`, `FILES`, `files()` and
+# `from_files(files)`. A new kind is one line here.
+TOKENIZER_KINDS: dict[str, type] = {
+  **{kind: LanguageTagTokenizer for kind in hf_tokenizers.KINDS},
+  FsmtTokenizer.KIND: FsmtTokenizer,
+}
+# The marker: {"kind": ...}.
+KIND_FILENAME = "tokenizer_kind.json"
+
+# Any of them: what translation, evaluation, training and checkpoints take. Each has
+# `encode` (source text), `encode_targets` (target text, for training), `decode`, `pieces`,
+# `vocab_size`, `pad_id` and `eos_id`.
+AnyTokenizer = Tokenizer | VocabTokenizer | FsmtTokenizer | LanguageTagTokenizer
+
+
+def kind_named(marker: bytes, where: str = "the tokenizer") -> str:
+  """The kind a marker file names, checked to be one this version reads."""
+  kind = json.loads(marker).get("kind")
+  if kind not in TOKENIZER_KINDS:
+    raise ValueError(
+      f"{where} names the tokenizer kind {kind!r}, which this version cannot read (known: "
+      f"{sorted(TOKENIZER_KINDS)})."
+    )
+  return kind
+
+
+def to_files(tokenizer: AnyTokenizer) -> dict[str, bytes]:
+  """File name -> contents of any tokenizer: what `from_files` reads back."""
+  kind = getattr(tokenizer, "kind", None)
+  if kind is not None:
+    if kind not in TOKENIZER_KINDS:
+      raise ValueError(f"No file format for tokenizer kind {kind!r}.")
+    return {**tokenizer.files(), KIND_FILENAME: json.dumps({"kind": kind}).encode()}
+  if isinstance(tokenizer, VocabTokenizer):
+    return tokenizer.files()
+  return {MODEL_FILENAME: tokenizer.model_proto}
+
+
+def from_files(files: dict[str, bytes]) -> AnyTokenizer:
+  """The tokenizer of `to_files`' output: by its kind marker, else Marian's files, else ours."""
+  if KIND_FILENAME in files:
+    return TOKENIZER_KINDS[kind_named(files[KIND_FILENAME])].from_files(files)
+  if VOCAB_FILENAME in files:
+    return VocabTokenizer.from_files(files)
+  return Tokenizer(files[MODEL_FILENAME])
+
+
+def required_files(names: Iterable[str], marker: bytes | None = None) -> tuple[str, ...]:
+  """The files a tokenizer stored as `names` cannot be read without (`marker`: the contents
+  of its kind marker, if any)."""
+  if marker is not None:
+    return (KIND_FILENAME, *TOKENIZER_KINDS[kind_named(marker)].FILES)
+  if any(name in VOCAB_TOKENIZER_FILES for name in names):
+    return VOCAB_TOKENIZER_FILES
+  return (MODEL_FILENAME,)
 
 
 def train_tokenizer(

@@ -50,10 +50,11 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
   # Validate the config and read the data before writing anything: a bad config or bad
   # input leaves no half-made workdir behind.
   finetune.check_resume_source(workdir, config)
-  imported = None
+  imported, forced_first_id = None, None
   if finetune.source(config):
     imported = finetune.read_import(finetune.import_into_workdir(config, workdir))
     config = finetune.merged_config(config, imported)
+    imported, forced_first_id = finetune.with_languages(imported, config)
   model_config_for(config)
   data_shards, fsdp_shards, _ = sharding.mesh_shape(config.mesh, jax.device_count())
   policy = config.train.get("nonfinite", "stop")
@@ -202,7 +203,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
         writer.flush()
       if bleu_every and (step % bleu_every == 0 or step == num_steps):
         bleu = _validation_bleu(
-          state.params, model_config, tokenizer, mesh, config, pairs["validation"]
+          state.params, model_config, tokenizer, mesh, config, pairs["validation"], forced_first_id
         )
         writer.write(step, {"validation/bleu": bleu})
         writer.flush()
@@ -243,6 +244,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
     model_config=model_config,
     tokenizer=tokenizer,
     mesh=mesh,
+    forced_first_id=forced_first_id,
     **decode_settings(config),
   )
   result = {
@@ -376,7 +378,9 @@ def _restore_latest_readable(manager, workdir, abstract_state, make_batches, num
   return None
 
 
-def _validation_bleu(params, model_config, tokenizer, mesh, config, pairs) -> float:
+def _validation_bleu(
+  params, model_config, tokenizer, mesh, config, pairs, forced_first_id=None
+) -> float:
   """sacreBLEU of the current parameters on (the first train.bleu_sentences of) validation."""
   limit = config.train.get("bleu_sentences", 0) or len(pairs)
   chosen = [pairs[i] for i in range(min(limit, len(pairs)))]
@@ -385,6 +389,7 @@ def _validation_bleu(params, model_config, tokenizer, mesh, config, pairs) -> fl
     model_config=model_config,
     tokenizer=tokenizer,
     mesh=mesh,
+    forced_first_id=forced_first_id,
     **decode_settings(config),
   )
   hypotheses = translator.translate([source for source, _ in chosen])

@@ -172,8 +172,8 @@ def with_languages(
         "mBART and NLLB models do); drop the flag."
       )
     return tokenizer, None, None
-  source = source_lang or config.data.get("source_lang") or None
-  target = target_lang or config.data.get("target_lang") or None
+  source = source_lang or config.data.get("source_code") or None
+  target = target_lang or config.data.get("target_code") or None
   missing = [f for f, v in (("--src_lang", source), ("--tgt_lang", target)) if not v]
   if missing:
     raise ValueError(
