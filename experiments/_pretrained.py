@@ -1,7 +1,7 @@
 """Rows that start from a published checkpoint instead of random weights.
 
-`python run.py reproduce NAME --workdir DIR` imports the Hugging Face checkpoint named by
-`init.from` (`hf:OWNER/NAME`, downloaded with huggingface_hub; `hf:DIR` for a local copy,
+`python run.py reproduce --experiment NAME --workdir DIR` imports the Hugging Face checkpoint
+named by `init.from` (`hf:OWNER/NAME`, downloaded with huggingface_hub; `hf:DIR` for a local copy,
 e.g. `init.from=hf:/models/opus-mt-en-de`) into DIR/pretrained, fine-tunes it when the row
 has training steps, and evaluates on newstest2014 read from local text files
 (`../shared/data/news/...`; see the README's Data section for getting them elsewhere), then

@@ -1,7 +1,7 @@
 """nllb200_3_3b_wmt14_ende: NLLB-200 3.3B (dense; facebook/nllb-200-3.3B) imported and
 evaluated on newstest2014 EN->DE as it is (source eng_Latn, target deu_Latn).
 
-    python run.py reproduce nllb200_3_3b_wmt14_ende --workdir workdirs/nllb_ende
+    python run.py reproduce --experiment nllb200_3_3b_wmt14_ende --workdir workdirs/nllb_ende
 
 Needs the internet once (huggingface_hub downloads 13.4 GB: 3.3B float32 parameters); with a
 local copy, add `init.from=hf:/path/to/nllb-200-3.3B`. Hardware: one accelerator with

@@ -2,7 +2,7 @@
 imported and evaluated on newstest2014 EN->DE as it is: the quickest end-to-end check of our
 import, beam search, detokenization and scoring against a published model.
 
-    python run.py reproduce opus_mt_en_de_newstest2014 --workdir workdirs/opus_mt_en_de
+    python run.py reproduce --experiment opus_mt_en_de_newstest2014 --workdir workdirs/opus_mt_en_de
 
 Needs the internet once (huggingface_hub downloads ~300 MB); with a local copy, add
 `init.from=hf:/path/to/opus-mt-en-de`. Hardware: a CPU is enough (74M parameters; the
@@ -12,8 +12,8 @@ Published figure: the model card (weights opus-2020-02-26, scored with sacreBLEU
 OPUS-MT authors) lists no newstest2014 score; its neighbours are newstest2013 26.9 and
 newstest2015 31.1. To compare with a published number, evaluate on newstest2013:
 
-    python run.py reproduce opus_mt_en_de_newstest2014 --workdir workdirs/opus_mt_en_de_2013 \\
-      "data.test_prefixes=['news/en-de/newstest2013']"
+    python run.py reproduce --experiment opus_mt_en_de_newstest2014 \\
+      --workdir workdirs/opus_mt_en_de_2013 "data.test_prefixes=['news/en-de/newstest2013']"
 """
 
 from experiments import _pretrained
@@ -30,5 +30,5 @@ def get_config():
       "newstest2015 31.1 (sacreBLEU)"
     ),
   )
-  config.description = "OPUS-MT en-de (Marian) imported, newstest2014 EN->DE"
+  config.description = "OPUS-MT en-de (Marian, 74M) imported, newstest2014 EN->DE"
   return config

@@ -210,7 +210,10 @@ def test_import_errors_are_one_line_and_write_nothing(marian_dir, tmp_path, caps
   assert cli.main(["import", "--from", f"hf:{marian_dir}", "--workdir", str(workdir)]) == 2
   assert "already holds checkpoints" in _error_line(capsys)
 
-  unsupported = {"bart": "Cannot import Hugging Face model_type 'bart'", "fsmt": "not supported"}
+  unsupported = {
+    "bart": "Cannot import Hugging Face model_type 'bart'",
+    "fsmt": "lacks the FSMT tokenizer files",
+  }
   for model_type, message in unsupported.items():
     directory = tmp_path / model_type
     directory.mkdir()
@@ -239,3 +242,56 @@ def test_relative_sources_become_absolute_and_hub_names_stay(tmp_path, monkeypat
   (tmp_path / "models" / "opus").mkdir(parents=True)
   assert cli.absolute_source("hf:models/opus") == f"hf:{tmp_path}/models/opus"
   assert cli.absolute_source("hf:Helsinki-NLP/opus-mt-en-de") == "hf:Helsinki-NLP/opus-mt-en-de"
+
+
+def test_hub_downloads_one_weight_format():
+  with_safetensors = ["config.json", "model.safetensors", "pytorch_model.bin", "source.spm"]
+  patterns = hf_import.hub_patterns(with_safetensors)
+  assert "model.safetensors" in patterns and "source.spm" in patterns
+  assert not [p for p in patterns if p.startswith("pytorch_model")]
+  # NLLB-200 3.3B: three .bin shards and their index, no safetensors.
+  sharded_bin = ["config.json", "pytorch_model-00001-of-00003.bin", "pytorch_model.bin.index.json"]
+  patterns = hf_import.hub_patterns(sharded_bin)
+  assert {"pytorch_model-*.bin", "pytorch_model.bin.index.json"} <= set(patterns)
+
+
+def test_registry_row_of_a_published_model_imports_evaluates_and_reports(
+  marian_dir, tmp_path, capsys
+):
+  """`reproduce opus_mt_en_de_newstest2014` with a local copy of the model (init.from=hf:DIR)
+  and a 12-line test set: import into WORKDIR/pretrained, evaluate it as it is (no training),
+  results.json with the published figure's source, shown by `report`."""
+  root = tmp_path / "data"
+  (root / "news" / "en-de").mkdir(parents=True)
+  for lang in ("en", "de"):
+    text = "".join(line + "\n" for line in _lines(lang, 300, 312))
+    (root / "news" / "en-de" / f"newstest2014.{lang}").write_text(text, encoding="utf-8")
+  workdir = tmp_path / "opus_row"
+  argv = [
+    "reproduce",
+    "--experiment",
+    "opus_mt_en_de_newstest2014",
+    "--workdir",
+    str(workdir),
+    f"init.from=hf:{marian_dir}",
+    f"data.root={root}",
+    f"decode.max_len={MAX_NEW_TOKENS}",
+  ]
+  assert cli.main(argv) == 0, capsys.readouterr().err
+  results = json.loads((workdir / "results.json").read_text())
+  assert results["steps"] == 0 and results["test_sentences"] == 12
+  assert results["paper_bleu"] is None and "no newstest2014 score" in results["paper_bleu_source"]
+  assert checkpointing.all_steps(str(workdir / "pretrained")) == [0]
+  assert not (workdir / "checkpoints").exists()  # nothing trained
+  # The import's saved config evaluates the row's test set; its languages are the row's.
+  saved, _, _ = checkpointing.read_config(str(workdir / "pretrained"))
+  assert saved.data.test_prefixes == ["news/en-de/newstest2014"] and saved.data.source == "local"
+  capsys.readouterr()
+  assert cli.main(["report", str(workdir)]) == 0
+  report = capsys.readouterr().out
+  assert "| opus_mt_en_de_newstest2014 | – |" in report
+  assert "Published figures:" in report and "newstest2013 26.9" in report
+  # Rerunning reuses the import rather than importing again.
+  mtime = (workdir / "pretrained" / "checkpoints").stat().st_mtime_ns
+  assert cli.main(argv) == 0
+  assert (workdir / "pretrained" / "checkpoints").stat().st_mtime_ns == mtime

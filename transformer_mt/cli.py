@@ -44,7 +44,9 @@ def _absolute_override(override: str) -> str:
   value = registry.parse_value(text, "")
   if not isinstance(value, str):
     raise ValueError(f"Override {key}={text}: expected a path, got {type(value).__name__}.")
-  return f"{key}={absolute_path(value)!r}"
+  # init.from=hf:NAME_OR_DIR (a registry row of a published model): only a local DIR moves.
+  resolved = absolute_source(value) if value.startswith("hf:") else absolute_path(value)
+  return f"{key}={resolved!r}"
 
 
 def resolve_paths(args: argparse.Namespace) -> None:
@@ -78,13 +80,18 @@ def _cmd_list(args) -> None:
   rows = []
   for name in registry.experiment_names():
     config = registry.load_experiment(name)
-    rows.append((name, count_parameters(model_config_for(config)), config.description))
+    # A published model's size is its own, known once imported (the description gives it).
+    pretrained = bool(config.init.get("from"))
+    params = None if pretrained else count_parameters(model_config_for(config))
+    rows.append((name, params, config.description))
   width = max(len(r[0]) for r in rows)
   print(f"{'experiment':<{width}}  {'params':>8}  description")
   for name, params, description in rows:
-    print(f"{name:<{width}}  {params / 1e6:>7.2f}M  {description}")
+    size = f"{params / 1e6:>7.2f}M" if params is not None else f"{'import':>8}"
+    print(f"{name:<{width}}  {size}  {description}")
   print(
-    "Parameter counts include the embeddings; a tied (shared) embedding matrix is counted once."
+    "Parameter counts include the embeddings; a tied (shared) embedding matrix is counted once. "
+    "'import': a published model, imported by `reproduce`."
   )
 
 
@@ -112,7 +119,7 @@ def _cmd_import(args) -> None:
   from transformer_mt import hf_import
 
   step_dir = hf_import.import_pretrained(
-    args.from_, args.workdir, args.overrides, args.src_lang, args.tgt_lang
+    args.from_, args.workdir, args.overrides, source_lang=args.src_lang, target_lang=args.tgt_lang
   )
   print(f"Imported {args.from_} into {step_dir} (use --workdir {args.workdir} to translate).")
 

@@ -54,8 +54,15 @@ def local_root(data_config: ml_collections.ConfigDict) -> str:
   return root
 
 
-def load_pairs(data_config: ml_collections.ConfigDict) -> dict[str, Sequence[tuple[str, str]]]:
-  """The splits of `data_config.source`, read (or opened) without writing anything."""
+def load_pairs(
+  data_config: ml_collections.ConfigDict, require_train: bool = True
+) -> dict[str, Sequence[tuple[str, str]]]:
+  """The splits of `data_config.source`, read (or opened) without writing anything.
+
+  Args:
+    require_train: local text without train_prefixes is an error (False for evaluation,
+      e.g. of an imported model that is never trained).
+  """
   source = data_config.source
   if source == "synthetic":
     from transformer_mt import synthetic
@@ -99,7 +106,7 @@ def load_pairs(data_config: ml_collections.ConfigDict) -> dict[str, Sequence[tup
             f"{e} Files are read from data.root={root}; pass another data.root if they are "
             f"elsewhere. {HOW_TO_GET_NEWS}"
           ) from None
-    if "train" not in splits:
+    if require_train and "train" not in splits:
       raise ValueError(
         "data.source='local' needs data.train_prefixes (file prefixes such as "
         "'news/en-de/newstest2012', read as PREFIX.<source_lang> / PREFIX.<target_lang>)."

@@ -62,7 +62,7 @@ def evaluate(
         f"{workdir} holds an imported model, with no data splits of its own: pass --source "
         "and --reference."
       )
-    splits = data_sources.load_pairs(config.data)
+    splits = data_sources.load_pairs(config.data, require_train=False)
     if split not in splits:
       raise ValueError(
         f"The experiment's data has no {split!r} split (it has {sorted(splits)}); "

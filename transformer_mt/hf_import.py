@@ -326,9 +326,10 @@ def import_pretrained(
   source: str,
   workdir: str,
   overrides: Sequence[str] = (),
-  data: ml_collections.ConfigDict | None = None,
   source_lang: str | None = None,
   target_lang: str | None = None,
+  *,
+  data: ml_collections.ConfigDict | None = None,
 ) -> str:
   """Converts `hf:DIR_OR_NAME` into checkpoint step 0 of `workdir`; returns its directory.
 
