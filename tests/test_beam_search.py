@@ -10,6 +10,7 @@ length (without EOS).
 
 import functools
 import itertools
+import types
 
 import jax
 import jax.numpy as jnp
@@ -553,3 +554,57 @@ def test_transformer_lazy_reordering_equals_always_gather():
   assert out.num_steps > 16  # the second chunk was reordered too
   for name in ("sequences", "scores", "all_sequences", "all_scores", "num_steps"):
     np.testing.assert_array_equal(getattr(out, name), getattr(reference, name), err_msg=name)
+
+
+def test_decode_options_reach_beam_decode(monkeypatch):
+  """An experiment's decode.length_penalty / decode.candidate_pool go through
+  `run_setup.decode_settings` and the Translator to beam_decode's static arguments; configs
+  without them keep the defaults, and an unknown value is refused when settings are read."""
+  import ml_collections
+
+  from transformer_mt import run_setup, sharding, translate
+
+  section = dict(batch_size=2, max_len=8, beam_size=3, alpha=1.0)
+  old = run_setup.decode_settings(ml_collections.ConfigDict({"decode": section}))
+  assert (old["length_penalty"], old["candidate_pool"]) == ("gnmt", "beam")
+  config = ml_collections.ConfigDict(
+    {"decode": dict(section, length_penalty="power", candidate_pool="hf")}
+  )
+  settings = run_setup.decode_settings(config)
+  with pytest.raises(ValueError, match=r"decode.candidate_pool='top'.*beam, 2beam, hf"):
+    run_setup.decode_settings(
+      ml_collections.ConfigDict({"decode": dict(section, candidate_pool="top")})
+    )
+
+  calls = []
+
+  def fake_beam_decode(params, inputs, config, beam_size, max_len, *args, **kwargs):
+    calls.append(dict(beam_size=beam_size, **kwargs))
+    return types.SimpleNamespace(sequences=jnp.zeros((inputs.shape[0], max_len), jnp.int32))
+
+  monkeypatch.setattr(bs, "beam_decode", fake_beam_decode)
+  mesh = sharding.make_mesh(sharding.inference_mesh_config(), devices=jax.devices()[:1])
+  translator = translate.Translator(
+    params=None, model_config=CONFIG, tokenizer=None, mesh=mesh, **settings
+  )
+  translator._decode_batch([[5, 9, EOS_ID]])
+  assert calls == [dict(beam_size=3, length_penalty="power", candidate_pool="hf")]
+
+
+def test_imported_models_decode_as_generate():
+  """hf_import.run_config: beam and alpha from the generation config (transformers' own
+  default length_penalty 1.0 when it has none), with the "hf" pool and "power" penalty."""
+  from transformer_mt import hf_import, run_setup
+
+  def decode_section(generation):
+    tokenizer = type("Tokenizer", (), {"vocab_size": CONFIG.vocab_size})()
+    config = hf_import.run_config(
+      CONFIG, tokenizer, {"model_type": "marian"}, generation, {}, "tiny", from_hub=False
+    )
+    return run_setup.decode_settings(config)
+
+  settings = decode_section({"num_beams": 4, "length_penalty": 0.6, "max_length": 64})
+  assert (settings["beam_size"], settings["alpha"]) == (4, 0.6)
+  assert (settings["length_penalty"], settings["candidate_pool"]) == ("power", "hf")
+  settings = decode_section({})
+  assert (settings["beam_size"], settings["alpha"]) == (1, 1.0)

@@ -41,6 +41,10 @@ class Translator:
   # 1 = greedy; the paper decodes with beam 4 and length penalty alpha 0.6.
   beam_size: int = 1
   alpha: float = 0.6
+  # How beam search scores and keeps hypotheses (beam_search's module docstring): "gnmt" /
+  # "beam" for our models; "power" / "hf" reproduce transformers' generate for imports.
+  length_penalty: str = "gnmt"
+  candidate_pool: str = "beam"
 
   def translate(self, lines: Sequence[str], progress: bool = False) -> list[str]:
     encoded = self.tokenizer.encode([line.strip() for line in lines])
@@ -100,6 +104,8 @@ class Translator:
           max_len,
           self.alpha,
           sharding.global_batch_from_host(max_lengths, self.mesh),
+          length_penalty=self.length_penalty,
+          candidate_pool=self.candidate_pool,
         ).sequences
       else:
         outputs = decode.greedy_decode(self.params, inputs, self.model_config, max_len)
