@@ -10,6 +10,7 @@ length (without EOS).
 
 import functools
 import itertools
+import types
 
 import jax
 import jax.numpy as jnp
@@ -71,7 +72,14 @@ def toy_model(tables, max_len):
 
 
 def run_toy(
-  tables, beam, max_len, alpha, max_lengths=None, early_stopping=True, always_gather=False
+  tables,
+  beam,
+  max_len,
+  alpha,
+  max_lengths=None,
+  early_stopping=True,
+  always_gather=False,
+  **options,  # length_penalty, candidate_pool
 ):
   step, cache = toy_model(tables, max_len)
   search = jax.jit(
@@ -85,6 +93,7 @@ def run_toy(
       max_lengths=max_lengths,
       early_stopping=early_stopping,
       always_gather=always_gather,
+      **options,
     )
   )
   out = search(cache, None if max_lengths is None else jnp.asarray(max_lengths, jnp.int32))
@@ -107,7 +116,12 @@ def sequence_log_prob(table, seq):
   return total
 
 
-def brute_force(table, max_length, alpha):
+def divisor(length, alpha, kind="gnmt"):
+  """lp(len) in float64: GNMT ((5 + len) / 6) ** alpha, or transformers' len ** alpha."""
+  return length**alpha if kind == "power" else ((5 + length) / 6) ** alpha
+
+
+def brute_force(table, max_length, alpha, kind="gnmt"):
   """Every hypothesis, best first: ends in EOS, or has max_length tokens without EOS.
 
   len counts the generated tokens including EOS, as in beam_search.
@@ -118,7 +132,7 @@ def brute_force(table, max_length, alpha):
       endings = [EOS_ID] + (list(CONTENT) if n == max_length else [])
       for last in endings:
         seq = prefix + (last,)
-        score = sequence_log_prob(table, seq) / ((5 + n) / 6) ** alpha
+        score = sequence_log_prob(table, seq) / divisor(n, alpha, kind)
         hypotheses.append((score, seq))
   hypotheses.sort(key=lambda h: -h[0])
   return hypotheses
@@ -128,15 +142,15 @@ def padded(seq, max_len):
   return list(seq) + [PAD_ID] * (max_len - len(seq))
 
 
-@pytest.mark.parametrize("order", [1, 2])
-@pytest.mark.parametrize("alpha", [0.0, 0.6])
-def test_large_beam_equals_brute_force(order, alpha):
-  """With a beam as large as the hypothesis space the search is exhaustive."""
+def check_exhaustive(order, alpha, length_penalty="gnmt", candidate_pool="beam"):
+  """With a beam as large as the hypothesis space the search is exhaustive: every pool
+  keeps all candidates (at most 24 per step) and lets every ending one finish."""
   tables = markov_tables(seeds=[order, 10 + order], order=order)
   max_len, max_lengths = 4, [3, 4]
-  out = run_toy(tables, beam=32, max_len=max_len, alpha=alpha, max_lengths=max_lengths)
+  search = dict(length_penalty=length_penalty, candidate_pool=candidate_pool)
+  out = run_toy(tables, beam=32, max_len=max_len, alpha=alpha, max_lengths=max_lengths, **search)
   for b, max_length in enumerate(max_lengths):
-    expected = brute_force(tables[b], max_length, alpha)
+    expected = brute_force(tables[b], max_length, alpha, length_penalty)
     found = out.all_scores[b] > -np.inf
     assert found.sum() == len(expected)  # 15 and 31 hypotheses; the rest of the beam is empty
     # The first-order model has exact ties (A A B A and A B A A use the same transitions),
@@ -153,6 +167,22 @@ def test_large_beam_equals_brute_force(order, alpha):
     np.testing.assert_allclose(truth[returned[0]], expected[0][0], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("order", [1, 2])
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_large_beam_equals_brute_force(order, alpha):
+  check_exhaustive(order, alpha)
+
+
+@pytest.mark.parametrize(
+  "length_penalty, candidate_pool, alpha",
+  [("power", "beam", 1.0), ("gnmt", "2beam", 0.6), ("power", "hf", 1.0), ("power", "hf", -0.5)],
+)
+def test_large_beam_equals_brute_force_for_every_pool_and_penalty(
+  length_penalty, candidate_pool, alpha
+):
+  check_exhaustive(2, alpha, length_penalty, candidate_pool)
+
+
 @pytest.mark.parametrize("alpha", [0.0, 0.6])
 def test_small_beam_scores_are_exact(alpha):
   """A small beam may miss hypotheses, but each one it returns carries its true score."""
@@ -163,6 +193,111 @@ def test_small_beam_scores_are_exact(alpha):
     seq = tuple(int(t) for t in seq if t != PAD_ID)
     np.testing.assert_allclose(score, truth[seq], atol=1e-5, rtol=1e-5)
   assert np.all(out.all_scores[0, :-1] >= out.all_scores[0, 1:])
+
+
+def reference_search(table, beam, max_length, alpha, kind, pool):
+  """A plain transcription of the three candidate pools (float64, no early stop, all steps):
+  the finished hypotheses as [(score, seq)], best first.
+
+  Candidates are listed parent by parent, token by token, and sorted stably, which breaks
+  ties as top_k does (lower flat index first).
+  """
+  log_probs = log_softmax(table)
+  live = [((), 0.0)]  # (seq, log-prob), best first
+  finished = []  # (score, seq), best first
+  for step in range(max_length):
+    length = step + 1
+    candidates = []
+    for seq, log_prob in live:
+      fed = (BOS_ID,) + seq
+      context = (fed[-1],) if table.ndim == 2 else ((fed[-2] if step else BOS_ID), fed[-1])
+      for token in range(VOCAB):
+        if np.isfinite(log_probs[context][token]):
+          candidates.append((seq + (token,), log_prob + log_probs[context][token]))
+    candidates.sort(key=lambda c: -c[1])
+    top = candidates[: beam if pool == "beam" else 2 * beam]
+    ends = [seq[-1] == EOS_ID or length == max_length for seq, _ in top]
+    for rank, ((seq, log_prob), end) in enumerate(zip(top, ends)):
+      if end and (pool != "hf" or rank < beam):
+        finished.append((log_prob / divisor(length, alpha, kind), seq))
+    finished = sorted(finished, key=lambda f: -f[0])[:beam]  # stable: earlier ones first
+    live = [c for c, end in zip(top, ends) if not end][:beam]
+  return finished
+
+
+@pytest.mark.parametrize("candidate_pool", ["beam", "2beam", "hf"])
+@pytest.mark.parametrize("length_penalty, alpha", [("gnmt", 0.6), ("power", 1.0), ("power", -0.5)])
+def test_small_beam_follows_a_plain_transcription(candidate_pool, length_penalty, alpha):
+  """Beams too small to be exhaustive return exactly what the pool's procedure, written out
+  in plain Python, returns: which candidates finish, which stay live, in what order."""
+  # With beam 2, these tables make every two pools disagree on at least one sentence under
+  # every penalty (an EOS ranked between beam and 2 * beam; a live beam "beam" loses).
+  tables = markov_tables(seeds=[224, 264, 102, 20, 21], order=2, eos_bias=None, scale=2.0)
+  beam, max_len = 2, 5
+  out = run_toy(
+    tables,
+    beam=beam,
+    max_len=max_len,
+    alpha=alpha,
+    length_penalty=length_penalty,
+    candidate_pool=candidate_pool,
+  )
+  for b, table in enumerate(tables):
+    expected = reference_search(table, beam, max_len, alpha, length_penalty, candidate_pool)
+    found = out.all_scores[b] > -np.inf
+    returned = [tuple(int(t) for t in seq if t != PAD_ID) for seq in out.all_sequences[b][found]]
+    assert returned == [seq for _, seq in expected], b
+    np.testing.assert_allclose(
+      out.all_scores[b][found], [score for score, _ in expected], atol=1e-5, rtol=1e-5
+    )
+
+
+def first_order_table(rows):
+  """Logits [VOCAB, VOCAB] from {context token: {next token: probability}}; EOS and PAD
+  continue with EOS, everything else has probability 0."""
+  probs = np.zeros((VOCAB, VOCAB))
+  for context, row in rows.items():
+    for token, p in row.items():
+      probs[context, token] = p
+  probs[[PAD_ID, EOS_ID], EOS_ID] = 1.0
+  with np.errstate(divide="ignore"):
+    return np.log(probs).astype(np.float32)
+
+
+# EOS is second at step 0: "2beam" finishes it (p 0.3) and nothing later beats it at
+# alpha 0; "beam" never sees it, "hf" drops it (rank 1 of 2), and both return A EOS (0.25).
+EOS_SECOND = first_order_table(
+  {BOS_ID: {A: 0.5, EOS_ID: 0.3, B: 0.2}, A: {EOS_ID: 0.5, A: 0.25, B: 0.25}, B: {EOS_ID: 1.0}}
+)
+# EOS is first at step 0 (p 0.4, score log 0.4 / 1): "beam" with one beam stops there (it
+# is greedy); "2beam" and "hf" keep A alive, and A EOS (p 0.3465, score log 0.3465 / 2)
+# wins under the power penalty with alpha 1.
+EOS_FIRST = first_order_table(
+  {BOS_ID: {EOS_ID: 0.4, A: 0.35, B: 0.25}, A: {EOS_ID: 0.99, A: 0.005, B: 0.005}, B: {EOS_ID: 1}}
+)
+
+
+@pytest.mark.parametrize(
+  "table, length_penalty, alpha, expected",
+  [
+    (EOS_SECOND, "gnmt", 0.0, {"beam": (A, EOS_ID), "2beam": (EOS_ID,), "hf": (A, EOS_ID)}),
+    (EOS_FIRST, "power", 1.0, {"beam": (EOS_ID,), "2beam": (A, EOS_ID), "hf": (A, EOS_ID)}),
+  ],
+)
+def test_pools_differ_where_their_definitions_say(table, length_penalty, alpha, expected):
+  for candidate_pool, best in expected.items():
+    out = run_toy(
+      table[None],
+      beam=1,
+      max_len=4,
+      alpha=alpha,
+      length_penalty=length_penalty,
+      candidate_pool=candidate_pool,
+    )
+    np.testing.assert_array_equal(out.sequences[0], padded(best, 4), err_msg=candidate_pool)
+    reference = reference_search(table, 1, 4, alpha, length_penalty, candidate_pool)
+    assert reference[0][1] == best, candidate_pool
+    np.testing.assert_allclose(out.scores[0], reference[0][0], rtol=1e-5)
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6])
@@ -183,19 +318,31 @@ def test_beam_beats_greedy_when_greedy_is_wrong(alpha):
   np.testing.assert_allclose(beam.scores[0], brute_force(table, 4, alpha)[0][0], rtol=1e-5)
 
 
-@pytest.mark.parametrize("alpha", [0.0, 0.6, -0.5])
-def test_early_stopping_changes_nothing(alpha):
+@pytest.mark.parametrize(
+  "alpha, length_penalty, candidate_pool",
+  [
+    (0.0, "gnmt", "beam"),
+    (0.6, "gnmt", "beam"),
+    (-0.5, "gnmt", "beam"),
+    (0.6, "power", "hf"),
+    (-0.5, "power", "hf"),
+    (0.6, "power", "2beam"),
+  ],
+)
+def test_early_stopping_changes_nothing(alpha, length_penalty, candidate_pool):
   """Stopping once no live beam can beat the worst of the best finished loses nothing.
 
-  The tables (random EOS bias) finish within a few steps. For alpha 0.6 they include
-  cases where a live beam behind the worst finished score on log-prob alone still
-  overtakes it thanks to the length penalty: stopping on `log-prob <= worst finished`,
-  without dividing by lp(max length), returns different hypotheses there.
+  The tables (random EOS bias) finish within a few steps. For alpha 0.6 (both penalties)
+  they include cases where a live beam behind the worst finished score on log-prob alone
+  still overtakes it thanks to the length penalty: stopping on `log-prob <= worst
+  finished`, without dividing by lp(max length), returns different hypotheses there.
+  (With power and alpha 1 the exact bound, p / 8, is too loose to stop before max_len.)
   """
   tables = markov_tables(seeds=[6, 64, 193, 273], eos_bias=None, scale=2.0)
   max_len = 8
-  early = run_toy(tables, beam=2, max_len=max_len, alpha=alpha)
-  full = run_toy(tables, beam=2, max_len=max_len, alpha=alpha, early_stopping=False)
+  options = dict(length_penalty=length_penalty, candidate_pool=candidate_pool)
+  early = run_toy(tables, beam=2, max_len=max_len, alpha=alpha, **options)
+  full = run_toy(tables, beam=2, max_len=max_len, alpha=alpha, early_stopping=False, **options)
   assert early.num_steps < max_len
   assert full.num_steps == max_len
   for name in ("sequences", "scores", "all_sequences", "all_scores"):
@@ -251,11 +398,14 @@ def transformer_inputs():
   )
 
 
-@pytest.mark.parametrize("alpha", [0.0, 0.6])
-def test_beam_one_is_greedy(alpha):
+@pytest.mark.parametrize("alpha, length_penalty", [(0.6, "gnmt"), (1.0, "power")])
+def test_beam_one_is_greedy(alpha, length_penalty):
+  """With the "beam" pool (the default), whatever the penalty: one finished hypothesis."""
   params, inputs, max_len = transformer_params(), transformer_inputs(), 8
   greedy = np.asarray(decode.greedy_decode(params, inputs, CONFIG, max_len))
-  out = bs.beam_decode(params, inputs, CONFIG, beam_size=1, max_len=max_len, alpha=alpha)
+  out = bs.beam_decode(
+    params, inputs, CONFIG, beam_size=1, max_len=max_len, alpha=alpha, length_penalty=length_penalty
+  )
   np.testing.assert_array_equal(np.asarray(out.sequences), greedy)
   np.testing.assert_array_equal(np.asarray(out.all_sequences[:, 0]), greedy)
   assert np.all(greedy[2] == PAD_ID) and float(out.scores[2]) == 0.0
@@ -403,3 +553,57 @@ def test_transformer_lazy_reordering_equals_always_gather():
   assert out.num_steps > 16  # the second chunk was reordered too
   for name in ("sequences", "scores", "all_sequences", "all_scores", "num_steps"):
     np.testing.assert_array_equal(getattr(out, name), getattr(reference, name), err_msg=name)
+
+
+def test_decode_options_reach_beam_decode(monkeypatch):
+  """An experiment's decode.length_penalty / decode.candidate_pool go through
+  `run_setup.decode_settings` and the Translator to beam_decode's static arguments; configs
+  without them keep the defaults, and an unknown value is refused when settings are read."""
+  import ml_collections
+
+  from transformer_mt import run_setup, sharding, translate
+
+  section = dict(batch_size=2, max_len=8, beam_size=3, alpha=1.0)
+  old = run_setup.decode_settings(ml_collections.ConfigDict({"decode": section}))
+  assert (old["length_penalty"], old["candidate_pool"]) == ("gnmt", "beam")
+  config = ml_collections.ConfigDict(
+    {"decode": dict(section, length_penalty="power", candidate_pool="hf")}
+  )
+  settings = run_setup.decode_settings(config)
+  with pytest.raises(ValueError, match=r"decode.candidate_pool='top'.*beam, 2beam, hf"):
+    run_setup.decode_settings(
+      ml_collections.ConfigDict({"decode": dict(section, candidate_pool="top")})
+    )
+
+  calls = []
+
+  def fake_beam_decode(params, inputs, config, beam_size, max_len, *args, **kwargs):
+    calls.append(dict(beam_size=beam_size, **kwargs))
+    return types.SimpleNamespace(sequences=jnp.zeros((inputs.shape[0], max_len), jnp.int32))
+
+  monkeypatch.setattr(bs, "beam_decode", fake_beam_decode)
+  mesh = sharding.make_mesh(sharding.inference_mesh_config(), devices=jax.devices()[:1])
+  translator = translate.Translator(
+    params=None, model_config=CONFIG, tokenizer=None, mesh=mesh, **settings
+  )
+  translator._decode_batch([[5, 9, EOS_ID]])
+  assert calls == [dict(beam_size=3, length_penalty="power", candidate_pool="hf")]
+
+
+def test_imported_models_decode_as_generate():
+  """hf_import.run_config: beam and alpha from the generation config (transformers' own
+  default length_penalty 1.0 when it has none), with the "hf" pool and "power" penalty."""
+  from transformer_mt import hf_import, run_setup
+
+  def decode_section(generation):
+    tokenizer = type("Tokenizer", (), {"vocab_size": CONFIG.vocab_size})()
+    config = hf_import.run_config(
+      CONFIG, tokenizer, {"model_type": "marian"}, generation, {}, "tiny", from_hub=False
+    )
+    return run_setup.decode_settings(config)
+
+  settings = decode_section({"num_beams": 4, "length_penalty": 0.6, "max_length": 64})
+  assert (settings["beam_size"], settings["alpha"]) == (4, 0.6)
+  assert (settings["length_penalty"], settings["candidate_pool"]) == ("power", "hf")
+  settings = decode_section({})
+  assert (settings["beam_size"], settings["alpha"]) == (1, 1.0)

@@ -1,4 +1,4 @@
-"""Jitted beam search with the GNMT length penalty, over any incremental step function.
+"""Jitted beam search (GNMT or transformers-style scoring) over any incremental step function.
 
 `beam_search` only needs a step function `tokens_to_logits(tokens, position, cache)`,
 so it can be checked against brute-force enumeration on a toy model whose next-token
@@ -7,28 +7,45 @@ distribution is known; `beam_decode` plugs in the Transformer (`decode.init_cach
 
 Design choices (each is tested in tests/test_beam_search.py):
 
-* Candidate pool. Every step keeps the `beam_size` best one-token extensions of the live
-  beams (not 2 * beam_size as flax/T2T do). Extensions ending in EOS move to the finished
-  set and leave a dead slot (log-prob -inf) in the live beam until the next step refills
-  it. With beam_size 1 this is exactly greedy decoding: the single candidate is the
-  argmax (barring two logits that tie once shifted by the log-normalizer and the prefix
-  log-prob in float32), and if it is EOS the search ends there. With a 2 * beam pool a
-  single beam would also keep the best non-EOS continuation alive and could return a
-  longer hypothesis than greedy does.
+* Candidate pool (`candidate_pool`), ranked by summed log-prob at every step:
+  - "beam" (default): keep the `beam_size` best one-token extensions of the live beams.
+    Those that end (EOS, or the max length below) move to the finished set and leave a
+    dead slot (log-prob -inf) in the live beam until the next step refills it. With
+    beam_size 1 this is exactly greedy decoding: the single candidate is the argmax
+    (barring two logits that tie once shifted by the log-normalizer and the prefix
+    log-prob in float32), and if it is EOS the search ends there. Pick it for our own
+    models: the cheapest pool, and beam 1 == greedy.
+  - "2beam" (tensor2tensor, t5x, flax examples/wmt): rank the 2 * beam_size best; every
+    ending one among them may enter the finished set, and the live beams are the
+    beam_size best that do not end, so no slot is wasted on a finished hypothesis. A
+    single beam then also keeps the best non-EOS continuation alive and may return a
+    longer hypothesis than greedy. Pick it to compare with those codebases.
+  - "hf" (transformers' `generate`, `_beam_search`): rank the 2 * beam_size best; only
+    those ranked within the first beam_size that end may finish (an EOS ranked below is
+    dropped, neither finished nor live); the live beams are the beam_size best among the
+    2 * beam_size that do not end. At the max length every candidate ends, so the
+    beam_size best finish. Pick it (with "power") to reproduce an imported model's
+    Hugging Face translations token for token (tests/test_hf_beam.py).
 * Length. `len` counts the generated tokens including EOS (BOS excluded), so "a b EOS"
-  has len 3, and the GNMT penalty lp(len) = ((5 + len) / 6) ** alpha divides the
-  finished hypothesis' summed log-prob. alpha = 0 scores by log-prob alone.
+  has len 3; the finished hypothesis' summed log-prob is divided by lp(len), with
+  `length_penalty` "gnmt" (default; Wu et al., 2016): lp = ((5 + len) / 6) ** alpha, or
+  "power" (transformers' `length_penalty`, which divides by (cur_len + 1 -
+  decoder_prompt_len) ** length_penalty: the same len): lp = len ** alpha. alpha = 0
+  scores by log-prob alone in both.
 * Maximum length. A hypothesis that reaches its sentence's maximum length
   (`max_lengths[b]`, at most `max_len`) without EOS is finished there (forced finish),
-  scored like an EOS-terminated one of that length, and returned without EOS. So every
-  sentence ends with at least one hypothesis, and beam 1 reproduces greedy decoding,
-  which also returns `max_len` tokens without EOS in that case. A sentence whose maximum
-  length is 0 gets the empty hypothesis (all PAD) with score 0.
+  scored like an EOS-terminated one of that length, and returned without EOS. With
+  "2beam" all 2 * beam_size candidates may finish there; with "hf" the beam_size best,
+  as under transformers' max-length stopping criterion. So every sentence ends with at
+  least one hypothesis, and beam 1 reproduces greedy decoding, which also returns
+  `max_len` tokens without EOS in that case. A sentence whose maximum length is 0 gets
+  the empty hypothesis (all PAD) with score 0.
 * Early stopping. A sentence is done when no live beam can beat the worst of its
   `beam_size` best finished hypotheses (-inf while fewer have finished). Log-probs only
   fall as a hypothesis grows and are <= 0, so a live beam with log-prob p can at best
-  finish with p / max lp(L) over the lengths L it can still reach: for alpha >= 0 that
-  is p / lp(max_lengths[b]); for alpha < 0 it is p / lp(len + 1). The loop stops when
+  finish with p / max lp(L) over the lengths L it can still reach (both penalties grow
+  with L for alpha >= 0 and fall for alpha < 0): for alpha >= 0 that is
+  p / lp(max_lengths[b]); for alpha < 0 it is p / lp(len + 1). The loop stops when
   every sentence is done or at `max_len`. Stopping changes no result: later finished
   hypotheses score <= the bound, and ties keep the hypothesis that finished first.
 * Cache reordering. When beam k of a sentence extends another beam, its cache rows must
@@ -64,9 +81,20 @@ GatherCache = Callable[[Any, jax.Array], Any]
 NEG_INF = -jnp.inf
 
 
-def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
-  """GNMT (Wu et al., 2016) lp(len) = ((5 + len) / 6) ** alpha, float32, same shape as `length`."""
-  return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+LENGTH_PENALTIES = ("gnmt", "power")
+CANDIDATE_POOLS = ("beam", "2beam", "hf")
+
+
+def penalty(length: jax.Array, alpha: float, kind: str = "gnmt") -> jax.Array:
+  """lp(len), float32, same shape as `length`: what a finished hypothesis' log-prob is divided by.
+
+  "gnmt" (Wu et al., 2016): ((5 + len) / 6) ** alpha. "power" (transformers'
+  `length_penalty`): len ** alpha.
+  """
+  length = jnp.asarray(length, jnp.float32)
+  if kind == "power":
+    return length**alpha
+  return ((5.0 + length) / 6.0) ** alpha
 
 
 @flax.struct.dataclass
@@ -139,6 +167,8 @@ def beam_search(
   early_stopping: bool = True,
   gather_cache: GatherCache = gather_rows,
   always_gather: bool = False,
+  length_penalty: str = "gnmt",
+  candidate_pool: str = "beam",
 ) -> BeamSearchOutput:
   """Beam search over `tokens_to_logits`; call it inside `jax.jit` (it traces one loop).
 
@@ -149,7 +179,7 @@ def beam_search(
     initial_cache: the step function's cache for one row per sentence (leaves
       [batch, ...], scalars allowed); expanded to [batch * beam, ...] here once.
     batch_size, beam_size, max_len: static sizes; max_len bounds the generated tokens.
-    alpha: GNMT length-penalty exponent (0 = raw log-prob).
+    alpha: length-penalty exponent (0 = raw log-prob).
     eos_id, bos_id: EOS ends a hypothesis; BOS is fed at position 0.
     pad_id: fills the sequences after EOS.
     max_lengths: optional int [batch], per-sentence maximum number of generated tokens
@@ -160,10 +190,21 @@ def beam_search(
     always_gather: the reference path for tests and benchmarks (same results, slower):
       the cache is reordered whole with `gather_rows` at the end of every step, even
       when no beam changed parent, as beam search did before reordering was made lazy.
+    length_penalty: "gnmt" divides by ((5 + len) / 6) ** alpha, "power" by len ** alpha
+      (transformers' `length_penalty`); see the module docstring.
+    candidate_pool: "beam", "2beam" or "hf": which extensions are kept at each step and
+      which of them may finish; see the module docstring.
 
   Returns:
     BeamSearchOutput: the best hypothesis per sentence and all `beam_size` of them.
   """
+  if length_penalty not in LENGTH_PENALTIES:
+    raise ValueError(f"length_penalty {length_penalty!r}: expected one of {LENGTH_PENALTIES}.")
+  if candidate_pool not in CANDIDATE_POOLS:
+    raise ValueError(f"candidate_pool {candidate_pool!r}: expected one of {CANDIDATE_POOLS}.")
+  lp = functools.partial(penalty, alpha=alpha, kind=length_penalty)
+  # Extensions ranked per step: beam_size for "beam", 2 * beam_size for "2beam" and "hf".
+  num_candidates = beam_size if candidate_pool == "beam" else 2 * beam_size
   if max_lengths is None:
     max_lengths = jnp.full((batch_size,), max_len, jnp.int32)
   max_lengths = jnp.clip(jnp.asarray(max_lengths, jnp.int32), 0, max_len)  # [batch]
@@ -190,10 +231,9 @@ def beam_search(
 
   def best_possible_scores(state: BeamState) -> jax.Array:
     """float32 [batch, beam]: upper bound on the final score of each live beam."""
-    if alpha >= 0:
-      max_penalty = length_penalty(max_lengths, alpha)[:, None]  # [batch, 1]
-    else:  # lp falls with length: the shortest reachable length (one more token) is best.
-      max_penalty = length_penalty(state.step + 1, alpha)
+    # lp grows with length for alpha >= 0: the longest reachable length is best ([batch, 1]);
+    # it falls for alpha < 0: the shortest (one more token) is best.
+    max_penalty = lp(max_lengths)[:, None] if alpha >= 0 else lp(state.step + 1)
     return state.live_log_probs / max_penalty
 
   def not_done(state: BeamState) -> jax.Array:
@@ -235,32 +275,41 @@ def beam_search(
     vocab = log_probs.shape[-1]
     log_probs = log_probs.reshape(batch_size, beam_size, vocab)  # [batch, beam, vocab]
 
-    # The beam_size best extensions over all (beam, token) pairs of each sentence.
+    # The num_candidates (K) best extensions over all (beam, token) pairs of each sentence,
+    # best first (top_k puts the lower index first on ties).
     candidates = state.live_log_probs[:, :, None] + log_probs  # [batch, beam, vocab]
-    top_log_probs, top_index = jax.lax.top_k(candidates.reshape(batch_size, -1), beam_size)
-    parents = (top_index // vocab).astype(jnp.int32)  # [batch, beam]
-    top_tokens = (top_index % vocab).astype(jnp.int32)  # [batch, beam]
-    top_seqs = state.live_seqs[batch_index, parents]  # [batch, beam, max_len]
+    top_log_probs, top_index = jax.lax.top_k(candidates.reshape(batch_size, -1), num_candidates)
+    parents = (top_index // vocab).astype(jnp.int32)  # [batch, K]
+    top_tokens = (top_index % vocab).astype(jnp.int32)  # [batch, K]
+    top_seqs = state.live_seqs[batch_index, parents]  # [batch, K, max_len]
     top_seqs = top_seqs.at[:, :, step].set(top_tokens)
 
     # An extension of a dead beam (or a zero-probability token) is no hypothesis at all.
-    valid = top_log_probs > NEG_INF  # [batch, beam]
+    valid = top_log_probs > NEG_INF  # [batch, K]
     length = step + 1  # generated tokens, EOS included
-    finishing = valid & ((top_tokens == eos_id) | (length >= max_lengths)[:, None])
-    new_scores = jnp.where(finishing, top_log_probs / length_penalty(length, alpha), NEG_INF)
+    ends = valid & ((top_tokens == eos_id) | (length >= max_lengths)[:, None])  # [batch, K]
+    # "hf": only the beam_size best may finish; an ending one ranked below is dropped.
+    finishing = ends & (jnp.arange(num_candidates) < beam_size) if candidate_pool == "hf" else ends
+    new_scores = jnp.where(finishing, top_log_probs / lp(length), NEG_INF)  # [batch, K]
 
     # Merge with the finished set; existing entries come first, so top_k keeps them on ties.
-    all_seqs = jnp.concatenate([state.finished_seqs, top_seqs], axis=1)  # [batch, 2*beam, len]
-    all_scores = jnp.concatenate([state.finished_scores, new_scores], axis=1)  # [batch, 2*beam]
+    all_seqs = jnp.concatenate([state.finished_seqs, top_seqs], axis=1)  # [batch, beam+K, len]
+    all_scores = jnp.concatenate([state.finished_scores, new_scores], axis=1)  # [batch, beam+K]
     all_flags = jnp.concatenate([state.finished_flags, finishing], axis=1)
     finished_scores, keep = jax.lax.top_k(all_scores, beam_size)  # [batch, beam]
+
+    live_log_probs = jnp.where(valid & ~ends, top_log_probs, NEG_INF)  # [batch, K]
+    if candidate_pool != "beam":  # the beam_size best that do not end, in rank order
+      live_log_probs, live = jax.lax.top_k(live_log_probs, beam_size)  # [batch, beam]
+      parents = parents[batch_index, live]
+      top_seqs = top_seqs[batch_index, live]  # [batch, beam, max_len]
     if always_gather:
       cache = gather_rows(cache, _parent_rows(parents))
 
     return BeamState(
       step=step + 1,
       live_seqs=top_seqs,
-      live_log_probs=jnp.where(valid & ~finishing, top_log_probs, NEG_INF),
+      live_log_probs=live_log_probs,
       finished_seqs=all_seqs[batch_index, keep],
       finished_scores=finished_scores,
       finished_flags=all_flags[batch_index, keep],
@@ -275,7 +324,7 @@ def beam_search(
   # fallback to the live beams only guards against a step function that yields no valid
   # token (e.g. NaN logits), so that no sentence comes back empty-handed silently.
   has_finished = jnp.any(final.finished_flags, axis=1)  # [batch]
-  live_scores = final.live_log_probs / length_penalty(final.step, alpha)
+  live_scores = final.live_log_probs / lp(final.step)
   all_sequences = jnp.where(has_finished[:, None, None], final.finished_seqs, final.live_seqs)
   all_scores = jnp.where(has_finished[:, None], final.finished_scores, live_scores)
   return BeamSearchOutput(
@@ -290,7 +339,16 @@ def beam_search(
 
 @functools.partial(
   jax.jit,
-  static_argnames=("config", "beam_size", "max_len", "alpha", "always_gather", "forced_first_id"),
+  static_argnames=(
+    "config",
+    "beam_size",
+    "max_len",
+    "alpha",
+    "always_gather",
+    "length_penalty",
+    "candidate_pool",
+    "forced_first_id",
+  ),
 )
 def beam_decode(
   params: Any,
@@ -302,6 +360,8 @@ def beam_decode(
   max_lengths: jax.Array | None = None,
   always_gather: bool = False,
   forced_first_id: int | None = None,
+  length_penalty: str = "gnmt",
+  candidate_pool: str = "beam",
 ) -> BeamSearchOutput:
   """Beam search with the Transformer for `inputs` int [batch, src_len] (0 = pad).
 
@@ -318,6 +378,8 @@ def beam_decode(
       keys/values included, is reordered at every step.
     forced_first_id: the first token of every hypothesis, at no cost to its score
       (`decode.force_first_token`: a target language code), or None.
+    length_penalty, candidate_pool: as in `beam_search`; "power" and "hf" reproduce
+      transformers' `generate(num_beams=..., length_penalty=alpha, early_stopping="never")`.
   """
   batch = inputs.shape[0]
   inputs_valid = inputs != config.pad_id  # [batch, src_len]
@@ -326,6 +388,7 @@ def beam_decode(
   max_lengths = jnp.where(jnp.any(inputs_valid, axis=1), max_lengths, 0)
   beam_inputs_valid = jnp.repeat(inputs_valid, beam_size, axis=0)  # [batch * beam, src_len]
   ids = dict(eos_id=config.eos_id, bos_id=config.decoder_start_id, pad_id=config.pad_id)
+  search = dict(length_penalty=length_penalty, candidate_pool=candidate_pool)
 
   if always_gather:
 
@@ -343,6 +406,7 @@ def beam_decode(
       alpha=alpha,
       max_lengths=max_lengths,
       **ids,
+      **search,
       always_gather=True,
     )
 
@@ -365,5 +429,6 @@ def beam_decode(
     alpha=alpha,
     max_lengths=max_lengths,
     **ids,
+    **search,
     gather_cache=decode.gather_written_rows,
   )

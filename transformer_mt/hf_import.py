@@ -262,11 +262,17 @@ def run_config(
       test_prefixes=[],
     )
   )
-  # Our decoding (the GNMT length penalty, not transformers' length_penalty).
+  # Decoded as transformers' generate(num_beams, length_penalty, early_stopping="never")
+  # does: its candidate pool and len ** length_penalty scoring (beam_search's "hf", "power").
+  # Its default early_stopping=False stops on a heuristic bound, and forced_eos_token_id
+  # forces EOS at max_length; neither is reproduced.
+  length_penalty = generation.get("length_penalty")
   config.decode = ml_collections.ConfigDict(
     dict(
       beam_size=int(generation.get("num_beams") or 1),
-      alpha=0.6,
+      alpha=1.0 if length_penalty is None else float(length_penalty),
+      length_penalty="power",
+      candidate_pool="hf",
       extra_len=50,
       max_len=int(min(model_config.max_len, generation.get("max_length") or 512)),
       batch_size=64,

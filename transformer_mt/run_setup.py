@@ -15,7 +15,7 @@ import ml_collections
 import optax
 from jax.sharding import Mesh
 
-from transformer_mt import optimizer, train_step
+from transformer_mt import beam_search, optimizer, train_step
 from transformer_mt.config import TransformerConfig
 from transformer_mt.model import Transformer
 from transformer_mt.tokenizer import AnyTokenizer
@@ -37,15 +37,34 @@ def model_config_for(
 
 
 def decode_settings(config, beam_size: int | None = None, alpha: float | None = None) -> dict:
-  """Translator keyword arguments from an experiment's `decode` section (with overrides)."""
+  """Translator keyword arguments from an experiment's `decode` section (with overrides).
+
+  `length_penalty` and `candidate_pool` (beam_search's options) are read with defaults, so
+  configs saved before they existed decode as they did.
+
+  Raises:
+    ValueError: one of them names no option of beam_search.
+  """
   decode_config = config.decode
-  return {
+  settings = {
     "batch_size": decode_config.batch_size,
     "max_target_len": decode_config.max_len,
     "extra_len": decode_config.get("extra_len", 50),
     "beam_size": beam_size or decode_config.get("beam_size", 1),
     "alpha": decode_config.get("alpha", 0.6) if alpha is None else alpha,
+    "length_penalty": decode_config.get("length_penalty", "gnmt"),
+    "candidate_pool": decode_config.get("candidate_pool", "beam"),
   }
+  for key, allowed in (
+    ("length_penalty", beam_search.LENGTH_PENALTIES),
+    ("candidate_pool", beam_search.CANDIDATE_POOLS),
+  ):
+    if settings[key] not in allowed:
+      raise ValueError(
+        f"decode.{key}={settings[key]!r} in the experiment config: expected one of "
+        f"{', '.join(allowed)}; fix the config (or the override that set it)."
+      )
+  return settings
 
 
 @dataclasses.dataclass(frozen=True)

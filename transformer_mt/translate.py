@@ -43,6 +43,10 @@ class Translator:
   alpha: float = 0.6
   # The first target token, forced (mBART-50 and NLLB: the target language code), or None.
   forced_first_id: int | None = None
+  # How beam search scores and keeps hypotheses (beam_search's module docstring): "gnmt" /
+  # "beam" for our models; "power" / "hf" reproduce transformers' generate for imports.
+  length_penalty: str = "gnmt"
+  candidate_pool: str = "beam"
 
   def translate(self, lines: Sequence[str], progress: bool = False) -> list[str]:
     encoded = self.tokenizer.encode([line.strip() for line in lines])
@@ -103,6 +107,8 @@ class Translator:
           self.alpha,
           sharding.global_batch_from_host(max_lengths, self.mesh),
           forced_first_id=self.forced_first_id,
+          length_penalty=self.length_penalty,
+          candidate_pool=self.candidate_pool,
         ).sequences
       else:
         outputs = decode.greedy_decode(

@@ -1,0 +1,87 @@
+"""Beam search with candidate_pool "hf" and length_penalty "power" == transformers' generate.
+
+The tiny random models of tests/test_hf_models.py (its `converted` fixture: one per
+supported model type, converted with `hf_convert`) decode one padded batch of six random
+sources with beam 4 on both sides. transformers runs with `early_stopping="never"`, which
+makes its search exact, as ours is (it stops only when no live beam can beat the worst
+finished one, bounding with max_length for a positive length_penalty).
+
+Logits processors are matched, not just switched off: our decoder never emits PAD or a
+decoder start token that is not EOS (`TransformerConfig.suppressed_ids`), so transformers
+gets those as `suppress_tokens`; forcing EOS at the last step (`forced_eos_token_id`, set
+by mbart's and fsmt's configs) and `min_length` are options we do not have, so they are
+off. One difference remains and is matched with `renormalize_logits=True`: transformers
+masks the suppressed tokens after its log_softmax, so by default its log-probs keep the
+probability mass of PAD in the normalizer, whereas ours mask before the softmax. Without
+renormalizing, its scores differ from ours by that mass (here up to ~2e-4; for trained
+models, which give PAD almost nothing, far less) and a near-tie could flip a choice.
+
+Select with `-m interop`; skipped when transformers (>= 5) or torch is not installed.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="needs torch: pip install -e '.[interop]'")
+pytest.importorskip(
+  "transformers", minversion="5", reason="needs transformers>=5: pip install -e '.[interop]'"
+)
+
+from test_hf_models import _batch, _until_eos, converted  # noqa: E402, F401  (the fixture)
+
+from transformer_mt import beam_search  # noqa: E402
+
+pytestmark = pytest.mark.interop
+
+BEAM = 4
+NEW_TOKENS = 12
+# Our scores are log-prob / len ** alpha from float32 logits within ~1e-5 of PyTorch's.
+SCORE_TOLERANCE = 1e-4
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.6])
+def test_beam_search_matches_generate(converted, alpha):  # noqa: F811
+  model_type, model, config, params = converted
+  # Six rows of different lengths, padded; the fixture's models have no near-tied
+  # candidates on them (checked: our scores match transformers' within ~1e-5).
+  sources = _batch(config, (7, 4, 2, 9, 5, 3), config.vocab_size, np.random.default_rng(1))
+  with torch.no_grad():
+    expected = model.generate(
+      input_ids=torch.tensor(sources),
+      attention_mask=torch.tensor(sources != config.pad_id),
+      num_beams=BEAM,
+      length_penalty=alpha,
+      early_stopping="never",
+      max_new_tokens=NEW_TOKENS,
+      do_sample=False,
+      min_length=0,
+      forced_eos_token_id=None,
+      suppress_tokens=list(config.suppressed_ids),
+      renormalize_logits=True,
+      return_dict_in_generate=True,
+      output_scores=True,
+      generation_config=model.generation_config,
+    )
+  with jax.default_matmul_precision("highest"):
+    out = beam_search.beam_decode(
+      params,
+      jnp.asarray(sources, jnp.int32),
+      config,
+      beam_size=BEAM,
+      max_len=NEW_TOKENS,
+      alpha=alpha,
+      length_penalty="power",
+      candidate_pool="hf",
+    )
+  sequences = np.asarray(out.sequences)  # [batch, NEW_TOKENS]
+  theirs = expected.sequences.numpy()  # [batch, 1 + generated]: the decoder start token first
+  for row in range(len(sources)):
+    ours = _until_eos(sequences[row], config.eos_id)
+    assert ours == _until_eos(theirs[row, 1:], config.eos_id), (model_type, alpha, row)
+  np.testing.assert_allclose(
+    np.asarray(out.scores), expected.sequences_scores.numpy(), atol=SCORE_TOLERANCE, rtol=0
+  )
