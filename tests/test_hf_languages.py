@@ -189,9 +189,13 @@ def test_tokenizer_matches_transformers(imported):
     assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True), ids
 
 
-def _generate(kind: str, directory, lines: list[str], suppressed: list[int]) -> list[str]:
-  """transformers' greedy translations with the target language as the published models take
-  it: decoder_start_token_id (mBART-cc25) or forced_bos_token_id (mBART-50, NLLB)."""
+def _generate(
+  kind: str, directory, lines: list[str], suppressed: list[int], num_beams: int = 1
+) -> list[str]:
+  """transformers' translations with the target language as the published models take it:
+  decoder_start_token_id (mBART-cc25) or forced_bos_token_id (mBART-50, NLLB). Beam search
+  runs to completion (early_stopping="never"), as ours does; length_penalty is the model's
+  (1.0 here), which the import saved as decode.alpha."""
   _, _, _, source, target, _ = KINDS[kind]
   tokenizer = _hf_tokenizer(kind, directory, src_lang=source)
   target_id = tokenizer.convert_tokens_to_ids(target)
@@ -206,7 +210,9 @@ def _generate(kind: str, directory, lines: list[str], suppressed: list[int]) -> 
     outputs = model.generate(
       **inputs,
       **language,
-      num_beams=1,
+      num_beams=num_beams,
+      early_stopping="never",
+      length_penalty=1.0,
       do_sample=False,
       max_new_tokens=MAX_NEW_TOKENS,
       min_length=0,
@@ -216,12 +222,13 @@ def _generate(kind: str, directory, lines: list[str], suppressed: list[int]) -> 
   return tokenizer.batch_decode(outputs, skip_special_tokens=True)
 
 
-def test_imported_workdir_translates_like_generate(imported, tmp_path, capsys):
+@pytest.mark.parametrize("beam", [1, 4])
+def test_imported_workdir_translates_like_generate(imported, beam, tmp_path, capsys):
   kind, directory, workdir = imported
   lines = [line for line in _lines("en", 2400, 2500) if len(line) < 60][:8]
   (tmp_path / "input.txt").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
   output = tmp_path / "output.txt"
-  argv = ["translate", "--workdir", str(workdir), "--beam", "1"]
+  argv = ["translate", "--workdir", str(workdir), "--beam", str(beam)]
   rc = cli.main(argv + ["--input", str(tmp_path / "input.txt"), "--output", str(output)])
   assert rc == 0, capsys.readouterr().err
   ours = output.read_text(encoding="utf-8").splitlines()
@@ -233,7 +240,13 @@ def test_imported_workdir_translates_like_generate(imported, tmp_path, capsys):
     assert (config.decoder_start_id, translator.forced_first_id) == (target_id, None)
   else:
     assert (config.decoder_start_id, translator.forced_first_id) == (config.eos_id, target_id)
-  assert ours == _generate(kind, directory, lines, list(config.suppressed_ids))
+  # Beam search as generate does it: the import saved transformers' pool and penalty.
+  assert (translator.candidate_pool, translator.length_penalty, translator.alpha) == (
+    "hf",
+    "power",
+    1.0,
+  )
+  assert ours == _generate(kind, directory, lines, list(config.suppressed_ids), beam)
   assert len(set(ours)) >= 2, ours  # otherwise the comparison would prove little
   assert not any(KINDS[kind][4] in line for line in ours)  # the code is not part of the text
 
