@@ -125,6 +125,13 @@ def base_config() -> ml_collections.ConfigDict:
   # Beam size (1 = greedy) and the GNMT length penalty ((5 + len) / 6)^alpha (paper: 4, 0.6).
   config.decode.beam_size = 4
   config.decode.alpha = 0.6
+  # How a hypothesis is scored: "gnmt" (log-prob / ((5 + len) / 6)^alpha) or "power"
+  # (log-prob / len^alpha, transformers' length_penalty).
+  config.decode.length_penalty = "gnmt"
+  # Candidates kept per step: "beam" (the beam_size best extensions), "2beam" (2 x beam_size,
+  # as tensor2tensor / t5x) or "hf" (2 x beam_size, as transformers' generate). See
+  # transformer_mt/beam_search.py.
+  config.decode.candidate_pool = "beam"
   # A sentence's translation may grow to its source length + extra_len tokens (paper: 50) ...
   config.decode.extra_len = 50
   # ... and never beyond max_len.
