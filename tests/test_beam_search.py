@@ -587,7 +587,9 @@ def test_decode_options_reach_beam_decode(monkeypatch):
     params=None, model_config=CONFIG, tokenizer=None, mesh=mesh, **settings
   )
   translator._decode_batch([[5, 9, EOS_ID]])
-  assert calls == [dict(beam_size=3, length_penalty="power", candidate_pool="hf")]
+  assert calls == [
+    dict(beam_size=3, forced_first_id=None, length_penalty="power", candidate_pool="hf")
+  ]
 
 
 def test_imported_models_decode_as_generate():
