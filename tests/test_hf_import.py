@@ -210,11 +210,12 @@ def test_import_errors_are_one_line_and_write_nothing(marian_dir, tmp_path, caps
   assert cli.main(["import", "--from", f"hf:{marian_dir}", "--workdir", str(workdir)]) == 2
   assert "already holds checkpoints" in _error_line(capsys)
 
-  unsupported = {
+  # An unsupported model type, and an importable one (FSMT) saved without its tokenizer.
+  refused = {
     "bart": "Cannot import Hugging Face model_type 'bart'",
     "fsmt": "lacks the FSMT tokenizer files",
   }
-  for model_type, message in unsupported.items():
+  for model_type, message in refused.items():
     directory = tmp_path / model_type
     directory.mkdir()
     (directory / "config.json").write_text(json.dumps({"model_type": model_type}))

@@ -135,10 +135,9 @@ def _hf_model(kind: str, model_type: str, tokenizer, decoder_start: int | None):
   return model
 
 
-@pytest.fixture(scope="module", params=list(KINDS))
-def imported(request, sentencepiece_models, tmp_path_factory):
-  """(kind, save_pretrained directory, imported workdir) of a tiny model of each kind."""
-  kind = request.param
+def build_and_import(kind: str, sentencepiece_models, tmp_path_factory) -> tuple:
+  """(save_pretrained directory, imported workdir) of a tiny model of `kind`, imported with
+  its source and target codes (test_hf_import_kinds.py fine-tunes these)."""
   class_name, spm_type, model_type, source, target, extra = KINDS[kind]
   files = tmp_path_factory.mktemp(f"{kind}_files")
   shutil.copy(sentencepiece_models[spm_type], files / "sentencepiece.bpe.model")
@@ -154,7 +153,14 @@ def imported(request, sentencepiece_models, tmp_path_factory):
   argv = ["import", "--from", f"hf:{directory}", "--workdir", str(workdir)]
   argv += ["--src_lang", source, "--tgt_lang", target, f"decode.max_len={MAX_NEW_TOKENS}"]
   assert cli.main(argv) == 0
-  return kind, directory, workdir
+  return directory, workdir
+
+
+@pytest.fixture(scope="module", params=list(KINDS))
+def imported(request, sentencepiece_models, tmp_path_factory):
+  """(kind, save_pretrained directory, imported workdir) of a tiny model of each kind."""
+  kind = request.param
+  return kind, *build_and_import(kind, sentencepiece_models, tmp_path_factory)
 
 
 def _hf_tokenizer(kind: str, directory, **languages):

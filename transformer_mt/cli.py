@@ -119,7 +119,11 @@ def _cmd_import(args) -> None:
   from transformer_mt import hf_import
 
   step_dir = hf_import.import_pretrained(
-    args.from_, args.workdir, args.overrides, source_lang=args.src_lang, target_lang=args.tgt_lang
+    args.from_,
+    args.workdir,
+    args.overrides,
+    source_lang=args.src_lang,
+    target_lang=args.tgt_lang,
   )
   print(f"Imported {args.from_} into {step_dir} (use --workdir {args.workdir} to translate).")
 
