@@ -147,6 +147,7 @@ def test_evaluate_writes_a_labelled_report(trained, capsys):
   assert cli.main(["evaluate", "--workdir", trained[0], "--limit", "8", "--beam", "2"]) == 0
   out = capsys.readouterr().out
   assert "sacreBLEU" in out and "paper-comparable BLEU" in out
+  assert "  chrF " in out and "  chrF++ " in out and "nw:2" in out
   report_path = os.path.join(trained[0], "eval", "test-step20-beam2.json")
   with open(report_path) as f:
     report = json.load(f)
@@ -154,6 +155,7 @@ def test_evaluate_writes_a_labelled_report(trained, capsys):
     report["num_sentences"] == 8 and report["beam_size"] == 2 and report["limited_to_first"] == 8
   )
   assert {"sacrebleu", "sacrebleu_signature", "paper_bleu", "paper_bleu_method"} <= set(report)
+  assert {"chrf", "chrf_signature", "chrf_plus_plus", "chrf_plus_plus_signature"} <= set(report)
   with open(report_path.replace(".json", ".txt")) as f:
     assert len(f.read().split("\n")) == 9
 
@@ -283,10 +285,11 @@ def test_reproduce_then_report(tmp_path, capsys):
   assert results["experiment"] == "demo" and results["steps"] == 20
   assert results["averaged_steps"] == [10, 20] and results["test_sentences"] == 8
   assert 0.0 <= results["sacrebleu"] <= 100.0 and 0.0 <= results["paper_comparable_bleu"] <= 100.0
+  assert 0.0 <= results["chrf"] <= 100.0 and 0.0 <= results["chrf_plus_plus"] <= 100.0
   capsys.readouterr()
   chart = tmp_path / "report.png"
   assert cli.main(["report", workdir, "--chart", str(chart)]) == 0
   out = capsys.readouterr().out
-  assert "| demo | – |" in out and "sacreBLEU signature" in out
+  assert "| demo | – |" in out and "sacreBLEU signature" in out and "chrF++ signature" in out
   assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   assert cli.main(["report", str(tmp_path / "nothing")]) == 2

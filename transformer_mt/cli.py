@@ -183,6 +183,8 @@ def _cmd_evaluate(args) -> None:
   )
   print(f"  sacreBLEU {report['sacrebleu']:.2f}  ({report['sacrebleu_signature']})")
   print(f"  paper-comparable BLEU {report['paper_bleu']:.2f}  ({report['paper_bleu_method']})")
+  print(f"  chrF {report['chrf']:.2f}  ({report['chrf_signature']})")
+  print(f"  chrF++ {report['chrf_plus_plus']:.2f}  ({report['chrf_plus_plus_signature']})")
   print(f"  report: {report['report_path']}")
 
 
@@ -387,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
 
   p = commands.add_parser(
     "evaluate",
-    help="translate a test set and report sacreBLEU and paper BLEU",
+    help="translate a test set and report sacreBLEU, paper BLEU, chrF and chrF++",
     parents=[mesh_flag, language_flags],
   )
   p.add_argument("--workdir", required=True, help="workdir or averaged checkpoint directory")
