@@ -211,8 +211,8 @@ def test_attention_and_plot_commands_write_pngs(trained, tmp_path):
 
 
 def test_validation_bleu_keeps_the_best_checkpoint(tmp_path, monkeypatch):
-  """With a validation split, BLEU is logged every train.bleu_every steps and WORKDIR/best
-  holds exactly one checkpoint: the step with the highest validation BLEU.
+  """With a validation split, BLEU (and chrF) is logged every train.bleu_every steps and
+  WORKDIR/best holds exactly one checkpoint: the step with the highest validation BLEU.
 
   A tiny model scores 0 BLEU at every step, so the real BLEU is checked once and then
   replaced by a scripted sequence in which the middle evaluation is the best."""
@@ -242,18 +242,22 @@ def test_validation_bleu_keeps_the_best_checkpoint(tmp_path, monkeypatch):
       "decode.beam_size=1",
     ],
   )
-  real_bleu = train._validation_bleu
+  real_scores = train._validation_scores
   scripted = iter([3.0, 7.0, 5.0])
 
-  def fake_bleu(*args):
-    assert 0.0 <= real_bleu(*args) <= 100.0
-    return next(scripted)
+  def fake_scores(*args):
+    scores = real_scores(*args)
+    assert set(scores) == {"validation/bleu", "validation/chrf"}
+    assert all(0.0 <= value <= 100.0 for value in scores.values())
+    return dict(scores, **{"validation/bleu": next(scripted)})
 
-  monkeypatch.setattr(train, "_validation_bleu", fake_bleu)
+  monkeypatch.setattr(train, "_validation_scores", fake_scores)
   train.train(config, workdir, progress=False)
   records = metrics.read_metrics(workdir)
   bleu = {r["step"]: r["validation/bleu"] for r in records if "validation/bleu" in r}
   assert bleu == {4: 3.0, 8: 7.0, 12: 5.0}
+  # chrF of the same hypotheses is logged beside BLEU (the sweep ranks by either).
+  assert sorted(r["step"] for r in records if "validation/chrf" in r) == [4, 8, 12]
   assert any("validation/loss" in r for r in records)
   best_steps = os.listdir(os.path.join(workdir, "best", "checkpoints"))
   assert [int(s) for s in best_steps if s.isdigit()] == [8]
