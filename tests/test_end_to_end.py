@@ -147,6 +147,7 @@ def test_evaluate_writes_a_labelled_report(trained, capsys):
   assert cli.main(["evaluate", "--workdir", trained[0], "--limit", "8", "--beam", "2"]) == 0
   out = capsys.readouterr().out
   assert "sacreBLEU" in out and "paper-comparable BLEU" in out
+  assert "  chrF " in out and "  chrF++ " in out and "nw:2" in out
   report_path = os.path.join(trained[0], "eval", "test-step20-beam2.json")
   with open(report_path) as f:
     report = json.load(f)
@@ -154,6 +155,7 @@ def test_evaluate_writes_a_labelled_report(trained, capsys):
     report["num_sentences"] == 8 and report["beam_size"] == 2 and report["limited_to_first"] == 8
   )
   assert {"sacrebleu", "sacrebleu_signature", "paper_bleu", "paper_bleu_method"} <= set(report)
+  assert {"chrf", "chrf_signature", "chrf_plus_plus", "chrf_plus_plus_signature"} <= set(report)
   with open(report_path.replace(".json", ".txt")) as f:
     assert len(f.read().split("\n")) == 9
 
@@ -209,8 +211,8 @@ def test_attention_and_plot_commands_write_pngs(trained, tmp_path):
 
 
 def test_validation_bleu_keeps_the_best_checkpoint(tmp_path, monkeypatch):
-  """With a validation split, BLEU is logged every train.bleu_every steps and WORKDIR/best
-  holds exactly one checkpoint: the step with the highest validation BLEU.
+  """With a validation split, BLEU (and chrF) is logged every train.bleu_every steps and
+  WORKDIR/best holds exactly one checkpoint: the step with the highest validation BLEU.
 
   A tiny model scores 0 BLEU at every step, so the real BLEU is checked once and then
   replaced by a scripted sequence in which the middle evaluation is the best."""
@@ -240,18 +242,22 @@ def test_validation_bleu_keeps_the_best_checkpoint(tmp_path, monkeypatch):
       "decode.beam_size=1",
     ],
   )
-  real_bleu = train._validation_bleu
+  real_scores = train._validation_scores
   scripted = iter([3.0, 7.0, 5.0])
 
-  def fake_bleu(*args):
-    assert 0.0 <= real_bleu(*args) <= 100.0
-    return next(scripted)
+  def fake_scores(*args):
+    scores = real_scores(*args)
+    assert set(scores) == {"validation/bleu", "validation/chrf"}
+    assert all(0.0 <= value <= 100.0 for value in scores.values())
+    return dict(scores, **{"validation/bleu": next(scripted)})
 
-  monkeypatch.setattr(train, "_validation_bleu", fake_bleu)
+  monkeypatch.setattr(train, "_validation_scores", fake_scores)
   train.train(config, workdir, progress=False)
   records = metrics.read_metrics(workdir)
   bleu = {r["step"]: r["validation/bleu"] for r in records if "validation/bleu" in r}
   assert bleu == {4: 3.0, 8: 7.0, 12: 5.0}
+  # chrF of the same hypotheses is logged beside BLEU (the sweep ranks by either).
+  assert sorted(r["step"] for r in records if "validation/chrf" in r) == [4, 8, 12]
   assert any("validation/loss" in r for r in records)
   best_steps = os.listdir(os.path.join(workdir, "best", "checkpoints"))
   assert [int(s) for s in best_steps if s.isdigit()] == [8]
@@ -283,10 +289,11 @@ def test_reproduce_then_report(tmp_path, capsys):
   assert results["experiment"] == "demo" and results["steps"] == 20
   assert results["averaged_steps"] == [10, 20] and results["test_sentences"] == 8
   assert 0.0 <= results["sacrebleu"] <= 100.0 and 0.0 <= results["paper_comparable_bleu"] <= 100.0
+  assert 0.0 <= results["chrf"] <= 100.0 and 0.0 <= results["chrf_plus_plus"] <= 100.0
   capsys.readouterr()
   chart = tmp_path / "report.png"
   assert cli.main(["report", workdir, "--chart", str(chart)]) == 0
   out = capsys.readouterr().out
-  assert "| demo | – |" in out and "sacreBLEU signature" in out
+  assert "| demo | – |" in out and "sacreBLEU signature" in out and "chrF++ signature" in out
   assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   assert cli.main(["report", str(tmp_path / "nothing")]) == 2

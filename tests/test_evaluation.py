@@ -1,6 +1,8 @@
 """BLEU: sacreBLEU through `corpus_bleu` agrees with the sacrebleu command line, the
 paper-comparable tokenized BLEU follows tensor2tensor's get_ende_bleu.sh, and the unigram
-precision of the BLEU worked example comes out of sacreBLEU's own statistics."""
+precision of the BLEU worked example comes out of sacreBLEU's own statistics. chrF and chrF++
+agree with the sacrebleu command line on the golden files and with a hand-worked example;
+`run.py report` shows them, and "–" for a results.json written before them."""
 
 import json
 import math
@@ -10,13 +12,14 @@ import sys
 
 import pytest
 
-from transformer_mt import evaluation
+from transformer_mt import cli, evaluation, reproduce
 
 SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
 NEWSTEST_DE = SHARED / "news" / "en-de" / "newstest2014.de"
 needs_newstest = pytest.mark.skipif(
   not NEWSTEST_DE.is_file(), reason=f"{NEWSTEST_DE} (shared data) is absent"
 )
+GOLDEN = SHARED / "golden"
 # The CLI installed beside this interpreter, so it is the same sacrebleu the library imports.
 SACREBLEU_CLI = pathlib.Path(sys.executable).parent / "sacrebleu"
 
@@ -46,16 +49,16 @@ def newstest():
 def _cli_bleu(reference_path, hypotheses, tmp_path, *flags):
   hyp_path = tmp_path / "hyp.txt"
   hyp_path.write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+  return _cli(reference_path, hyp_path, "-m", "bleu", "-w", "2", *flags)
+
+
+def _cli(reference_path, hypothesis_path, *flags):
   result = subprocess.run(
     [
       str(SACREBLEU_CLI),
       str(reference_path),
       "-i",
-      str(hyp_path),
-      "-m",
-      "bleu",
-      "-w",
-      "2",
+      str(hypothesis_path),
       "--format",
       "json",
       *flags,
@@ -160,6 +163,10 @@ def test_bleu_report_labels_both_scores():
     "sacrebleu_signature",
     "paper_bleu",
     "paper_bleu_method",
+    "chrf",
+    "chrf_signature",
+    "chrf_plus_plus",
+    "chrf_plus_plus_signature",
     "num_sentences",
   }
   assert (report["sacrebleu"], report["sacrebleu_signature"]) == evaluation.corpus_bleu(
@@ -169,6 +176,14 @@ def test_bleu_report_labels_both_scores():
     hypotheses, references, "de"
   )
   assert "tok:13a" in report["sacrebleu_signature"]
+  assert (report["chrf"], report["chrf_signature"]) == evaluation.corpus_chrf(
+    hypotheses, references
+  )
+  assert (report["chrf_plus_plus"], report["chrf_plus_plus_signature"]) == (
+    evaluation.corpus_chrf(hypotheses, references, word_order=2)
+  )
+  assert "nw:0" in report["chrf_signature"] and "nw:2" in report["chrf_plus_plus_signature"]
+  assert report["chrf"] != report["chrf_plus_plus"]
   assert report["num_sentences"] == 2
 
 
@@ -178,9 +193,122 @@ def test_bleu_report_labels_both_scores():
     evaluation.corpus_bleu,
     lambda hyps, refs: evaluation.paper_bleu(hyps, refs, "de"),
     lambda hyps, refs: evaluation.bleu_report(hyps, refs, "de"),
+    evaluation.corpus_chrf,
   ],
-  ids=["corpus_bleu", "paper_bleu", "bleu_report"],
+  ids=["corpus_bleu", "paper_bleu", "bleu_report", "corpus_chrf"],
 )
 def test_mismatched_line_counts_name_both_counts(score):
   with pytest.raises(ValueError, match=r"3 hypotheses but 2 references"):
     score(["a", "b", "c"], ["a", "b"])
+
+
+@pytest.mark.parametrize(
+  "language, pair, word_order, name", [("de", "en-de", 0, "chrF2"), ("fr", "en-fr", 2, "chrF2++")]
+)
+def test_chrf_matches_sacrebleu_command_line_on_the_golden_files(language, pair, word_order, name):
+  """The golden pseudo-hypotheses (see ../shared/data/golden/README.md) against the raw
+  newstest2014 references, to 4 decimals, with the CLI's own signature. One variant per
+  language keeps it to two CLI runs; the hand-worked example pins both variants."""
+  hypothesis_path = GOLDEN / f"newstest2014.perturbed.{language}"
+  reference_path = SHARED / "news" / pair / f"newstest2014.{language}"
+  if not (hypothesis_path.is_file() and reference_path.is_file()):
+    pytest.skip(f"{hypothesis_path} or {reference_path} (shared data) is absent")
+  hypotheses = hypothesis_path.read_text(encoding="utf-8").splitlines()
+  references = reference_path.read_text(encoding="utf-8").splitlines()
+  assert len(hypotheses) == len(references) == 3003
+  score, signature = evaluation.corpus_chrf(hypotheses, references, word_order)
+  cli_score = _cli(
+    reference_path, hypothesis_path, "-m", "chrf", "--chrf-word-order", str(word_order), "-w", "4"
+  )
+  assert cli_score["name"] == name
+  assert f"{score:.4f}" == f"{cli_score['score']:.4f}"
+  assert signature == cli_score["signature"]
+  assert signature.startswith(f"nrefs:1|case:mixed|eff:yes|nc:6|nw:{word_order}|space:no|")
+  # Close to the reference but not equal to it: far from both ends of the scale.
+  assert 50 < score < 95
+
+
+def _f_beta(precisions, recalls, beta):
+  """sacreBLEU 2's chrF from per-order precisions and recalls: their means over the orders
+  (all orders here have n-grams on both sides), then the F-beta score of the two means."""
+  precision, recall = sum(precisions) / len(precisions), sum(recalls) / len(recalls)
+  return 100 * (1 + beta**2) * precision * recall / (beta**2 * precision + recall)
+
+
+def test_chrf_of_a_hand_worked_example():
+  """Two sentences worked out from the definition: character n-grams of orders 1..6 with the
+  spaces removed, counts summed over the corpus, beta=2.
+
+  "the cat" vs "the cats": "thecat" is a prefix of "thecats", so each of its 7-n n-grams
+  of order n matches; the reference has 8-n.
+  "a dog" vs "the dog": "adog" vs "thedog"; n-grams (hyp, ref, matched) by order:
+  1: 4, 6, 3 (d o g); 2: 3, 5, 2 (do og); 3: 2, 4, 1 (dog); 4: 1, 3, 0; 5, 6: 0, 2 and 0, 1.
+  Summed (hyp, ref, matched): 1: 10, 13, 9; 2: 8, 11, 7; 3: 6, 9, 5; 4: 4, 7, 3; 5: 2, 5, 2;
+  6: 1, 3, 1.
+  """
+  hypotheses, references = ["the cat", "a dog"], ["the cats", "the dog"]
+  precisions = [9 / 10, 7 / 8, 5 / 6, 3 / 4, 2 / 2, 1 / 1]
+  recalls = [9 / 13, 7 / 11, 5 / 9, 3 / 7, 2 / 5, 1 / 3]
+  score, _ = evaluation.corpus_chrf(hypotheses, references)
+  assert score == pytest.approx(_f_beta(precisions, recalls, beta=2), abs=1e-9)
+  assert score == pytest.approx(55.5642207, abs=1e-6)
+  # The wrong variants are far off: beta=1 (64.74), or orders 1..5 only (58.69).
+  assert abs(score - _f_beta(precisions, recalls, beta=1)) > 5
+  assert abs(score - _f_beta(precisions[:5], recalls[:5], beta=2)) > 1
+  # chrF++ adds two word orders. Words (hyp, ref, matched): unigrams 4, 4, 2 ("the", "dog");
+  # bigrams 2, 2, 0.
+  score_pp, _ = evaluation.corpus_chrf(hypotheses, references, word_order=2)
+  assert score_pp == pytest.approx(
+    _f_beta(precisions + [2 / 4, 0 / 2], recalls + [2 / 4, 0 / 2], beta=2), abs=1e-9
+  )
+  assert score_pp == pytest.approx(48.1255402, abs=1e-6)
+
+
+def _results(experiment, **scores):
+  """A results.json as `reproduce` writes it; without chrF keys, as it wrote them before."""
+  return dict(
+    {
+      "experiment": experiment,
+      "description": "",
+      "paper_bleu": None,
+      "paper_bleu_source": None,
+      "sacrebleu": 20.0,
+      "sacrebleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
+      "paper_comparable_bleu": 21.0,
+      "paper_comparable_method": "tokenized BLEU",
+      "parameters": 1_000_000,
+      "steps": 10,
+      "averaged_steps": [10],
+      "beam_size": 4,
+      "alpha": 0.6,
+      "test_sentences": 8,
+      "wall_seconds_this_run": 60.0,
+      "hardware": "1 x cpu",
+      "overrides": [],
+    },
+    **scores,
+  )
+
+
+def test_report_shows_chrf_and_a_dash_for_old_results(tmp_path, capsys):
+  new, old = tmp_path / "new", tmp_path / "old"
+  chrf = {
+    "chrf": 48.125,
+    "chrf_signature": "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0",
+    "chrf_plus_plus": 45.5,
+    "chrf_plus_plus_signature": "nrefs:1|case:mixed|eff:yes|nc:6|nw:2|space:no|version:2.6.0",
+  }
+  for workdir, results in ((new, _results("new_row", **chrf)), (old, _results("old_row"))):
+    workdir.mkdir()
+    (workdir / reproduce.RESULTS_FILENAME).write_text(json.dumps(results), encoding="utf-8")
+  assert cli.main(["report", str(new), str(old)]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  header = lines[0].split(" | ")
+  new_row, old_row = (line.split(" | ") for line in lines[2:4])
+  assert header[4:6] == ["ours: chrF", "ours: chrF++"]
+  assert new_row[4:6] == ["48.12", "45.50"] and old_row[4:6] == ["–", "–"]
+  assert new_row[3] == old_row[3] == "20.00"  # the BLEU columns are unchanged
+  assert f"chrF signature(s): {chrf['chrf_signature']}" in lines
+  assert f"chrF++ signature(s): {chrf['chrf_plus_plus_signature']}" in lines
+  # Only old rows: no chrF signature line at all.
+  assert "chrF signature" not in reproduce.report([str(old)])

@@ -112,6 +112,55 @@ def test_ranking_orders_by_validation_bleu_with_unfinished_last(tmp_path):
   assert "unfinished" in rows[3]
 
 
+def test_ranking_by_chrf_puts_trials_without_it_last(tmp_path, capsys):
+  """`--metric chrf` ranks by validation chrF, which orders these trials differently from BLEU.
+  trial_002 finished before chrF was logged (its trial.json has no such key): it is ranked
+  after every trial with a chrF, shown as "–", and still ranked by BLEU under --metric bleu."""
+  _, record = sweep.plan("demo", str(tmp_path))
+  (tmp_path / sweep.SWEEP_FILENAME).write_text(json.dumps(record))
+  # name: (validation BLEU, validation chrF or absent, final loss)
+  scripted = {
+    "trial_000": (30.0, 40.0, 2.0),
+    "trial_001": (20.0, 55.0, 3.0),
+    "trial_002": (40.0, None, 1.0),
+    "trial_003": (10.0, 55.0, 1.5),
+  }
+  for name, (bleu, chrf, loss) in scripted.items():
+    status = {
+      "status": "finished",
+      "trial": name,
+      "overrides": ["k=1"],
+      "steps": 10,
+      "validation_bleu": bleu,
+      "test_bleu": 1.0,
+      "final_loss": loss,
+    }
+    if chrf is not None:
+      status["validation_chrf"] = chrf
+    (tmp_path / name).mkdir()
+    (tmp_path / name / sweep.TRIAL_FILENAME).write_text(json.dumps(status))
+
+  def ranked(metric):
+    table = sweep.ranking_table(str(tmp_path), metric).splitlines()
+    assert table[0].endswith(f"ranked by validation {'chrF' if metric == 'chrf' else 'BLEU'}")
+    return [line.split(" | ") for line in table if line.startswith("| ") and "trial_" in line]
+
+  # chrF first; the tie at 55 goes to the lower final loss; no chrF comes last.
+  rows = ranked("chrf")
+  assert [row[1] for row in rows] == ["trial_003", "trial_001", "trial_000", "trial_002"]
+  assert [row[4] for row in rows] == ["55.00", "55.00", "40.00", "–"]
+  assert [row[1] for row in ranked("bleu")] == ["trial_002", "trial_000", "trial_001", "trial_003"]
+
+  assert cli.main(["report", str(tmp_path), "--metric", "chrf"]) == 0
+  assert "| 1 | trial_003 |" in capsys.readouterr().out
+  # An unknown metric is one error line, before any sweep work.
+  assert cli.main(["report", str(tmp_path), "--metric", "comet"]) == 2
+  assert cli.main(["sweep", "--experiment", "demo", "--workdir", "x", "--metric", "ter"]) == 2
+  err = capsys.readouterr().err.splitlines()
+  assert len(err) == 2 and all(line.startswith("error: --metric") for line in err)
+  assert "use one of bleu, chrf" in err[0]
+
+
 def sweep_command(root, *extra):
   return [
     sys.executable,
@@ -210,7 +259,7 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(tmp_path, c
   for index in range(4):
     status = sweep.trial_status(str(root / f"trial_{index:03d}"))
     assert status["status"] == "finished" and status["steps"] == STEPS
-    assert status["validation_bleu"] is not None
+    assert status["validation_bleu"] is not None and status["validation_chrf"] is not None
   # Trial 1 logged each step once across the two runs: the resumed part was not redone.
   steps_1 = [
     json.loads(line)["step"]
@@ -226,5 +275,5 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(tmp_path, c
     if line.startswith("| ") and "trial_" in line
   ]
   assert [row.split(" | ")[0] for row in rows] == ["| 1", "| 2", "| 3", "| 4"]
-  ranked = [(-float(row.split(" | ")[3]), float(row.split(" | ")[5])) for row in rows]
+  ranked = [(-float(row.split(" | ")[3]), float(row.split(" | ")[6])) for row in rows]
   assert ranked == sorted(ranked)

@@ -187,6 +187,8 @@ def _cmd_evaluate(args) -> None:
   )
   print(f"  sacreBLEU {report['sacrebleu']:.2f}  ({report['sacrebleu_signature']})")
   print(f"  paper-comparable BLEU {report['paper_bleu']:.2f}  ({report['paper_bleu_method']})")
+  print(f"  chrF {report['chrf']:.2f}  ({report['chrf_signature']})")
+  print(f"  chrF++ {report['chrf_plus_plus']:.2f}  ({report['chrf_plus_plus_signature']})")
   print(f"  report: {report['report_path']}")
 
 
@@ -229,12 +231,13 @@ def _cmd_reproduce(args) -> None:
 def _cmd_sweep(args) -> None:
   from transformer_mt import sweep
 
+  sweep.check_metric(args.metric)
   if args.dry_run:
     print("\n".join(sweep.dry_run_commands(args.experiment, args.workdir, args.overrides)))
     return
   statuses = sweep.run(args.experiment, args.workdir, args.overrides, args.parallel, args.trial)
   if args.trial is None:
-    print(sweep.ranking_table(args.workdir))
+    print(sweep.ranking_table(args.workdir, args.metric))
   else:
     print(f"trial {args.trial}: {statuses[args.trial]['status']}")
 
@@ -242,10 +245,11 @@ def _cmd_sweep(args) -> None:
 def _cmd_report(args) -> None:
   from transformer_mt import reproduce, sweep
 
+  sweep.check_metric(args.metric)
   sweeps = [w for w in args.workdirs if sweep.is_sweep_dir(w)]
   rows = [w for w in args.workdirs if w not in sweeps]
   for root in sweeps:
-    print(sweep.ranking_table(root) + "\n")
+    print(sweep.ranking_table(root, args.metric) + "\n")
   if rows:
     print(reproduce.report(rows, args.chart))
     if args.chart:
@@ -302,6 +306,13 @@ def _language_flags() -> argparse.ArgumentParser:
   return flags
 
 
+# Not argparse `choices`: a bad value gets the one-line `error:` of every other user error.
+_METRIC_HELP = (
+  "rank a sweep's trials by their last validation bleu (default) or chrf; trials that "
+  "logged no chrF (run before it was logged) are ranked last, shown as –"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="run.py", description=__doc__.splitlines()[0])
   parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
@@ -344,6 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     action="store_true",
     help="print one command per trial (for a SLURM job array) and exit",
   )
+  p.add_argument("--metric", default="bleu", help=_METRIC_HELP)
   p.add_argument(
     "overrides",
     nargs="*",
@@ -391,7 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
 
   p = commands.add_parser(
     "evaluate",
-    help="translate a test set and report sacreBLEU and paper BLEU",
+    help="translate a test set and report sacreBLEU, paper BLEU, chrF and chrF++",
     parents=[mesh_flag, language_flags],
   )
   p.add_argument("--workdir", required=True, help="workdir or averaged checkpoint directory")
@@ -440,10 +452,11 @@ def build_parser() -> argparse.ArgumentParser:
   p = commands.add_parser(
     "report",
     help="markdown table (and PNG chart) of reproduced rows; "
-    "sweep roots are ranked by validation BLEU",
+    "sweep roots are ranked by validation BLEU (or --metric chrf)",
   )
   p.add_argument("workdirs", nargs="+", help="workdirs holding results.json, or sweep roots")
   p.add_argument("--chart", default=None, help="also write a PNG bar chart here")
+  p.add_argument("--metric", default="bleu", help=_METRIC_HELP)
   p.set_defaults(func=_cmd_report)
 
   p = commands.add_parser("plot", help="PNG of loss / learning-rate / BLEU curves of a workdir")

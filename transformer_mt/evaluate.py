@@ -1,9 +1,10 @@
 """`run.py evaluate`: translate a test set from a checkpoint and score it, honestly.
 
-Two numbers, clearly labelled: sacreBLEU on the raw detokenized references (with its
+Two BLEU numbers, clearly labelled: sacreBLEU on the raw detokenized references (with its
 signature, comparable across papers that report sacreBLEU), and the paper-comparable
 tokenized, compound-split BLEU of tensor2tensor's get_ende_bleu.sh (what Vaswani et
-al. report). Hypotheses and the JSON report are written to WORKDIR/eval/.
+al. report). Beside them sacreBLEU's chrF and chrF++, each with its signature. Hypotheses
+and the JSON report are written to WORKDIR/eval/.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def evaluate(
   source_lang: str | None = None,
   target_lang: str | None = None,
 ) -> dict[str, Any]:
-  """Translates the experiment's `split` (or the given files) and writes the BLEU report.
+  """Translates the experiment's `split` (or the given files) and writes the BLEU and chrF
+  report (the keys of `evaluation.bleu_report`, then the run's settings and speed).
 
   Args:
     workdir: a training workdir or an averaged checkpoint directory.

@@ -4,7 +4,8 @@ reproduce = train (or resume) -> average the last N checkpoints (the experiment'
 `evaluate.average_last`) -> evaluate on the test split, all in one workdir, ending
 with WORKDIR/results.json. A row of a published model (`init.from=hf:NAME`) imports it
 into WORKDIR/pretrained first; with `train.num_steps=0` that import is what is evaluated.
-report = those results as a markdown table beside the published BLEU, plus a PNG chart.
+report = those results as a markdown table beside the published BLEU, with chrF and chrF++
+(rows reproduced before chrF was reported show "–"), plus a PNG chart.
 """
 
 from __future__ import annotations
@@ -72,6 +73,10 @@ def reproduce(name: str, workdir: str, overrides: Sequence[str] = ()) -> dict[st
     "sacrebleu_signature": scores["sacrebleu_signature"],
     "paper_comparable_bleu": scores["paper_bleu"],
     "paper_comparable_method": scores["paper_bleu_method"],
+    "chrf": scores["chrf"],
+    "chrf_signature": scores["chrf_signature"],
+    "chrf_plus_plus": scores["chrf_plus_plus"],
+    "chrf_plus_plus_signature": scores["chrf_plus_plus_signature"],
     "parameters": count_parameters(model),
     "steps": trained["step"],
     "averaged_steps": averaged,
@@ -102,24 +107,33 @@ def load_results(workdirs: Sequence[str]) -> list[dict[str, Any]]:
 
 
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+  """The rows beside the published BLEU. chrF and chrF++ are read with .get: a results.json
+  written before they were reported lacks them and shows "–"."""
+
   def fmt(value, spec=".2f"):
     return "–" if value is None else format(value, spec)
 
   lines = [
-    "| experiment | published BLEU | ours: paper-comparable | ours: sacreBLEU | params | steps "
-    "| wall time (this run) | hardware |",
-    "|---|---|---|---|---|---|---|---|",
+    "| experiment | published BLEU | ours: paper-comparable | ours: sacreBLEU | ours: chrF "
+    "| ours: chrF++ | params | steps | wall time (this run) | hardware |",
+    "|---|---|---|---|---|---|---|---|---|---|",
   ]
   for r in rows:
     lines.append(
       f"| {r['experiment']} | {fmt(r.get('paper_bleu'), '.1f')} | "
       f"{fmt(r['paper_comparable_bleu'])} | {fmt(r['sacrebleu'])} | "
+      f"{fmt(r.get('chrf'))} | {fmt(r.get('chrf_plus_plus'))} | "
       f"{r['parameters'] / 1e6:.1f}M | {r['steps']} | "
       f"{r['wall_seconds_this_run'] / 60:.1f} min | {r['hardware']} |"
     )
-  signatures = sorted({r["sacrebleu_signature"] for r in rows})
   lines.append("")
-  lines.append("sacreBLEU signature(s): " + "; ".join(signatures))
+  lines.append(
+    "sacreBLEU signature(s): " + "; ".join(sorted({r["sacrebleu_signature"] for r in rows}))
+  )
+  for label, key in (("chrF", "chrf_signature"), ("chrF++", "chrf_plus_plus_signature")):
+    signatures = sorted({r[key] for r in rows if r.get(key)})
+    if signatures:
+      lines.append(f"{label} signature(s): " + "; ".join(signatures))
   # Rows of published models say where their figure comes from (the paper rows: its table 2).
   sources = [(r["experiment"], r["paper_bleu_source"]) for r in rows if r.get("paper_bleu_source")]
   if sources:

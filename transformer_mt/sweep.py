@@ -15,7 +15,9 @@ CPU, XLA_FLAGS). A trial whose trial.json says
 "finished" is skipped and an unfinished one resumes from its checkpoint, so rerunning an
 interrupted sweep continues it. `--dry-run` prints one `--trial i` command per trial,
 for a SLURM job array (launch/slurm_sweep.sbatch). Trials are ranked by the validation
-BLEU of their last step (`run.py report ROOT`).
+BLEU of their last step (`run.py report ROOT`), or by its chrF (`--metric chrf`), which
+training logs beside BLEU from the same hypotheses. Trials recorded before chrF was logged
+have none: they are ranked after those that do, shown as "–".
 """
 
 from __future__ import annotations
@@ -45,6 +47,19 @@ from transformer_mt import distributed, metrics, registry, text_files
 
 SWEEP_FILENAME = "sweep.json"
 TRIAL_FILENAME = "trial.json"
+# --metric name -> (the validation score's key in metrics.jsonl, in trial.json, its label).
+RANKING_METRICS = {
+  "bleu": ("validation/bleu", "validation_bleu", "validation BLEU"),
+  "chrf": ("validation/chrf", "validation_chrf", "validation chrF"),
+}
+
+
+def check_metric(metric: str) -> None:
+  """Fails before any work (a sweep may run for hours before it ranks) on an unknown name."""
+  if metric not in RANKING_METRICS:
+    raise ValueError(
+      f"--metric {metric!r} is not a ranking metric: use one of {', '.join(RANKING_METRICS)}."
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +170,7 @@ def plan(
     trial_name = f"trial_{index:03d}"
     config = registry.load_experiment(name, list(overrides) + trial_overrides(values))
     if not config.train.get("bleu_every"):
-      raise ValueError("Sweeps rank trials by validation BLEU: set train.bleu_every > 0.")
+      raise ValueError("Sweeps rank trials by validation BLEU or chrF: set train.bleu_every > 0.")
     trials.append(
       {
         "name": trial_name,
@@ -189,10 +204,10 @@ def trial_status(workdir: str) -> dict[str, Any] | None:
     return json.load(f)
 
 
-def _final_validation_bleu(workdir: str, step: int) -> float | None:
-  """The validation BLEU logged at the final step (trained now or in an earlier run)."""
-  records = [r for r in metrics.read_metrics(workdir) if "validation/bleu" in r]
-  final = [r["validation/bleu"] for r in records if r["step"] == step]
+def _final_validation_score(workdir: str, step: int, name: str) -> float | None:
+  """The validation score `name` (e.g. "validation/bleu") logged at the final step (trained
+  now or in an earlier run); None when it was not logged."""
+  final = [r[name] for r in metrics.read_metrics(workdir) if name in r and r["step"] == step]
   return final[-1] if final else None
 
 
@@ -211,7 +226,10 @@ def run_trial(name: str, base_overrides: Sequence[str], trial: dict[str, Any]) -
     "trial": trial["name"],
     "overrides": trial["overrides"],
     "steps": result["step"],
-    "validation_bleu": _final_validation_bleu(trial["workdir"], result["step"]),
+    **{
+      field: _final_validation_score(trial["workdir"], result["step"], logged)
+      for logged, field, _ in RANKING_METRICS.values()
+    },
     "test_bleu": result["bleu"],
     "final_loss": losses[-1] if losses else None,
     "wall_seconds_this_run": time.perf_counter() - start,
@@ -418,8 +436,12 @@ def dry_run_commands(name: str, root: str, overrides: Sequence[str] = ()) -> lis
   ]
 
 
-def ranking_table(root: str) -> str:
-  """The trials of the sweep in ROOT as a markdown table, best validation BLEU first."""
+def ranking_table(root: str, metric: str = "bleu") -> str:
+  """The trials of the sweep in ROOT as a markdown table, best validation `metric` ("bleu" or
+  "chrf") first. A finished trial without that score (chrF of a trial run before chrF was
+  logged) is ranked after every trial with one."""
+  check_metric(metric)
+  _, field, label = RANKING_METRICS[metric]
   with open(os.path.join(root, SWEEP_FILENAME), encoding="utf-8") as f:
     record = json.load(f)
   rows = [
@@ -427,11 +449,11 @@ def ranking_table(root: str) -> str:
     or {"status": "unfinished", "trial": t["name"], "overrides": t["overrides"]}
     for t in record["trials"]
   ]
-  # Best validation BLEU first; ties (e.g. all 0 after a few steps) by lower final loss.
+  # Best score first; ties (e.g. all 0 after a few steps) by lower final loss.
   finished = sorted(
     (r for r in rows if r["status"] == "finished"),
     key=lambda r: (
-      -(r["validation_bleu"] if r["validation_bleu"] is not None else -math.inf),
+      -(r[field] if r.get(field) is not None else -math.inf),
       r["final_loss"] if r["final_loss"] is not None else math.inf,
     ),
   )
@@ -442,19 +464,21 @@ def ranking_table(root: str) -> str:
 
   lines = [
     f"Sweep {record['experiment']} in {root}"
-    + (f" (overrides: {' '.join(record['overrides'])})" if record["overrides"] else ""),
+    + (f" (overrides: {' '.join(record['overrides'])})" if record["overrides"] else "")
+    + f", ranked by {label}",
     "",
-    "| rank | trial | overrides | validation BLEU | test BLEU | final loss | steps |",
-    "|---|---|---|---|---|---|---|",
+    "| rank | trial | overrides | validation BLEU | validation chrF | test BLEU | final loss "
+    "| steps |",
+    "|---|---|---|---|---|---|---|---|",
   ]
   for rank, r in enumerate(finished, start=1):
     lines.append(
       f"| {rank} | {r['trial']} | {' '.join(r['overrides'])} | "
-      f"{fmt(r['validation_bleu'])} | {fmt(r['test_bleu'])} | "
-      f"{fmt(r['final_loss'], '.3f')} | {r['steps']} |"
+      f"{fmt(r['validation_bleu'])} | {fmt(r.get('validation_chrf'))} | "
+      f"{fmt(r['test_bleu'])} | {fmt(r['final_loss'], '.3f')} | {r['steps']} |"
     )
   for r in unfinished:
-    lines.append(f"| – | {r['trial']} | {' '.join(r['overrides'])} | unfinished | | | |")
+    lines.append(f"| – | {r['trial']} | {' '.join(r['overrides'])} | unfinished | | | | |")
   return "\n".join(lines)
 
 

@@ -202,10 +202,11 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
         writer.write(step, validate(state.params))
         writer.flush()
       if bleu_every and (step % bleu_every == 0 or step == num_steps):
-        bleu = _validation_bleu(
+        scores = _validation_scores(
           state.params, model_config, tokenizer, mesh, config, pairs["validation"], forced_first_id
         )
-        writer.write(step, {"validation/bleu": bleu})
+        bleu = scores["validation/bleu"]
+        writer.write(step, scores)
         writer.flush()
         # One save in flight at a time: Orbax coordinates the processes of a multi-process
         # run per save, and two managers saving at once can interleave those steps.
@@ -378,10 +379,12 @@ def _restore_latest_readable(manager, workdir, abstract_state, make_batches, num
   return None
 
 
-def _validation_bleu(
+def _validation_scores(
   params, model_config, tokenizer, mesh, config, pairs, forced_first_id=None
-) -> float:
-  """sacreBLEU of the current parameters on (the first train.bleu_sentences of) validation."""
+) -> dict[str, float]:
+  """sacreBLEU and chrF of the current parameters on (the first train.bleu_sentences of)
+  validation, as metrics.jsonl records them. chrF rides along because it scores the same
+  hypotheses (no second decode), so a sweep can be ranked by either."""
   limit = config.train.get("bleu_sentences", 0) or len(pairs)
   chosen = [pairs[i] for i in range(min(limit, len(pairs)))]
   translator = Translator(
@@ -393,7 +396,11 @@ def _validation_bleu(
     **decode_settings(config),
   )
   hypotheses = translator.translate([source for source, _ in chosen])
-  return evaluation.corpus_bleu(hypotheses, [target for _, target in chosen])[0]
+  references = [target for _, target in chosen]
+  return {
+    "validation/bleu": evaluation.corpus_bleu(hypotheses, references)[0],
+    "validation/chrf": evaluation.corpus_chrf(hypotheses, references)[0],
+  }
 
 
 def evaluate_held_out(
