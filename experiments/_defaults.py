@@ -101,8 +101,8 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.log_every = 50
   # Steps between validation-loss evaluations (0: never).
   config.train.eval_every = 1000
-  # Steps between validation BLEU and chrF evaluations (0: never); the best checkpoint by BLEU is kept
-  # in WORKDIR/best beside the latest ones.
+  # Steps between validation BLEU and chrF evaluations (0: never); the best checkpoint by
+  # BLEU is kept in WORKDIR/best beside the latest ones.
   config.train.bleu_every = 5000
   # Validation sentences translated for that BLEU (0: all of them).
   config.train.bleu_sentences = 0
