@@ -106,6 +106,8 @@ class BeamState:
   finished_scores: jax.Array  # float32 [batch, beam]: log-prob / lp(len), sorted descending;
   #   -inf where the slot is empty.
   finished_flags: jax.Array  # bool [batch, beam]: the slot holds a finished hypothesis.
+  finished_log_probs: jax.Array  # float32 [batch, beam]: their summed log-probs (n-best
+  #   lists report both); -inf where the slot is empty.
   cache: Any  # the step function's cache, leaves [batch * beam, ...] (scalars shared),
   #   as the last step left it: row b * beam + k still belongs to the beam it extended.
   parents: jax.Array  # int32 [batch, beam]: the beam (within the sentence) each live beam
@@ -119,6 +121,7 @@ class BeamSearchOutput:
   scores: jax.Array  # float32 [batch]: its score, log-prob / lp(len).
   all_sequences: jax.Array  # int32 [batch, beam, max_len]: every returned hypothesis.
   all_scores: jax.Array  # float32 [batch, beam]: sorted descending; -inf for empty slots.
+  all_log_probs: jax.Array  # float32 [batch, beam]: their summed log-probs (score * lp(len)).
   num_steps: jax.Array  # int32 []: decoder steps run (< max_len when stopped early).
   num_reorders: jax.Array  # int32 []: steps whose cache was reordered (the others copy nothing).
 
@@ -224,6 +227,7 @@ def beam_search(
     finished_seqs=jnp.full((batch_size, beam_size, max_len), pad_id, jnp.int32),
     finished_scores=jnp.where(empty, 0.0, NEG_INF).astype(jnp.float32),
     finished_flags=empty,
+    finished_log_probs=jnp.where(empty, 0.0, NEG_INF).astype(jnp.float32),
     cache=_expand_to_beams(initial_cache, batch_size, beam_size),
     parents=jnp.tile(jnp.arange(beam_size, dtype=jnp.int32), (batch_size, 1)),
     num_reorders=jnp.array(0, jnp.int32),
@@ -296,6 +300,9 @@ def beam_search(
     all_seqs = jnp.concatenate([state.finished_seqs, top_seqs], axis=1)  # [batch, beam+K, len]
     all_scores = jnp.concatenate([state.finished_scores, new_scores], axis=1)  # [batch, beam+K]
     all_flags = jnp.concatenate([state.finished_flags, finishing], axis=1)
+    all_log_probs = jnp.concatenate(
+      [state.finished_log_probs, jnp.where(finishing, top_log_probs, NEG_INF)], axis=1
+    )  # [batch, beam+K]
     finished_scores, keep = jax.lax.top_k(all_scores, beam_size)  # [batch, beam]
 
     live_log_probs = jnp.where(valid & ~ends, top_log_probs, NEG_INF)  # [batch, K]
@@ -313,6 +320,7 @@ def beam_search(
       finished_seqs=all_seqs[batch_index, keep],
       finished_scores=finished_scores,
       finished_flags=all_flags[batch_index, keep],
+      finished_log_probs=all_log_probs[batch_index, keep],
       cache=cache,
       parents=parents,
       num_reorders=state.num_reorders + reordered.astype(jnp.int32),
@@ -327,11 +335,13 @@ def beam_search(
   live_scores = final.live_log_probs / lp(final.step)
   all_sequences = jnp.where(has_finished[:, None, None], final.finished_seqs, final.live_seqs)
   all_scores = jnp.where(has_finished[:, None], final.finished_scores, live_scores)
+  all_log_probs = jnp.where(has_finished[:, None], final.finished_log_probs, final.live_log_probs)
   return BeamSearchOutput(
     sequences=all_sequences[:, 0],
     scores=all_scores[:, 0],
     all_sequences=all_sequences,
     all_scores=all_scores,
+    all_log_probs=all_log_probs,
     num_steps=final.step,
     num_reorders=final.num_reorders,
   )

@@ -1,4 +1,4 @@
-"""Command line: `run.py list | train | sweep | import | translate | evaluate | average |
+"""Command line: `run.py list | train | sweep | import | translate | evaluate | score | average |
 attention | plot | reproduce | report`.
 
 Also installed as the `transformer-mt` console script.
@@ -20,7 +20,7 @@ import os
 import sys
 
 # Flags that name files or directories, and config keys whose values are paths.
-PATH_FLAGS = ("workdir", "workdirs", "input", "output", "source", "reference", "chart")
+PATH_FLAGS = ("workdir", "workdirs", "input", "output", "source", "reference", "target", "chart")
 PATH_KEYS = ("data.root", "data.tfds_data_dir", "data.tfds_manual_dir", "init.from")
 
 
@@ -138,6 +138,9 @@ def _inference_mesh(args):
 def _cmd_translate(args) -> None:
   from transformer_mt import translate
 
+  nbest = getattr(args, "nbest", None)
+  if nbest is not None:
+    _check_nbest(nbest, args.beam)
   translator = translate.load_translator(
     args.workdir,
     args.step,
@@ -147,6 +150,8 @@ def _cmd_translate(args) -> None:
     source_lang=args.src_lang,
     target_lang=args.tgt_lang,
   )
+  if nbest is not None and args.beam is None:  # the config's beam, widened to hold K
+    translator.beam_size = max(translator.beam_size, nbest)
   if args.input == "-":
     lines = translate.read_lines(sys.stdin.buffer)
   else:
@@ -154,14 +159,48 @@ def _cmd_translate(args) -> None:
       raise FileNotFoundError(f"Input file {args.input} does not exist.")
     with open(args.input, "rb") as f:
       lines = translate.read_lines(f)
-  outputs = translator.translate(lines, progress=args.input != "-")
-  text = "".join(line + "\n" for line in outputs)
+  if nbest is not None:
+    text = translate.format_nbest(translator.nbest(lines, nbest, progress=args.input != "-"))
+  else:
+    outputs = translator.translate(lines, progress=args.input != "-")
+    text = "".join(line + "\n" for line in outputs)
   if args.output == "-":
     sys.stdout.write(text)
   else:
     from transformer_mt.text_files import write_atomically
 
     write_atomically(args.output, text)
+
+
+def _check_nbest(nbest: int, beam: int | None) -> None:
+  """--nbest K needs K >= 1 and, with an explicit --beam, K <= beam."""
+  if nbest < 1:
+    raise ValueError(f"--nbest {nbest}: must be at least 1.")
+  if beam is not None and nbest > beam:
+    raise ValueError(
+      f"--nbest {nbest} is larger than --beam {beam}: beam search keeps only {beam} "
+      f"hypotheses; pass --beam {nbest} or more (or leave --beam out)."
+    )
+
+
+def _cmd_score(args) -> None:
+  from transformer_mt import scoring, text_files, translate
+
+  pairs = text_files.read_parallel(args.source, args.target)  # one error line on a mismatch
+  translator = translate.load_translator(
+    args.workdir,
+    args.step,
+    _inference_mesh(args),
+    alpha=args.alpha,
+    source_lang=args.src_lang,
+    target_lang=args.tgt_lang,
+  )
+  scores = scoring.score_lines(translator, [s for s, _ in pairs], [t for _, t in pairs])
+  text = scoring.format_scores(scores)
+  if args.output == "-":
+    sys.stdout.write(text)
+  else:
+    text_files.write_atomically(args.output, text)
 
 
 def _cmd_evaluate(args) -> None:
@@ -399,6 +438,17 @@ def build_parser() -> argparse.ArgumentParser:
     "--beam", type=int, default=None, help="beam size (default: the config's; 1 = greedy)"
   )
   p.add_argument("--alpha", type=float, default=None, help="length penalty alpha (default: config)")
+  p.add_argument(
+    "--nbest",
+    type=int,
+    default=None,
+    metavar="K",
+    help="write the K best beam-search hypotheses of every line as TSV rows "
+    "line_index<TAB>rank<TAB>score<TAB>logprob<TAB>text (line_index from 0, rank 0 best; "
+    "score: the search's length-normalised score, logprob: the summed log-probability), "
+    "exactly K rows per input line (an empty line: the empty hypothesis with score 0, then "
+    "empty slots with -inf); needs K <= --beam (default beam: the config's, raised to K)",
+  )
   p.set_defaults(func=_cmd_translate)
 
   p = commands.add_parser(
@@ -417,6 +467,27 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--alpha", type=float, default=None, help="length penalty alpha (default: config)")
   p.add_argument("--limit", type=int, default=None, help="only the first N sentences")
   p.set_defaults(func=_cmd_evaluate)
+
+  p = commands.add_parser(
+    "score",
+    help="log-probability of given translations (teacher forcing): TSV rows "
+    "line_index<TAB>logprob<TAB>tokens<TAB>per_token<TAB>score",
+    description="Scores each (source, target) line pair by teacher forcing, as beam search "
+    "would have scored that target: logprob = summed log-probability of the target tokens, "
+    "tokens = their count (EOS and a forced language tag included; the tag adds 0), "
+    "per_token = logprob / tokens, score = logprob / length penalty (the config's alpha and "
+    "penalty). An empty source line gives tokens 0 and nan. See transformer_mt/scoring.py.",
+    parents=[mesh_flag, language_flags],
+  )
+  p.add_argument("--workdir", required=True, help="workdir (or its checkpoints/) of a trained run")
+  p.add_argument("--source", required=True, help="source file, one sentence per line")
+  p.add_argument("--target", required=True, help="target file, line-aligned with --source")
+  p.add_argument("--output", default="-", help="where to write the TSV rows (default: stdout)")
+  p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+  p.add_argument(
+    "--alpha", type=float, default=None, help="length penalty alpha of score (default: config)"
+  )
+  p.set_defaults(func=_cmd_score)
 
   p = commands.add_parser("average", help="average the parameters of the last N checkpoints")
   p.add_argument("--workdir", required=True)

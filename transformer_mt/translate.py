@@ -4,6 +4,18 @@ Sentences are sorted by length and decoded in fixed-size batches padded to a few
 length buckets (so the decoder compiles a handful of times, not once per batch),
 then put back in input order. An empty line gives an empty line; an overlong line
 is truncated with a warning, never dropped.
+
+`Translator.nbest` returns the K best hypotheses of the beam search per line (`run.py
+translate --nbest K`), each with the beam search's own length-normalised score and its summed
+log-probability; `format_nbest` writes them as TSV rows
+
+    line_index<TAB>rank<TAB>score<TAB>logprob<TAB>text
+
+with exactly K rows per input line, in input order (line_index 0-based, rank 0 = best). An
+empty input line gets K rows too: rank 0 is the empty hypothesis (score 0, logprob 0, as
+beam search scores it) and the other ranks are empty slots. An empty slot (fewer than K
+hypotheses finished) has score and logprob -inf and empty text. Two ranks may show the same
+text (different token sequences can detokenize alike).
 """
 
 from __future__ import annotations
@@ -11,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -21,6 +33,16 @@ from transformer_mt import beam_search, checkpointing, decode, run_setup, shardi
 from transformer_mt.config import TransformerConfig
 from transformer_mt.input_pipeline import bucket_length
 from transformer_mt.tokenizer import AnyTokenizer
+
+
+class Hypothesis(NamedTuple):
+  """One entry of an n-best list."""
+
+  text: str
+  # The beam search's length-normalised score: logprob / lp(len) (beam_search.penalty).
+  score: float
+  # Summed log-probability of the hypothesis' tokens (a forced first token adds 0).
+  logprob: float
 
 
 @dataclasses.dataclass
@@ -49,31 +71,91 @@ class Translator:
   candidate_pool: str = "beam"
 
   def translate(self, lines: Sequence[str], progress: bool = False) -> list[str]:
-    encoded = self.tokenizer.encode([line.strip() for line in lines])
     outputs = [""] * len(lines)
-    todo = []
-    for index, (line, ids) in enumerate(zip(lines, encoded)):
-      if not line.strip():
-        continue
-      if len(ids) > self.max_source_len:
-        logging.warning(
-          "Line %d has %d tokens; translating only its first %d.",
-          index + 1,
-          len(ids),
-          self.max_source_len,
-        )
-        ids = ids[: self.max_source_len - 1] + [self.model_config.eos_id]
-      todo.append((index, ids))
+    for batch in self.source_batches(lines, progress, "translate"):
+      for (index, _), ids in zip(batch, self._decode_batch([ids for _, ids in batch])):
+        outputs[index] = self.tokenizer.decode(ids)
+    return outputs
+
+  def source_batches(
+    self, lines: Sequence[str], progress: bool = False, desc: str = "translate"
+  ) -> list[list[tuple[int, list[int]]]]:
+    """The non-empty lines as (index, source ids) in batches of `batch_size`, sorted by length
+    so each batch pads little; an overlong line is truncated with a warning."""
+    todo = [(i, ids) for i, ids in enumerate(self.encode_sources(lines)) if ids is not None]
     todo.sort(key=lambda item: len(item[1]))
     batches = [todo[i : i + self.batch_size] for i in range(0, len(todo), self.batch_size)]
     if progress:
       from tqdm import tqdm
 
-      batches = tqdm(batches, desc="translate", unit="batch")
-    for batch in batches:
-      for (index, _), ids in zip(batch, self._decode_batch([ids for _, ids in batch])):
-        outputs[index] = self.tokenizer.decode(ids)
+      batches = tqdm(batches, desc=desc, unit="batch")
+    return batches
+
+  def encode_sources(self, lines: Sequence[str]) -> list[list[int] | None]:
+    """Source ids of every line (None for an empty one); an overlong line is truncated to
+    `max_source_len` tokens, EOS kept, with a warning."""
+    encoded = self.tokenizer.encode([line.strip() for line in lines])
+    sources = []
+    for index, (line, ids) in enumerate(zip(lines, encoded)):
+      if line.strip() and len(ids) > self.max_source_len:
+        logging.warning(
+          "Line %d has %d tokens; using only its first %d.",
+          index + 1,
+          len(ids),
+          self.max_source_len,
+        )
+        ids = ids[: self.max_source_len - 1] + [self.model_config.eos_id]
+      sources.append(list(ids) if line.strip() else None)
+    return sources
+
+  def nbest(self, lines: Sequence[str], k: int, progress: bool = False) -> list[list[Hypothesis]]:
+    """The `k` best beam-search hypotheses of every line, best first (module docstring).
+
+    Always decodes with beam search (beam 1 included, which equals greedy), so every
+    hypothesis has the search's own score.
+
+    Raises:
+      ValueError: k < 1 or k > beam_size.
+    """
+    if not 1 <= k <= self.beam_size:
+      raise ValueError(
+        f"--nbest {k}: must be between 1 and the beam size ({self.beam_size}); pass "
+        f"--beam {max(k, 1)} or more, or a smaller --nbest."
+      )
+    empty_slot = Hypothesis("", float("-inf"), float("-inf"))
+    # An empty line: beam search's empty hypothesis (score 0) then empty slots.
+    outputs = [[Hypothesis("", 0.0, 0.0)] + [empty_slot] * (k - 1) for _ in lines]
+    for batch in self.source_batches(lines, progress, "n-best"):
+      result = self._search_batch([ids for _, ids in batch])
+      for row, (index, _) in enumerate(batch):
+        outputs[index] = [
+          Hypothesis(self.tokenizer.decode(ids), float(score), float(logprob))
+          if np.isfinite(score)
+          else empty_slot
+          for ids, score, logprob in zip(
+            result.all_sequences[row, :k], result.all_scores[row, :k], result.all_log_probs[row, :k]
+          )
+        ]
     return outputs
+
+  def _search_batch(self, sources: list[list[int]]) -> beam_search.BeamSearchOutput:
+    """Beam search over `sources`: every hypothesis and its scores, on the host, one row per
+    source (the padding rows dropped)."""
+    inputs, max_lengths, max_len = self.padded_batch(sources)
+    with jax.set_mesh(self.mesh):
+      output = beam_search.beam_decode(
+        self.params,
+        sharding.global_batch_from_host(inputs, self.mesh),
+        self.model_config,
+        self.beam_size,
+        max_len,
+        self.alpha,
+        sharding.global_batch_from_host(max_lengths, self.mesh),
+        forced_first_id=self.forced_first_id,
+        length_penalty=self.length_penalty,
+        candidate_pool=self.candidate_pool,
+      )
+    return jax.tree.map(lambda x: sharding.to_host(x)[: len(sources)] if x.ndim else x, output)
 
   def padded_batch(self, sources: list[list[int]]) -> tuple[np.ndarray, np.ndarray, int]:
     """(inputs int32 [rows, src_len], max_lengths int32 [rows], max_len) for the decoder.
@@ -115,6 +197,18 @@ class Translator:
           self.params, inputs, self.model_config, max_len, forced_first_id=self.forced_first_id
         )
     return list(sharding.to_host(outputs)[: len(sources)])
+
+
+def format_nbest(nbest: Sequence[Sequence[Hypothesis]]) -> str:
+  """TSV rows `line_index<TAB>rank<TAB>score<TAB>logprob<TAB>text`, one per hypothesis, in
+  input order. Scores have 6 decimals (-inf for an empty slot); tabs and
+  newlines inside a text (which no detokenizer should produce) become spaces."""
+  rows = []
+  for index, hypotheses in enumerate(nbest):
+    for rank, h in enumerate(hypotheses):
+      text = h.text.replace("\t", " ").replace("\n", " ").replace("\r", " ")
+      rows.append(f"{index}\t{rank}\t{h.score:.6f}\t{h.logprob:.6f}\t{text}\n")
+  return "".join(rows)
 
 
 def load_translator(
