@@ -112,7 +112,12 @@ class Translator:
         ).sequences
       else:
         outputs = decode.greedy_decode(
-          self.params, inputs, self.model_config, max_len, forced_first_id=self.forced_first_id
+          self.params,
+          inputs,
+          self.model_config,
+          max_len,
+          forced_first_id=self.forced_first_id,
+          max_lengths=sharding.global_batch_from_host(max_lengths, self.mesh),
         )
     return list(sharding.to_host(outputs)[: len(sources)])
 
