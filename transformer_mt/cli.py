@@ -134,6 +134,7 @@ def _inference_mesh(args):
 def _cmd_translate(args) -> None:
   from transformer_mt import translate
 
+  options = _sampling_options(args)
   translator = translate.load_translator(
     args.workdir,
     args.step,
@@ -150,14 +151,55 @@ def _cmd_translate(args) -> None:
       raise FileNotFoundError(f"Input file {args.input} does not exist.")
     with open(args.input, "rb") as f:
       lines = translate.read_lines(f)
-  outputs = translator.translate(lines, progress=args.input != "-")
-  text = "".join(line + "\n" for line in outputs)
+  text = _translations_text(translator, lines, options, progress=args.input != "-")
   if args.output == "-":
     sys.stdout.write(text)
   else:
     from transformer_mt.text_files import write_atomically
 
     write_atomically(args.output, text)
+
+
+SAMPLING_FLAGS = ("num_samples", "temperature", "top_k", "top_p", "seed")
+
+
+def _sampling_options(args):
+  """(settings, num_samples, seed) of `translate --sample`, or None without --sample; checked
+  before the checkpoint is read, so a bad value costs nothing."""
+  from transformer_mt import sampling
+
+  if not args.sample:
+    given = [f"--{name}" for name in SAMPLING_FLAGS if getattr(args, name) is not None]
+    if given:
+      raise ValueError(f"{', '.join(given)} only apply to sampling: add --sample, or drop them.")
+    return None
+  if args.beam not in (None, 1):
+    raise ValueError(
+      f"--beam {args.beam} with --sample: sampling draws one token at a time; drop --beam."
+    )
+  settings = sampling.SamplingSettings(
+    temperature=1.0 if args.temperature is None else args.temperature,
+    top_k=args.top_k or 0,
+    top_p=1.0 if args.top_p is None else args.top_p,
+  ).check()
+  num_samples = 1 if args.num_samples is None else args.num_samples
+  if num_samples < 1:
+    raise ValueError(f"--num_samples {num_samples}: must be at least 1.")
+  return settings, num_samples, sampling.check_seed(args.seed or 0)
+
+
+def _translations_text(translator, lines: list[str], options, progress: bool) -> str:
+  """What `translate` writes: one translation per line, or with --sample N samples per line
+  (one line each for N = 1, else `sampling.samples_tsv`'s line_index<TAB>sample<TAB>text)."""
+  from transformer_mt import sampling
+
+  if options is None:
+    return "".join(line + "\n" for line in translator.translate(lines, progress=progress))
+  settings, num_samples, seed = options
+  samples = translator.sample(lines, num_samples, settings, seed, progress=progress)
+  if num_samples == 1:
+    return "".join(texts[0] + "\n" for texts in samples)
+  return sampling.samples_tsv(samples)
 
 
 def _cmd_evaluate(args) -> None:
@@ -383,6 +425,41 @@ def build_parser() -> argparse.ArgumentParser:
     "--beam", type=int, default=None, help="beam size (default: the config's; 1 = greedy)"
   )
   p.add_argument("--alpha", type=float, default=None, help="length penalty alpha (default: config)")
+  group = p.add_argument_group(
+    "sampling (back-translation): transformers' temperature, then top-k, then top-p; the same "
+    "seed gives the same samples on any number of devices and with any batch size"
+  )
+  group.add_argument(
+    "--sample", action="store_true", help="draw each token from the model instead of a beam"
+  )
+  group.add_argument(
+    "--num_samples",
+    type=int,
+    default=None,
+    metavar="N",
+    help="samples per input line (default 1: one line each, as without --sample); N > 1 "
+    "writes N lines per input line as TSV: line_index<TAB>sample<TAB>text, both from 0, in "
+    "input order, empty input lines included (empty text); tabs in a text become spaces",
+  )
+  group.add_argument(
+    "--temperature", type=float, default=None, help="divides the logits (default 1: unchanged)"
+  )
+  group.add_argument(
+    "--top_k", type=int, default=None, help="keep the K most probable tokens (default 0: all)"
+  )
+  group.add_argument(
+    "--top_p",
+    type=float,
+    default=None,
+    help="keep the most probable tokens until their probability reaches P (default 1: all)",
+  )
+  group.add_argument(
+    "--seed",
+    type=int,
+    default=None,
+    help="random seed, 0 to 2**32-1 (default 0); a line's samples depend only on the seed, "
+    "its line index and the sample index",
+  )
   p.set_defaults(func=_cmd_translate)
 
   p = commands.add_parser(

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from transformer_mt import beam_search, checkpointing, decode, run_setup, sharding
+from transformer_mt import beam_search, checkpointing, decode, run_setup, sampling, sharding
 from transformer_mt.config import TransformerConfig
 from transformer_mt.input_pipeline import bucket_length
 from transformer_mt.tokenizer import AnyTokenizer
@@ -49,8 +49,47 @@ class Translator:
   candidate_pool: str = "beam"
 
   def translate(self, lines: Sequence[str], progress: bool = False) -> list[str]:
-    encoded = self.tokenizer.encode([line.strip() for line in lines])
     outputs = [""] * len(lines)
+    for batch in self._batches(self._encode_lines(lines), progress, "translate"):
+      for (index, _), ids in zip(batch, self._decode_batch([ids for _, ids in batch])):
+        outputs[index] = self.tokenizer.decode(ids)
+    return outputs
+
+  def sample(
+    self,
+    lines: Sequence[str],
+    num_samples: int = 1,
+    settings: sampling.SamplingSettings | None = None,
+    seed: int = 0,
+    progress: bool = False,
+  ) -> list[list[str]]:
+    """`num_samples` sampled translations of each line (transformer_mt/sampling.py): a list per
+    line, empty for an empty line's samples. The same seed gives the same samples whatever
+    the batch size or the mesh: a row's draws depend on (seed, line index, sample index).
+    `settings` default: temperature 1, no top-k, no top-p (the model's own distribution)."""
+    if num_samples < 1:
+      raise ValueError(f"--num_samples {num_samples}: must be at least 1.")
+    settings = (settings or sampling.SamplingSettings()).check()
+    seed = sampling.check_seed(seed)
+    outputs = [[""] * num_samples for _ in lines]
+    # The samples of a line are rows of their own, next to each other in the length order.
+    rows = [
+      ((index, number), ids)
+      for index, ids in self._encode_lines(lines)
+      for number in range(num_samples)
+    ]
+    for batch in self._batches(rows, progress, "sample"):
+      decoded = self._sample_batch(
+        [ids for _, ids in batch], [key for key, _ in batch], settings, seed
+      )
+      for ((index, number), _), ids in zip(batch, decoded):
+        outputs[index][number] = self.tokenizer.decode(ids)
+    return outputs
+
+  def _encode_lines(self, lines: Sequence[str]) -> list[tuple[int, list[int]]]:
+    """(line index, source ids) of the non-empty lines, shortest first; overlong lines are
+    truncated to `max_source_len` tokens (EOS kept) with a warning."""
+    encoded = self.tokenizer.encode([line.strip() for line in lines])
     todo = []
     for index, (line, ids) in enumerate(zip(lines, encoded)):
       if not line.strip():
@@ -65,15 +104,15 @@ class Translator:
         ids = ids[: self.max_source_len - 1] + [self.model_config.eos_id]
       todo.append((index, ids))
     todo.sort(key=lambda item: len(item[1]))
+    return todo
+
+  def _batches(self, todo: list, progress: bool, desc: str) -> Iterable[list]:
     batches = [todo[i : i + self.batch_size] for i in range(0, len(todo), self.batch_size)]
     if progress:
       from tqdm import tqdm
 
-      batches = tqdm(batches, desc="translate", unit="batch")
-    for batch in batches:
-      for (index, _), ids in zip(batch, self._decode_batch([ids for _, ids in batch])):
-        outputs[index] = self.tokenizer.decode(ids)
-    return outputs
+      return tqdm(batches, desc=desc, unit="batch")
+    return batches
 
   def padded_batch(self, sources: list[list[int]]) -> tuple[np.ndarray, np.ndarray, int]:
     """(inputs int32 [rows, src_len], max_lengths int32 [rows], max_len) for the decoder.
@@ -119,6 +158,34 @@ class Translator:
           forced_first_id=self.forced_first_id,
           max_lengths=sharding.global_batch_from_host(max_lengths, self.mesh),
         )
+    return list(sharding.to_host(outputs)[: len(sources)])
+
+  def _sample_batch(
+    self,
+    sources: list[list[int]],
+    keys: list[tuple[int, int]],
+    settings: sampling.SamplingSettings,
+    seed: int,
+  ) -> list[np.ndarray]:
+    """One sample per source; keys[i] = (line index, sample index) of sources[i]."""
+    inputs, max_lengths, max_len = self.padded_batch(sources)
+    line_ids = np.zeros(len(inputs), np.int32)  # padding rows: any key, they emit nothing
+    sample_ids = np.zeros(len(inputs), np.int32)
+    line_ids[: len(keys)], sample_ids[: len(keys)] = np.array(keys, np.int32).T
+    with jax.set_mesh(self.mesh):
+      rows = sharding.global_batch_from_host((inputs, max_lengths, line_ids, sample_ids), self.mesh)
+      outputs = sampling.sample_decode(
+        self.params,
+        rows[0],
+        np.uint32(seed),
+        rows[2],
+        rows[3],
+        self.model_config,
+        max_len,
+        settings,
+        max_lengths=rows[1],
+        forced_first_id=self.forced_first_id,
+      )
     return list(sharding.to_host(outputs)[: len(sources)])
 
 
