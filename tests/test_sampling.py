@@ -303,7 +303,7 @@ def _translate_args(**flags):
 
 
 def test_translate_output_formats(model):
-  translator = make_translator(model, jax.devices()[:1], batch_size=8)
+  translator = make_translator(model, jax.devices()[:1], batch_size=3)
   settings = SamplingSettings(temperature=1.5)
   options = cli._sampling_options(_translate_args(sample=True, temperature=1.5, num_samples=3))
   text = cli._translations_text(translator, LINES, options, progress=False)
