@@ -426,8 +426,9 @@ def build_parser() -> argparse.ArgumentParser:
   )
   p.add_argument("--alpha", type=float, default=None, help="length penalty alpha (default: config)")
   group = p.add_argument_group(
-    "sampling (back-translation): transformers' temperature, then top-k, then top-p; the same "
-    "seed gives the same samples on any number of devices and with any batch size"
+    "sampling (back-translation)",
+    "temperature, then top-k, then top-p, as transformers' generate(do_sample=True); the same "
+    "seed gives the same samples on any number of devices and with any batch size",
   )
   group.add_argument(
     "--sample", action="store_true", help="draw each token from the model instead of a beam"
@@ -439,24 +440,35 @@ def build_parser() -> argparse.ArgumentParser:
     metavar="N",
     help="samples per input line (default 1: one line each, as without --sample); N > 1 "
     "writes N lines per input line as TSV: line_index<TAB>sample<TAB>text, both from 0, in "
-    "input order, empty input lines included (empty text); tabs in a text become spaces",
+    "input order, empty input lines included (empty text); tabs and line breaks in a text "
+    "become spaces",
   )
   group.add_argument(
-    "--temperature", type=float, default=None, help="divides the logits (default 1: unchanged)"
+    "--temperature",
+    type=float,
+    default=None,
+    metavar="T",
+    help="divides the logits (default 1: unchanged)",
   )
   group.add_argument(
-    "--top_k", type=int, default=None, help="keep the K most probable tokens (default 0: all)"
+    "--top_k",
+    type=int,
+    default=None,
+    metavar="K",
+    help="keep the K most probable tokens (default 0: all)",
   )
   group.add_argument(
     "--top_p",
     type=float,
     default=None,
+    metavar="P",
     help="keep the most probable tokens until their probability reaches P (default 1: all)",
   )
   group.add_argument(
     "--seed",
     type=int,
     default=None,
+    metavar="S",
     help="random seed, 0 to 2**32-1 (default 0); a line's samples depend only on the seed, "
     "its line index and the sample index",
   )
