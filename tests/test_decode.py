@@ -132,3 +132,66 @@ def test_gather_written_rows_equals_gathering_everything(index):
   for name in ("cached_key", "cached_value"):
     np.testing.assert_array_equal(out["layer"][name], cache["layer"][name][rows])
   assert out["layer"]["cache_index"] == index
+
+
+def long_and_short_sources():
+  """Sources of 2 to 20 tokens and an empty row, [5, 20]: with a small extra length, each
+  row's own limit (source length + extra) binds long before the batch's max_len."""
+  lengths = [20, 2, 0, 9, 5]
+  inputs = np.full((len(lengths), max(lengths)), PAD_ID, np.int32)
+  rng = np.random.default_rng(0)
+  for row, length in enumerate(lengths):
+    if length:
+      inputs[row, : length - 1] = rng.integers(3, CONFIG.vocab_size, length - 1)
+      inputs[row, length - 1] = EOS_ID
+  return jnp.asarray(inputs), np.array(lengths)
+
+
+def test_greedy_stops_each_row_at_its_limit_as_beam_one_does():
+  """One length rule: greedy with per-sentence max_lengths equals beam 1 ("beam" pool) with
+  the same limits, and no row outgrows its own. The random model rarely emits EOS, so the
+  limits (not EOS) end most rows: the test checks they do."""
+  from transformer_mt import beam_search
+
+  params = jax.tree.map(
+    lambda x: x.value if hasattr(x, "value") else x,
+    init_params(CONFIG),
+    is_leaf=lambda x: hasattr(x, "value"),
+  )
+  inputs, lengths = long_and_short_sources()
+  extra_len, max_len = 3, 20 + 3
+  max_lengths = jnp.asarray(np.minimum(lengths + extra_len, max_len), jnp.int32)
+  greedy = np.asarray(
+    decode.greedy_decode(params, inputs, CONFIG, max_len, max_lengths=max_lengths)
+  )
+  beam = beam_search.beam_decode(
+    params, inputs, CONFIG, 1, max_len, max_lengths=max_lengths, candidate_pool="beam"
+  )
+  np.testing.assert_array_equal(greedy, np.asarray(beam.sequences))
+  generated = (greedy != PAD_ID).sum(axis=1)
+  assert (generated <= np.where(lengths > 0, lengths + extra_len, 0)).all()
+  stopped_by_limit = (generated == lengths + extra_len) & ~(greedy == EOS_ID).any(axis=1)
+  assert stopped_by_limit[[1, 3, 4]].all(), greedy  # limits below max_len, not EOS, ended them
+  assert generated[2] == 0  # the empty row
+
+
+def test_translator_greedy_follows_the_length_rule():
+  """Translator (beam 1 = greedy) passes its per-sentence limits: source length + extra_len."""
+  from transformer_mt import sharding, translate
+
+  params = jax.tree.map(
+    lambda x: x.value if hasattr(x, "value") else x,
+    init_params(CONFIG),
+    is_leaf=lambda x: hasattr(x, "value"),
+  )
+  mesh = sharding.make_mesh(sharding.inference_mesh_config(), devices=jax.devices()[:1])
+  translator = translate.Translator(
+    params=params, model_config=CONFIG, tokenizer=None, mesh=mesh, batch_size=4, extra_len=3
+  )
+  inputs, _ = long_and_short_sources()
+  sources = [[int(t) for t in row if t != PAD_ID] for row in np.asarray(inputs)]
+  sources = [s for s in sources if s]
+  generated = (np.stack(translator._decode_batch(sources)) != PAD_ID).sum(axis=1)
+  limits = np.array([len(s) for s in sources]) + translator.extra_len
+  assert (generated <= limits).all()
+  assert (generated == limits).sum() >= 3  # the limits, not EOS, ended most rows

@@ -141,6 +141,9 @@ def _cmd_translate(args) -> None:
   nbest = getattr(args, "nbest", None)
   if nbest is not None:
     _check_nbest(nbest, args.beam)
+    if args.sample:
+      raise ValueError("--nbest with --sample: n-best lists come from beam search; use one.")
+  options = _sampling_options(args)
   translator = translate.load_translator(
     args.workdir,
     args.step,
@@ -162,8 +165,7 @@ def _cmd_translate(args) -> None:
   if nbest is not None:
     text = translate.format_nbest(translator.nbest(lines, nbest, progress=args.input != "-"))
   else:
-    outputs = translator.translate(lines, progress=args.input != "-")
-    text = "".join(line + "\n" for line in outputs)
+    text = _translations_text(translator, lines, options, progress=args.input != "-")
   if args.output == "-":
     sys.stdout.write(text)
   else:
@@ -201,6 +203,48 @@ def _cmd_score(args) -> None:
     sys.stdout.write(text)
   else:
     text_files.write_atomically(args.output, text)
+
+
+SAMPLING_FLAGS = ("num_samples", "temperature", "top_k", "top_p", "seed")
+
+
+def _sampling_options(args):
+  """(settings, num_samples, seed) of `translate --sample`, or None without --sample; checked
+  before the checkpoint is read, so a bad value costs nothing."""
+  from transformer_mt import sampling
+
+  if not args.sample:
+    given = [f"--{name}" for name in SAMPLING_FLAGS if getattr(args, name) is not None]
+    if given:
+      raise ValueError(f"{', '.join(given)} only apply to sampling: add --sample, or drop them.")
+    return None
+  if args.beam not in (None, 1):
+    raise ValueError(
+      f"--beam {args.beam} with --sample: sampling draws one token at a time; drop --beam."
+    )
+  settings = sampling.SamplingSettings(
+    temperature=1.0 if args.temperature is None else args.temperature,
+    top_k=args.top_k or 0,
+    top_p=1.0 if args.top_p is None else args.top_p,
+  ).check()
+  num_samples = 1 if args.num_samples is None else args.num_samples
+  if num_samples < 1:
+    raise ValueError(f"--num_samples {num_samples}: must be at least 1.")
+  return settings, num_samples, sampling.check_seed(args.seed or 0)
+
+
+def _translations_text(translator, lines: list[str], options, progress: bool) -> str:
+  """What `translate` writes: one translation per line, or with --sample N samples per line
+  (one line each for N = 1, else `sampling.samples_tsv`'s line_index<TAB>sample<TAB>text)."""
+  from transformer_mt import sampling
+
+  if options is None:
+    return "".join(line + "\n" for line in translator.translate(lines, progress=progress))
+  settings, num_samples, seed = options
+  samples = translator.sample(lines, num_samples, settings, seed, progress=progress)
+  if num_samples == 1:
+    return "".join(texts[0] + "\n" for texts in samples)
+  return sampling.samples_tsv(samples)
 
 
 def _cmd_evaluate(args) -> None:
@@ -448,6 +492,53 @@ def build_parser() -> argparse.ArgumentParser:
     "score: the search's length-normalised score, logprob: the summed log-probability), "
     "exactly K rows per input line (an empty line: the empty hypothesis with score 0, then "
     "empty slots with -inf); needs K <= --beam (default beam: the config's, raised to K)",
+  )
+  group = p.add_argument_group(
+    "sampling (back-translation)",
+    "temperature, then top-k, then top-p, as transformers' generate(do_sample=True); the same "
+    "seed gives the same samples on any number of devices and with any batch size",
+  )
+  group.add_argument(
+    "--sample", action="store_true", help="draw each token from the model instead of a beam"
+  )
+  group.add_argument(
+    "--num_samples",
+    type=int,
+    default=None,
+    metavar="N",
+    help="samples per input line (default 1: one line each, as without --sample); N > 1 "
+    "writes N lines per input line as TSV: line_index<TAB>sample<TAB>text, both from 0, in "
+    "input order, empty input lines included (empty text); tabs and line breaks in a text "
+    "become spaces",
+  )
+  group.add_argument(
+    "--temperature",
+    type=float,
+    default=None,
+    metavar="T",
+    help="divides the logits (default 1: unchanged)",
+  )
+  group.add_argument(
+    "--top_k",
+    type=int,
+    default=None,
+    metavar="K",
+    help="keep the K most probable tokens (default 0: all)",
+  )
+  group.add_argument(
+    "--top_p",
+    type=float,
+    default=None,
+    metavar="P",
+    help="keep the most probable tokens until their probability reaches P (default 1: all)",
+  )
+  group.add_argument(
+    "--seed",
+    type=int,
+    default=None,
+    metavar="S",
+    help="random seed, 0 to 2**32-1 (default 0); a line's samples depend only on the seed, "
+    "its line index and the sample index",
   )
   p.set_defaults(func=_cmd_translate)
 

@@ -29,7 +29,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from transformer_mt import beam_search, checkpointing, decode, run_setup, sharding
+from transformer_mt import beam_search, checkpointing, decode, run_setup, sampling, sharding
 from transformer_mt.config import TransformerConfig
 from transformer_mt.input_pipeline import bucket_length
 from transformer_mt.tokenizer import AnyTokenizer
@@ -77,18 +77,55 @@ class Translator:
         outputs[index] = self.tokenizer.decode(ids)
     return outputs
 
+  def sample(
+    self,
+    lines: Sequence[str],
+    num_samples: int = 1,
+    settings: sampling.SamplingSettings | None = None,
+    seed: int = 0,
+    progress: bool = False,
+  ) -> list[list[str]]:
+    """`num_samples` sampled translations of each line (transformer_mt/sampling.py): a list per
+    line, empty for an empty line's samples. The same seed gives the same samples whatever
+    the batch size or the mesh: a row's draws depend on (seed, line index, sample index).
+    `settings` default: temperature 1, no top-k, no top-p (the model's own distribution)."""
+    if num_samples < 1:
+      raise ValueError(f"--num_samples {num_samples}: must be at least 1.")
+    settings = (settings or sampling.SamplingSettings()).check()
+    seed = sampling.check_seed(seed)
+    outputs = [[""] * num_samples for _ in lines]
+    # The samples of a line are rows of their own, next to each other in the length order.
+    rows = [
+      ((index, number), ids)
+      for index, ids in enumerate(self.encode_sources(lines))
+      if ids is not None
+      for number in range(num_samples)
+    ]
+    for batch in self._batches(rows, progress, "sample"):
+      decoded = self._sample_batch(
+        [ids for _, ids in batch], [key for key, _ in batch], settings, seed
+      )
+      for ((index, number), _), ids in zip(batch, decoded):
+        outputs[index][number] = self.tokenizer.decode(ids)
+    return outputs
+
   def source_batches(
     self, lines: Sequence[str], progress: bool = False, desc: str = "translate"
   ) -> list[list[tuple[int, list[int]]]]:
     """The non-empty lines as (index, source ids) in batches of `batch_size`, sorted by length
     so each batch pads little; an overlong line is truncated with a warning."""
     todo = [(i, ids) for i, ids in enumerate(self.encode_sources(lines)) if ids is not None]
-    todo.sort(key=lambda item: len(item[1]))
+    return self._batches(todo, progress, desc)
+
+  def _batches(self, todo: list, progress: bool, desc: str) -> Iterable[list]:
+    """(key, source ids) items sorted by source length (so each batch pads little), in
+    batches of `batch_size`."""
+    todo = sorted(todo, key=lambda item: len(item[1]))
     batches = [todo[i : i + self.batch_size] for i in range(0, len(todo), self.batch_size)]
     if progress:
       from tqdm import tqdm
 
-      batches = tqdm(batches, desc=desc, unit="batch")
+      return tqdm(batches, desc=desc, unit="batch")
     return batches
 
   def encode_sources(self, lines: Sequence[str]) -> list[list[int] | None]:
@@ -157,6 +194,34 @@ class Translator:
       )
     return jax.tree.map(lambda x: sharding.to_host(x)[: len(sources)] if x.ndim else x, output)
 
+  def _sample_batch(
+    self,
+    sources: list[list[int]],
+    keys: list[tuple[int, int]],
+    settings: sampling.SamplingSettings,
+    seed: int,
+  ) -> list[np.ndarray]:
+    """One sample per source; keys[i] = (line index, sample index) of sources[i]."""
+    inputs, max_lengths, max_len = self.padded_batch(sources)
+    line_ids = np.zeros(len(inputs), np.int32)  # padding rows: any key, they emit nothing
+    sample_ids = np.zeros(len(inputs), np.int32)
+    line_ids[: len(keys)], sample_ids[: len(keys)] = np.array(keys, np.int32).T
+    with jax.set_mesh(self.mesh):
+      rows = sharding.global_batch_from_host((inputs, max_lengths, line_ids, sample_ids), self.mesh)
+      outputs = sampling.sample_decode(
+        self.params,
+        rows[0],
+        np.uint32(seed),
+        rows[2],
+        rows[3],
+        self.model_config,
+        max_len,
+        settings,
+        max_lengths=rows[1],
+        forced_first_id=self.forced_first_id,
+      )
+    return list(sharding.to_host(outputs)[: len(sources)])
+
   def padded_batch(self, sources: list[list[int]]) -> tuple[np.ndarray, np.ndarray, int]:
     """(inputs int32 [rows, src_len], max_lengths int32 [rows], max_len) for the decoder.
 
@@ -194,7 +259,12 @@ class Translator:
         ).sequences
       else:
         outputs = decode.greedy_decode(
-          self.params, inputs, self.model_config, max_len, forced_first_id=self.forced_first_id
+          self.params,
+          inputs,
+          self.model_config,
+          max_len,
+          forced_first_id=self.forced_first_id,
+          max_lengths=sharding.global_batch_from_host(max_lengths, self.mesh),
         )
     return list(sharding.to_host(outputs)[: len(sources)])
 
