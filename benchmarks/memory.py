@@ -99,6 +99,17 @@ NLLB_200_3_3B = {
 }
 
 
+def peak_bytes(stats) -> int:
+  """XLA's peak of a compiled program: arguments + outputs - aliased (donated buffers
+  reused) + temporaries."""
+  return (
+    stats.argument_size_in_bytes
+    + stats.output_size_in_bytes
+    - stats.alias_size_in_bytes
+    + stats.temp_size_in_bytes
+  )
+
+
 def step_memory(experiment: str, remat: bool, rows: int, accum: int) -> dict[str, float]:
   """Bytes XLA assigns to one train step of `experiment` on one device, and the bytes of
   the residuals jax saves for its backward pass."""
@@ -147,12 +158,7 @@ def step_memory(experiment: str, remat: bool, rows: int, accum: int) -> dict[str
     "outputs": stats.output_size_in_bytes,
     "aliased": stats.alias_size_in_bytes,
     "temporaries": stats.temp_size_in_bytes,
-    "peak": (
-      stats.argument_size_in_bytes
-      + stats.output_size_in_bytes
-      - stats.alias_size_in_bytes
-      + stats.temp_size_in_bytes
-    ),
+    "peak": peak_bytes(stats),
     "target_slots": rows * config.data.max_len,
     "compile_seconds": compile_seconds,
   }
@@ -177,12 +183,7 @@ def inference_memory(dtype: str, batch: int, beam: int, src_len: int) -> dict[st
     "param_bytes": param_bytes,
     "arguments": stats.argument_size_in_bytes,
     "temporaries": stats.temp_size_in_bytes,
-    "peak": (
-      stats.argument_size_in_bytes
-      + stats.output_size_in_bytes
-      - stats.alias_size_in_bytes
-      + stats.temp_size_in_bytes
-    ),
+    "peak": peak_bytes(stats),
     "compile_seconds": time.perf_counter() - start,
   }
 

@@ -180,17 +180,8 @@ class Translator:
     source (the padding rows dropped)."""
     inputs, max_lengths, max_len = self.padded_batch(sources)
     with jax.set_mesh(self.mesh):
-      output = beam_search.beam_decode(
-        self.params,
-        sharding.global_batch_from_host(inputs, self.mesh),
-        self.model_config,
-        self.beam_size,
-        max_len,
-        self.alpha,
-        sharding.global_batch_from_host(max_lengths, self.mesh),
-        forced_first_id=self.forced_first_id,
-        length_penalty=self.length_penalty,
-        candidate_pool=self.candidate_pool,
+      output = self._beam_decode(
+        sharding.global_batch_from_host(inputs, self.mesh), max_lengths, max_len
       )
     return jax.tree.map(lambda x: sharding.to_host(x)[: len(sources)] if x.ndim else x, output)
 
@@ -239,24 +230,30 @@ class Translator:
     max_lengths = np.minimum((inputs != pad_id).sum(axis=1) + self.extra_len, max_len)
     return inputs, max_lengths.astype(np.int32), max_len
 
+  def _beam_decode(
+    self, inputs: jax.Array, max_lengths: np.ndarray, max_len: int
+  ) -> beam_search.BeamSearchOutput:
+    """Beam search with this translator's settings over global `inputs` (inside its mesh)."""
+    return beam_search.beam_decode(
+      self.params,
+      inputs,
+      self.model_config,
+      self.beam_size,
+      max_len,
+      self.alpha,
+      sharding.global_batch_from_host(max_lengths, self.mesh),
+      forced_first_id=self.forced_first_id,
+      length_penalty=self.length_penalty,
+      candidate_pool=self.candidate_pool,
+    )
+
   def _decode_batch(self, sources: list[list[int]]) -> list[np.ndarray]:
     inputs, max_lengths, max_len = self.padded_batch(sources)
     with jax.set_mesh(self.mesh):
       # Every process decodes the same sentences, each device its slice of the rows.
       inputs = sharding.global_batch_from_host(inputs, self.mesh)
       if self.beam_size > 1:
-        outputs = beam_search.beam_decode(
-          self.params,
-          inputs,
-          self.model_config,
-          self.beam_size,
-          max_len,
-          self.alpha,
-          sharding.global_batch_from_host(max_lengths, self.mesh),
-          forced_first_id=self.forced_first_id,
-          length_penalty=self.length_penalty,
-          candidate_pool=self.candidate_pool,
-        ).sequences
+        outputs = self._beam_decode(inputs, max_lengths, max_len).sequences
       else:
         outputs = decode.greedy_decode(
           self.params,
