@@ -48,3 +48,21 @@ def pretrained_config(
   config.paper_bleu = published_bleu
   config.paper_bleu_source = published_source
   return config
+
+
+def nllb_3_3b_config(target_lang: str, target_code: str, published_bleu: float):
+  """NLLB-200 3.3B from English (eng_Latn) into `target_lang` (`target_code`): the two NLLB
+  rows differ only in these."""
+  config = pretrained_config(
+    "facebook/nllb-200-3.3B",
+    "en",
+    target_lang,
+    published_bleu=published_bleu,
+    published_source="project seed table (source not traced; NLLB reports FLORES-200)",
+    language_codes=("eng_Latn", target_code),
+  )
+  config.description = (
+    f"NLLB-200 3.3B imported, newstest2014 EN->{target_lang.upper()} "
+    f"(target: {published_bleu} BLEU)"
+  )
+  return config

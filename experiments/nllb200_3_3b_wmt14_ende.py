@@ -19,13 +19,4 @@ from experiments import _pretrained
 
 
 def get_config():
-  config = _pretrained.pretrained_config(
-    "facebook/nllb-200-3.3B",
-    "en",
-    "de",
-    published_bleu=31.2,
-    published_source="project seed table (source not traced; NLLB reports FLORES-200)",
-    language_codes=("eng_Latn", "deu_Latn"),
-  )
-  config.description = "NLLB-200 3.3B imported, newstest2014 EN->DE (target: 31.2 BLEU)"
-  return config
+  return _pretrained.nllb_3_3b_config("de", "deu_Latn", published_bleu=31.2)
