@@ -70,7 +70,6 @@ import jax
 import jax.numpy as jnp
 
 from transformer_mt import decode
-from transformer_mt.config import TransformerConfig
 from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 # tokens int32 [batch * beam], position int32 [], cache -> (logits [batch * beam, vocab], cache).
@@ -172,6 +171,7 @@ def beam_search(
   always_gather: bool = False,
   length_penalty: str = "gnmt",
   candidate_pool: str = "beam",
+  normalize: bool = True,
 ) -> BeamSearchOutput:
   """Beam search over `tokens_to_logits`; call it inside `jax.jit` (it traces one loop).
 
@@ -197,6 +197,9 @@ def beam_search(
       (transformers' `length_penalty`); see the module docstring.
     candidate_pool: "beam", "2beam" or "hf": which extensions are kept at each step and
       which of them may finish; see the module docstring.
+    normalize: the step returns logits, turned into log-probabilities here (log-softmax).
+      False: it returns the per-token scores to add up as they are (an ensemble's mean of
+      its members' log-probabilities, `decode.model_step`), which need not sum to one.
 
   Returns:
     BeamSearchOutput: the best hypothesis per sentence and all `beam_size` of them.
@@ -275,7 +278,9 @@ def beam_search(
     else:
       reordered, cache = reorder_cache(state.cache, state.parents)
     logits, cache = tokens_to_logits(tokens, step, cache)
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    log_probs = logits.astype(jnp.float32)
+    if normalize:
+      log_probs = jax.nn.log_softmax(log_probs, axis=-1)
     vocab = log_probs.shape[-1]
     log_probs = log_probs.reshape(batch_size, beam_size, vocab)  # [batch, beam, vocab]
 
@@ -363,7 +368,7 @@ def beam_search(
 def beam_decode(
   params: Any,
   inputs: jax.Array,
-  config: TransformerConfig,
+  config: decode.ModelConfig,
   beam_size: int,
   max_len: int,
   alpha: float = 0.6,
@@ -390,55 +395,41 @@ def beam_decode(
       (`decode.force_first_token`: a target language code), or None.
     length_penalty, candidate_pool: as in `beam_search`; "power" and "hf" reproduce
       transformers' `generate(num_beams=..., length_penalty=alpha, early_stopping="never")`.
+
+  An ensemble (`params` a tuple of parameter trees, `config` the tuple of their configs;
+  `decode`'s module docstring) searches over the mean of its members' log-probabilities.
   """
   batch = inputs.shape[0]
-  inputs_valid = inputs != config.pad_id  # [batch, src_len]
+  ids_config = decode.lead_config(config)
+  inputs_valid = inputs != ids_config.pad_id  # [batch, src_len]
   if max_lengths is None:
     max_lengths = jnp.full((batch,), max_len, jnp.int32)
   max_lengths = jnp.where(jnp.any(inputs_valid, axis=1), max_lengths, 0)
   beam_inputs_valid = jnp.repeat(inputs_valid, beam_size, axis=0)  # [batch * beam, src_len]
-  ids = dict(eos_id=config.eos_id, bos_id=config.decoder_start_id, pad_id=config.pad_id)
-  search = dict(length_penalty=length_penalty, candidate_pool=candidate_pool)
-
-  if always_gather:
-
-    def tokens_to_logits(tokens, position, cache):
-      logits, cache = decode.decode_step(params, cache, beam_inputs_valid, tokens, position, config)
-      logits = decode.never_generated(logits, config.suppressed_ids)
-      return decode.force_first_token(logits, position, forced_first_id), cache
-
-    return beam_search(
-      tokens_to_logits,
-      decode.init_cache(params, inputs, config, max_len),
-      batch_size=batch,
-      beam_size=beam_size,
-      max_len=max_len,
-      alpha=alpha,
-      max_lengths=max_lengths,
-      **ids,
-      **search,
-      always_gather=True,
-    )
-
-  cache, cross_cache = decode.split_cache(decode.init_cache(params, inputs, config, max_len))
-  cross_cache = _expand_to_beams(cross_cache, batch, beam_size)  # [batch * beam, src_len, ...]
-
-  def tokens_to_logits(tokens, position, cache):
-    logits, cache = decode.decode_step(
-      params, decode.merge_cache(cache, cross_cache), beam_inputs_valid, tokens, position, config
-    )
-    logits = decode.never_generated(logits, config.suppressed_ids)
-    return decode.force_first_token(logits, position, forced_first_id), decode.split_cache(cache)[0]
-
-  return beam_search(
-    tokens_to_logits,
-    cache,
+  step = decode.model_step(params, beam_inputs_valid, config, forced_first_id)
+  options = dict(
     batch_size=batch,
     beam_size=beam_size,
     max_len=max_len,
     alpha=alpha,
     max_lengths=max_lengths,
-    **ids,
-    **search,
-    gather_cache=decode.gather_written_rows,
+    eos_id=ids_config.eos_id,
+    bos_id=ids_config.decoder_start_id,
+    pad_id=ids_config.pad_id,
+    length_penalty=length_penalty,
+    candidate_pool=candidate_pool,
+    # An ensemble's step gives mean log-probabilities, to be searched over as they are.
+    normalize=not decode.is_ensemble(config),
   )
+  if always_gather:
+    initial = decode.init_cache(params, inputs, config, max_len)
+    return beam_search(step, initial, **options, always_gather=True)
+
+  cache, cross_cache = decode.split_cache(decode.init_cache(params, inputs, config, max_len))
+  cross_cache = _expand_to_beams(cross_cache, batch, beam_size)  # [batch * beam, src_len, ...]
+
+  def tokens_to_logits(tokens, position, cache):
+    logits, cache = step(tokens, position, decode.merge_cache(cache, cross_cache))
+    return logits, decode.split_cache(cache)[0]
+
+  return beam_search(tokens_to_logits, cache, **options, gather_cache=decode.gather_written_rows)

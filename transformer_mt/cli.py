@@ -353,6 +353,22 @@ _METRIC_HELP = (
 )
 
 
+def _model_workdirs_flag(p: argparse.ArgumentParser) -> None:
+  """--workdir (repeatable: an ensemble) and --step of the commands that decode or score."""
+  p.add_argument(
+    "--workdir",
+    action="append",
+    required=True,
+    help="workdir (or its checkpoints/, or an averaged checkpoint directory) of a trained or "
+    "imported model; repeat it for an ensemble, which decodes from the mean of the models' "
+    "log-probabilities at each step (the models must share one tokenizer; decode settings "
+    "are the first workdir's)",
+  )
+  p.add_argument(
+    "--step", type=int, default=None, help="checkpoint step of every workdir (default: latest)"
+  )
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="run.py", description=__doc__.splitlines()[0])
   parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
@@ -431,8 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
     help="translate lines with a trained checkpoint",
     parents=[mesh_flag, language_flags],
   )
-  p.add_argument("--workdir", required=True, help="workdir (or its checkpoints/) of a trained run")
-  p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+  _model_workdirs_flag(p)
   p.add_argument("--input", default="-", help="file to translate (default: stdin)")
   p.add_argument("--output", default="-", help="where to write translations (default: stdout)")
   p.add_argument(
@@ -504,13 +519,12 @@ def build_parser() -> argparse.ArgumentParser:
     help="translate a test set and report sacreBLEU, paper BLEU, chrF and chrF++",
     parents=[mesh_flag, language_flags],
   )
-  p.add_argument("--workdir", required=True, help="workdir or averaged checkpoint directory")
+  _model_workdirs_flag(p)
   p.add_argument(
     "--split", default="test", help="the experiment's split to evaluate (default: test)"
   )
   p.add_argument("--source", default=None, help="evaluate on this source file instead of --split")
   p.add_argument("--reference", default=None, help="reference file, line-aligned with --source")
-  p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
   p.add_argument("--beam", type=int, default=None, help="beam size (default: the config's)")
   p.add_argument("--alpha", type=float, default=None, help="length penalty alpha (default: config)")
   p.add_argument("--limit", type=int, default=None, help="only the first N sentences")
@@ -527,11 +541,10 @@ def build_parser() -> argparse.ArgumentParser:
     "penalty). An empty source line gives tokens 0 and nan. See transformer_mt/scoring.py.",
     parents=[mesh_flag, language_flags],
   )
-  p.add_argument("--workdir", required=True, help="workdir (or its checkpoints/) of a trained run")
+  _model_workdirs_flag(p)
   p.add_argument("--source", required=True, help="source file, one sentence per line")
   p.add_argument("--target", required=True, help="target file, line-aligned with --source")
   p.add_argument("--output", default="-", help="where to write the TSV rows (default: stdout)")
-  p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
   p.add_argument(
     "--alpha", type=float, default=None, help="length penalty alpha of score (default: config)"
   )

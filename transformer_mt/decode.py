@@ -28,9 +28,41 @@ from transformer_mt.config import TransformerConfig
 from transformer_mt.model import Transformer
 from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
+# One model's config, or an ensemble's: a tuple of its members' configs (module docstring).
+ModelConfig = TransformerConfig | tuple[TransformerConfig, ...]
 
-def init_cache(params: Any, inputs: jax.Array, config: TransformerConfig, max_len: int) -> Any:
-  """Encodes `inputs` [batch, src_len] and returns a decode cache for `max_len` target steps."""
+
+def is_ensemble(config: ModelConfig) -> bool:
+  return isinstance(config, tuple)
+
+
+def lead_config(config: ModelConfig) -> TransformerConfig:
+  """The config whose ids (PAD, EOS, decoder start, suppressed) every member shares."""
+  return config[0] if is_ensemble(config) else config
+
+
+def members(params: Any, config: ModelConfig) -> list[tuple[Any, TransformerConfig]]:
+  """(params, config) of each model: one pair for a single model."""
+  if not is_ensemble(config):
+    return [(params, config)]
+  if len(params) != len(config):
+    raise ValueError(f"An ensemble of {len(config)} configs got {len(params)} parameter trees.")
+  return list(zip(params, config))
+
+
+def member_key(index: int) -> str:
+  """The key of member `index`'s cache in an ensemble's cache."""
+  return f"member_{index}"
+
+
+def init_cache(params: Any, inputs: jax.Array, config: ModelConfig, max_len: int) -> Any:
+  """Encodes `inputs` [batch, src_len] and returns a decode cache for `max_len` target steps
+  (an ensemble's: one per member, under `member_key(i)`)."""
+  if is_ensemble(config):
+    return {
+      member_key(i): init_cache(p, inputs, c, max_len)
+      for i, (p, c) in enumerate(members(params, config))
+    }
   eval_model = Transformer(config.replace(deterministic=True, decode=False))
   encoded = eval_model.apply({"params": params}, inputs, method=Transformer.encode)
   decode_model = Transformer(config.replace(deterministic=True, decode=True))
@@ -242,11 +274,27 @@ def decode_loop(
 def model_step(
   params: Any,
   inputs_valid: jax.Array,
-  config: TransformerConfig,
+  config: ModelConfig,
   forced_first_id: int | None = None,
 ) -> TokensToLogits:
   """The Transformer as a `TokensToLogits` for `decode_loop`: `decode_step`, with the ids it
-  must never generate masked and `forced_first_id` (or None) forced at position 0."""
+  must never generate masked and `forced_first_id` (or None) forced at position 0.
+
+  An ensemble's step returns the mean of its members' log-probabilities (module docstring),
+  float32 [batch, vocab]: argmax and sampling read them as logits; beam search must take
+  them as they are (`normalize=False`).
+  """
+  if is_ensemble(config):
+    steps = [model_step(p, inputs_valid, c, forced_first_id) for p, c in members(params, config)]
+
+    def ensemble_step(tokens, position, cache):
+      log_probs, new_cache = [], {}
+      for i, step in enumerate(steps):
+        logits, new_cache[member_key(i)] = step(tokens, position, cache[member_key(i)])
+        log_probs.append(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1))
+      return jnp.mean(jnp.stack(log_probs), axis=0), new_cache  # [batch, vocab]
+
+    return ensemble_step
 
   def tokens_to_logits(tokens, position, cache):
     logits, cache = decode_step(params, cache, inputs_valid, tokens, position, config)
@@ -268,7 +316,7 @@ def source_max_lengths(inputs: jax.Array, max_lengths: jax.Array | None, pad_id:
 def greedy_decode(
   params: Any,
   inputs: jax.Array,
-  config: TransformerConfig,
+  config: ModelConfig,
   max_len: int,
   forced_first_id: int | None = None,
   max_lengths: jax.Array | None = None,
@@ -280,9 +328,11 @@ def greedy_decode(
   given, is the first generated token of every row (`force_first_token`: a target language
   code), and is part of the output. `max_lengths` (optional int [batch], e.g. source length
   + 50) stops each row at its own limit, as `beam_search.beam_decode` does, so greedy
-  decoding equals beam 1 for any limits.
+  decoding equals beam 1 for any limits. An ensemble (module docstring) takes the argmax of
+  its mean log-probabilities.
   """
-  inputs_valid = inputs != config.pad_id  # [batch, src_len]
+  ids = lead_config(config)
+  inputs_valid = inputs != ids.pad_id  # [batch, src_len]
   return decode_loop(
     model_step(params, inputs_valid, config, forced_first_id),
     init_cache(params, inputs, config, max_len),
@@ -290,8 +340,8 @@ def greedy_decode(
     batch_size=inputs.shape[0],
     max_len=max_len,
     # Empty rows (all padding) get nothing, whatever their limit.
-    max_lengths=source_max_lengths(inputs, max_lengths, config.pad_id),
-    eos_id=config.eos_id,
-    bos_id=config.decoder_start_id,
-    pad_id=config.pad_id,
+    max_lengths=source_max_lengths(inputs, max_lengths, ids.pad_id),
+    eos_id=ids.eos_id,
+    bos_id=ids.decoder_start_id,
+    pad_id=ids.pad_id,
   )

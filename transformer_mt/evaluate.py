@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from jax.sharding import Mesh
@@ -28,7 +29,7 @@ def bleu_language(config, target_code: str | None = None) -> str:
 
 
 def evaluate(
-  workdir: str,
+  workdir: str | Sequence[str],
   split: str = "test",
   step: int | None = None,
   beam_size: int | None = None,
@@ -44,13 +45,16 @@ def evaluate(
   report (the keys of `evaluation.bleu_report`, then the run's settings and speed).
 
   Args:
-    workdir: a training workdir or an averaged checkpoint directory.
+    workdir: a training workdir or an averaged checkpoint directory; several make an
+      ensemble (`translate.load_translator`), evaluated on the first one's split and
+      written to the first one's eval/ directory, the report listing every member.
     source_file, reference_file: evaluate on these line-aligned files instead of `split`.
     limit: only the first `limit` sentences (for quick checks; the report says so).
     mesh: the devices to decode on (default: every device on the data axis).
     source_lang, target_lang: language codes of a multilingual import (default: its config's).
   """
-  config, _, step = checkpointing.read_config(workdir, step)
+  workdirs = [workdir] if isinstance(workdir, str) else list(workdir)
+  config, _, step = checkpointing.read_config(workdirs[0], step)
   if source_file or reference_file:
     if not (source_file and reference_file):
       raise ValueError(
@@ -73,7 +77,7 @@ def evaluate(
     pairs, name = splits[split], split
   pairs = list(pairs[:limit] if limit else pairs)
   translator = load_translator(
-    workdir,
+    workdirs,
     step,
     mesh,
     beam_size=beam_size,
@@ -91,7 +95,7 @@ def evaluate(
   )
   report.update(
     {
-      "workdir": os.path.abspath(workdir),
+      "workdir": os.path.abspath(workdirs[0]),
       "step": step,
       "split": name,
       "num_sentences": len(pairs),
@@ -102,9 +106,13 @@ def evaluate(
       "sentences_per_second": len(pairs) / seconds,
     }
   )
-  out_dir = os.path.join(checkpointing.resolve_workdir(workdir), "eval")
+  stem = f"{name}-step{step}-beam{translator.beam_size}"
+  if len(workdirs) > 1:
+    report["ensemble"] = [os.path.abspath(w) for w in workdirs]
+    stem += f"-ensemble{len(workdirs)}"
+  out_dir = os.path.join(checkpointing.resolve_workdir(workdirs[0]), "eval")
   os.makedirs(out_dir, exist_ok=True)
-  stem = os.path.join(out_dir, f"{name}-step{step}-beam{translator.beam_size}")
+  stem = os.path.join(out_dir, stem)
   text_files.write_atomically(stem + ".txt", "".join(h + "\n" for h in hypotheses))
   text_files.write_atomically(stem + ".json", json.dumps(report, indent=2) + "\n")
   report["report_path"] = stem + ".json"

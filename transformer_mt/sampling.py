@@ -32,7 +32,6 @@ import jax
 import jax.numpy as jnp
 
 from transformer_mt import decode
-from transformer_mt.config import TransformerConfig
 from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 # Seeds are folded into a threefry key as uint32.
@@ -151,7 +150,7 @@ def sample_decode(
   seed: jax.Array,
   line_ids: jax.Array,
   sample_ids: jax.Array,
-  config: TransformerConfig,
+  config: decode.ModelConfig,
   max_len: int,
   settings: SamplingSettings = SamplingSettings(),
   max_lengths: jax.Array | None = None,
@@ -165,18 +164,22 @@ def sample_decode(
       with `seed` they alone decide the row's draws (module docstring).
     max_lengths: optional int [batch] (source length + 50); empty rows get all PAD.
     forced_first_id: the first token of every row (a target language code), or None.
+
+  An ensemble (`decode`'s module docstring) samples from the normalised mean of its members'
+  log-probabilities (their renormalised geometric mean), warped like logits.
   """
-  inputs_valid = inputs != config.pad_id  # [batch, src_len]
+  ids = decode.lead_config(config)
+  inputs_valid = inputs != ids.pad_id  # [batch, src_len]
   return sample(
     decode.model_step(params, inputs_valid, config, forced_first_id),
     decode.init_cache(params, inputs, config, max_len),
     row_keys(seed, line_ids, sample_ids),
     settings,
     max_len,
-    decode.source_max_lengths(inputs, max_lengths, config.pad_id),
-    eos_id=config.eos_id,
-    bos_id=config.decoder_start_id,
-    pad_id=config.pad_id,
+    decode.source_max_lengths(inputs, max_lengths, ids.pad_id),
+    eos_id=ids.eos_id,
+    bos_id=ids.decoder_start_id,
+    pad_id=ids.pad_id,
   )
 
 

@@ -41,7 +41,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_mt import beam_search, decode, sharding
-from transformer_mt.config import TransformerConfig
 from transformer_mt.input_pipeline import bucket_length
 from transformer_mt.model import Transformer
 from transformer_mt.translate import Translator
@@ -66,7 +65,7 @@ def sequence_log_probs(
   targets_in: jax.Array,
   targets: jax.Array,
   target_lengths: jax.Array,
-  config: TransformerConfig,
+  config: decode.ModelConfig,
   forced_first_id: int | None = None,
 ) -> jax.Array:
   """float32 [batch]: summed log-probabilities of `targets` given `inputs`, by one
@@ -78,14 +77,22 @@ def sequence_log_probs(
     targets: int32 [batch, tgt_len], target ids.
     target_lengths: int32 [batch], ids of each target row that count (the rest is padding).
     forced_first_id: the token forced at position 0 (log-prob 0; any other one gets -inf).
+    config: one model's, or an ensemble's tuple (then `params` is a tuple too): the mean of
+      the members' token log-probabilities, the distribution an ensemble decodes from.
   """
-  model = Transformer(config.replace(deterministic=True, decode=False))
-  logits = model.apply({"params": params}, inputs, targets_in)  # [batch, tgt_len, vocab]
-  logits = decode.never_generated(logits, config.suppressed_ids)
   positions = jnp.arange(targets.shape[1])[None, :, None]  # [1, tgt_len, 1]
-  logits = decode.force_first_token(logits, positions, forced_first_id)
-  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  token_log_probs = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+  member_log_probs = []
+  for member_params, member_config in decode.members(params, config):
+    model = Transformer(member_config.replace(deterministic=True, decode=False))
+    logits = model.apply({"params": member_params}, inputs, targets_in)  # [batch, tgt_len, vocab]
+    logits = decode.never_generated(logits, member_config.suppressed_ids)
+    logits = decode.force_first_token(logits, positions, forced_first_id)
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    member_log_probs.append(jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0])
+  # An ensemble scores each token by its members' mean log-probability, as it decodes.
+  token_log_probs = member_log_probs[0]  # [batch, tgt_len]
+  if len(member_log_probs) > 1:
+    token_log_probs = jnp.mean(jnp.stack(member_log_probs), axis=0)
   counted = jnp.arange(targets.shape[1])[None, :] < target_lengths[:, None]  # [batch, tgt_len]
   # where, not a product: a padding position may hold -inf (a suppressed id), and -inf * 0 = nan.
   return jnp.sum(jnp.where(counted, token_log_probs, 0.0), axis=1)
@@ -128,13 +135,13 @@ def score_lines(
   encoded = translator.encode_sources(sources)
   kept = [i for i, ids in enumerate(encoded) if ids is not None]
   target_ids = translator.tokenizer.encode_targets([targets[i].strip() for i in kept])
-  config = translator.model_config
-  if config.position_encoding == "learned":
+  learned = [c.max_len for c in translator.configs if c.position_encoding == "learned"]
+  if learned:
     for i, ids in zip(kept, target_ids):
-      if len(ids) > config.max_len:
+      if len(ids) > min(learned):
         raise ValueError(
           f"Target line {i + 1} has {len(ids)} tokens; the model's learned positions reach "
-          f"{config.max_len}: shorten or split that line."
+          f"{min(learned)}: shorten or split that line."
         )
   scored = score_ids(translator, [encoded[i] for i in kept], target_ids)
   results = [UNSCORED] * len(sources)
@@ -177,7 +184,10 @@ def _score_batch(
       for x in (inputs, targets_in, targets_out, lengths)
     ]
     sums = sequence_log_probs(
-      translator.params, *on_mesh, config=config, forced_first_id=translator.forced_first_id
+      translator.params,
+      *on_mesh,
+      config=translator.decoder_config,
+      forced_first_id=translator.forced_first_id,
     )
   return sharding.to_host(sums)[: len(sources)]
 

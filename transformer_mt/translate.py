@@ -30,6 +30,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from transformer_mt import beam_search, checkpointing, decode, run_setup, sampling, sharding
+from transformer_mt import tokenizer as tokenizers
 from transformer_mt.config import TransformerConfig
 from transformer_mt.input_pipeline import bucket_length
 from transformer_mt.tokenizer import AnyTokenizer
@@ -69,6 +70,20 @@ class Translator:
   # "beam" for our models; "power" / "hf" reproduce transformers' generate for imports.
   length_penalty: str = "gnmt"
   candidate_pool: str = "beam"
+  # An ensemble (several workdirs, `load_translator`): the members' configs, with `params`
+  # the tuple of their parameter trees; `model_config` is then the first member's, whose
+  # ids (PAD, EOS, decoder start) and tokenizer every member shares. None: one model.
+  members: tuple[TransformerConfig, ...] | None = None
+
+  @property
+  def decoder_config(self) -> decode.ModelConfig:
+    """The static config of the jitted decoders: the model's, or the ensemble's tuple."""
+    return self.members or self.model_config
+
+  @property
+  def configs(self) -> tuple[TransformerConfig, ...]:
+    """Every member's config (one for a single model)."""
+    return self.members or (self.model_config,)
 
   def translate(self, lines: Sequence[str], progress: bool = False) -> list[str]:
     outputs = [""] * len(lines)
@@ -205,7 +220,7 @@ class Translator:
         np.uint32(seed),
         rows[2],
         rows[3],
-        self.model_config,
+        self.decoder_config,
         max_len,
         settings,
         max_lengths=rows[1],
@@ -237,7 +252,7 @@ class Translator:
     return beam_search.beam_decode(
       self.params,
       inputs,
-      self.model_config,
+      self.decoder_config,
       self.beam_size,
       max_len,
       self.alpha,
@@ -258,7 +273,7 @@ class Translator:
         outputs = decode.greedy_decode(
           self.params,
           inputs,
-          self.model_config,
+          self.decoder_config,
           max_len,
           forced_first_id=self.forced_first_id,
           max_lengths=sharding.global_batch_from_host(max_lengths, self.mesh),
@@ -279,7 +294,7 @@ def format_nbest(nbest: Sequence[Sequence[Hypothesis]]) -> str:
 
 
 def load_translator(
-  workdir: str,
+  workdir: str | Sequence[str],
   step: int | None = None,
   mesh: Mesh | None = None,
   beam_size: int | None = None,
@@ -294,12 +309,68 @@ def load_translator(
   mesh in the config, so a model trained with FSDP on 8 devices translates on 1.
   Beam size and alpha default to the experiment's `decode` section; the languages of a
   multilingual import (`source_lang`, `target_lang`: language codes) to its `data` section.
+
+  Several workdirs make an ensemble (`decode`'s module docstring): each member's checkpoint
+  at `step` (default: its latest), decoded together from the mean of their log-probabilities
+  with the first workdir's decode settings. Their architectures may differ; their tokenizer,
+  ids and language tags may not.
+
+  Raises:
+    ValueError: the members' tokenizers or ids differ (one line naming both workdirs).
   """
+  workdirs = [workdir] if isinstance(workdir, str) else list(workdir)
+  if not workdirs:
+    raise ValueError("No --workdir given.")
+  mesh = mesh or sharding.make_mesh(sharding.inference_mesh_config())
+  loaded = [_load_one(w, step, mesh, beam_size, alpha, source_lang, target_lang) for w in workdirs]
+  if len(loaded) == 1:
+    return loaded[0]
+  first = loaded[0]
+  for other, other_dir in zip(loaded[1:], workdirs[1:]):
+    _check_same_vocabulary(first, workdirs[0], other, other_dir)
+  logging.info("Ensemble of %d models: %s.", len(loaded), ", ".join(workdirs))
+  return dataclasses.replace(
+    first,
+    params=tuple(t.params for t in loaded),
+    members=tuple(t.model_config for t in loaded),
+  )
+
+
+def _check_same_vocabulary(first: Translator, first_dir: str, other: Translator, other_dir: str):
+  """An ensemble averages log-probabilities id by id: its members must read and write the
+  same ids, so they must have one tokenizer (byte-identical files), the same special ids and
+  the same forced first token (language tag)."""
+  if tokenizers.to_files(first.tokenizer) != tokenizers.to_files(other.tokenizer):
+    raise ValueError(
+      f"--workdir {other_dir} has a different tokenizer from --workdir {first_dir}: an ensemble's "
+      "models must share one tokenizer (ensemble checkpoints trained or fine-tuned from the "
+      "same tokenizer), or translate with each separately."
+    )
+  names = ("pad_id", "eos_id", "decoder_start_id", "vocab_size", "output_vocab_size")
+  ids = [(n, getattr(first.model_config, n), getattr(other.model_config, n)) for n in names]
+  ids.append(("forced first token", first.forced_first_id, other.forced_first_id))
+  for name, a, b in ids:
+    if a != b:
+      raise ValueError(
+        f"--workdir {other_dir} has {name} {b}, --workdir {first_dir} has {a}: an ensemble's "
+        "models must share their ids and language tags; import or train them alike."
+      )
+
+
+def _load_one(
+  workdir: str,
+  step: int | None,
+  mesh: Mesh,
+  beam_size: int | None,
+  alpha: float | None,
+  source_lang: str | None,
+  target_lang: str | None,
+) -> Translator:
+  """One model's Translator (`load_translator`)."""
   config, tokenizer, step = checkpointing.read_config(workdir, step)
   tokenizer, model_config, forced_first_id = with_languages(
     tokenizer, config, source_lang, target_lang, workdir
   )
-  mesh = mesh or sharding.make_mesh(sharding.inference_mesh_config())
   setup = run_setup.model_setup(config, tokenizer, mesh)
   params = checkpointing.restore_params(workdir, step, setup.abstract_params)
   logging.info("Loaded step %d from %s onto mesh %s.", step, workdir, dict(mesh.shape))
