@@ -1,6 +1,6 @@
 """A persistent JAX compilation cache for every `run.py` command.
 
-Each translate/evaluate process compiles the decoder once per source-length bucket (1-1.4 s each
+Each translate/evaluate process compiles the decoder once per source-length bucket (seconds each
 on CPU), and a new process used to pay that again. With the cache, a later process loads the
 compiled programs from disk instead.
 
@@ -13,11 +13,13 @@ Where the cache lives:
 A directory that cannot be created or written is reported with one warning and the command runs
 without a cache.
 
-Several processes may share the directory: entries are whole files named by a hash of the
-program, its compile options, the devices and the jax/XLA versions, and JAX writes them only from
-process 0 of a multi-process run, so hosts with different hardware never read each other's
-programs and a job's processes never write the same file at once. A file that fails to load
-(e.g. one read while another job writes it) is a warning and a recompile, not an error.
+Several processes and hosts may share the directory (e.g. a home on NFS): an entry is one file
+named by a hash of the program, its compile options, the XLA flags, the jax/XLA versions and the
+device topology (on CPU this includes the instruction set), so machines with different hardware
+never load each other's programs; JAX writes entries only from process 0 of a multi-process run,
+so a job's processes never write the same file at once (the other hosts read what process 0
+wrote where the directory is shared, and recompile as before where it is not). A file that fails
+to load (e.g. one read while another job writes it) is a warning and a recompile, not an error.
 The cache grows without bound unless `JAX_COMPILATION_CACHE_MAX_SIZE` (bytes) caps it; deleting
 the directory is always safe.
 """
@@ -28,9 +30,9 @@ import logging
 import os
 import tempfile
 
-# JAX's default writes only programs that took >= 1 s to compile; a decode bucket takes about
-# that, so some would be missed. Smaller programs (argmax, padding) load no faster than they
-# compile and would only add files.
+# The smallest compile time worth an entry (unless JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS is
+# set). JAX's default, 1 s, would miss decode programs that compile in just under that on a fast
+# machine; tiny programs (seeding, staging) load no faster than they compile.
 MIN_COMPILE_TIME_SECS = 0.2
 
 
@@ -70,5 +72,6 @@ def enable() -> str | None:
     )
     return None
   jax.config.update("jax_compilation_cache_dir", path)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_TIME_SECS)
+  if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_TIME_SECS)
   return path
