@@ -608,8 +608,10 @@ def main(argv=None) -> int:
   # tensorstore's failed reads of a damaged checkpoint surface as unretrieved asyncio futures;
   # the damage is reported once, by name, where the checkpoint is skipped.
   logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+  from transformer_mt import compile_cache
   from transformer_mt.train_step import NonFiniteError
 
+  compile_cache.enable()  # before anything compiles
   try:
     resolve_paths(args)
     args.func(args)
