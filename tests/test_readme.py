@@ -35,6 +35,7 @@ EXPECTED = {
   "reproduce",
   "report",
   "sweep",
+  "score",
 }
 SENTENCES = "the old dog watched these big red apples in a garden quickly\nmy cats\n\nyour kings\n"
 
@@ -130,3 +131,4 @@ def test_readme_commands_run_as_printed(tmp_path):
   assert (tmp_path / "workdirs" / "demo_row" / "results.json").exists()
   assert (tmp_path / "report.png").stat().st_size > 0
   assert (tmp_path / "workdirs" / "demo_sweep" / "sweep.json").exists()
+  assert len((tmp_path / "ensemble.txt").read_text().splitlines()) == 4
