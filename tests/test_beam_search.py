@@ -611,32 +611,6 @@ def test_imported_models_decode_as_generate():
   assert (settings["beam_size"], settings["alpha"]) == (1, 1.0)
 
 
-@pytest.mark.parametrize(
-  "beam, vocab, k",
-  [(4, 32000, 8), (3, 37000, 3), (4, 40, 4), (2, 99, 4), (4, 20, 8), (1, 5, 2)],
-)
-def test_top_extensions_equal_top_k_over_all_candidates(beam, vocab, k):
-  """The blockwise selection returns what top_k over every (beam, token) candidate does,
-  values and indices, ties (half-integer logits) to the lower index included; dead beams
-  (-inf) and masked tokens (-inf) too. (4, 20, 8) and (1, 5, 2) take the plain top_k."""
-  rng = np.random.default_rng(vocab)
-  batch = 3
-  logits = rng.normal(size=(batch, beam, vocab)).astype(np.float32)
-  logits[1] = np.round(logits[1] * 2) / 2  # many ties
-  logits[:, :, 0] = -np.inf
-  live = rng.normal(size=(batch, beam)).astype(np.float32)
-  live[0, 1:] = -np.inf  # the first step: one live beam
-  live[1] = 0.0  # equal prefixes: candidates tie across beams
-  expected = jax.lax.top_k(
-    (live[:, :, None] + jax.nn.log_softmax(jnp.asarray(logits), axis=-1)).reshape(batch, -1), k
-  )
-  values, indices = jax.jit(bs.top_extensions, static_argnums=2)(
-    jnp.asarray(live), jnp.asarray(logits), k
-  )
-  np.testing.assert_array_equal(values, expected[0])
-  np.testing.assert_array_equal(indices, expected[1])
-
-
 def test_cross_attention_once_per_sentence_equals_a_copy_per_beam():
   """beam_decode keeps the cross-attention keys/values one row per sentence and folds the
   beams into the query axis; copying them to every beam (as before) gives the same

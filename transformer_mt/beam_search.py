@@ -156,77 +156,6 @@ def gather_rows(tree: Any, rows: jax.Array) -> Any:
   return jax.tree.map(lambda x: x if x.ndim == 0 else jnp.take(x, rows, axis=0), tree)
 
 
-def _block_size(vocab: int, k: int) -> int | None:
-  """The size of the blocks `top_extensions` splits a [vocab] row into: the largest divisor
-  of vocab from 8 to 512 (blocks never straddle two beams), None where there is none or
-  a beam's row has fewer than k blocks (then a plain top_k)."""
-  for size in range(512, 7, -1):
-    if vocab % size == 0 and vocab // size >= k:
-      return size
-  return None
-
-
-def top_extensions(
-  live_log_probs: jax.Array, logits: jax.Array, k: int
-) -> tuple[jax.Array, jax.Array]:
-  """The k best one-token extensions of each sentence's beams, best first, ties to the lower
-  index: exactly `jax.lax.top_k((live_log_probs[:, :, None] +
-  jax.nn.log_softmax(logits)).reshape(batch, -1), k)`, values and indices.
-
-  That reference writes [batch, beam, vocab] arrays three times (shifted logits, log-probs,
-  candidates) and runs top_k over 128k candidates per sentence at beam 4 and 32k tokens: on
-  CPU a quarter of a decoder step. Here the logits are read three times (block maxima,
-  exp-sum, then the k best blocks) and nothing of their size is written:
-
-  * A candidate is g(x) = live + ((x - max) - logsumexp), the reference's formula, which
-    never decreases as the logit x grows within a beam's row. So the best candidate of a
-    block of `_block_size` logits (blocks never straddle two beams) is g(the block's
-    largest logit), the same float, and the row maximum is the maximum of its blocks'.
-  * Every one of the k best candidates lies in one of the k blocks with the best maxima
-    (ties to the lower block): were its block not among them, each of those k blocks would
-    hold a candidate that beats it, larger, or equal and at a lower index. top_k then runs
-    over g of those k blocks' logits, taken in index order, so ties still go to the
-    lower index.
-
-  Args:
-    live_log_probs: float32 [batch, beam], -inf for dead beams.
-    logits: float32 [batch, beam, vocab], -inf where a token may not come.
-    k: how many to return, at most beam * vocab.
-
-  Returns:
-    (values float32 [batch, k]; indices int32 [batch, k] into beam * vocab).
-  """
-  batch, beam, vocab = logits.shape
-  size = _block_size(vocab, k)
-  if size is None:
-    candidates = live_log_probs[:, :, None] + jax.nn.log_softmax(logits, axis=-1)
-    return jax.lax.top_k(candidates.reshape(batch, beam * vocab), k)
-  blocks_per_beam = vocab // size
-  block_max = jnp.max(logits.reshape(batch, beam, blocks_per_beam, size), axis=-1)
-  row_max = jnp.max(block_max, axis=-1, keepdims=True)  # [batch, beam, 1], as log_softmax's
-  log_normalizer = jnp.log(jnp.sum(jnp.exp(logits - row_max), axis=-1, keepdims=True))
-
-  def candidate(x, live, row_max, log_normalizer):  # jax.nn.log_softmax's formula, + live
-    return live + ((x - row_max) - log_normalizer)
-
-  best_of_block = candidate(block_max, live_log_probs[:, :, None], row_max, log_normalizer)
-  _, best_blocks = jax.lax.top_k(best_of_block.reshape(batch, beam * blocks_per_beam), k)
-  best_blocks = jnp.sort(best_blocks, axis=-1)  # [batch, k], in index order
-  picked = jnp.take_along_axis(
-    logits.reshape(batch, beam * blocks_per_beam, size), best_blocks[:, :, None], axis=1
-  )  # [batch, k, size]
-  of_beam = lambda x: jnp.take_along_axis(x, best_blocks // blocks_per_beam, axis=1)[:, :, None]  # noqa: E731
-  picked = candidate(
-    picked,
-    of_beam(live_log_probs),
-    of_beam(row_max[:, :, 0]),
-    of_beam(log_normalizer[:, :, 0]),
-  )
-  values, position = jax.lax.top_k(picked.reshape(batch, k * size), k)  # [batch, k]
-  block = jnp.take_along_axis(best_blocks, position // size, axis=1)
-  return values, (block * size + position % size).astype(jnp.int32)
-
-
 def beam_search(
   tokens_to_logits: TokensToLogits,
   initial_cache: Any,
@@ -346,12 +275,14 @@ def beam_search(
     else:
       reordered, cache = reorder_cache(state.cache, state.parents)
     logits, cache = tokens_to_logits(tokens, step, cache)
-    vocab = logits.shape[-1]
-    logits = logits.astype(jnp.float32).reshape(batch_size, beam_size, vocab)
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    vocab = log_probs.shape[-1]
+    log_probs = log_probs.reshape(batch_size, beam_size, vocab)  # [batch, beam, vocab]
 
     # The num_candidates (K) best extensions over all (beam, token) pairs of each sentence,
-    # best first (top_k puts the lower index first on ties): live log-prob + log_softmax.
-    top_log_probs, top_index = top_extensions(state.live_log_probs, logits, num_candidates)
+    # best first (top_k puts the lower index first on ties).
+    candidates = state.live_log_probs[:, :, None] + log_probs  # [batch, beam, vocab]
+    top_log_probs, top_index = jax.lax.top_k(candidates.reshape(batch_size, -1), num_candidates)
     parents = (top_index // vocab).astype(jnp.int32)  # [batch, K]
     top_tokens = (top_index % vocab).astype(jnp.int32)  # [batch, K]
     top_seqs = state.live_seqs[batch_index, parents]  # [batch, K, max_len]

@@ -145,16 +145,10 @@ def gather_written_rows(cache: Any, rows: jax.Array, chunk: int = 16) -> Any:
 def never_generated(logits: jax.Array, ids: tuple[int, ...] = (PAD_ID, BOS_ID)) -> jax.Array:
   """Masks `ids` (PAD and BOS; `TransformerConfig.suppressed_ids`): the decoder must never emit
   them (a PAD mid-sentence would be read as padding by the teacher-forced model but attended
-  to by the cache).
-
-  A select against the token index rather than `.at[token].set`: elementwise, it fuses into
-  whatever reads the logits next, where an in-place update made XLA copy the [rows, vocab]
-  logits once per reader in beam search (same values either way)."""
-  if not ids:
-    return logits
-  index = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
-  never = functools.reduce(jnp.logical_or, [index == token for token in ids])
-  return jnp.where(never, -jnp.inf, logits)
+  to by the cache)."""
+  for token in ids:
+    logits = logits.at[..., token].set(-jnp.inf)
+  return logits
 
 
 def force_first_token(logits: jax.Array, position: jax.Array, token_id: int | None) -> jax.Array:
