@@ -3,6 +3,21 @@ length bucket, and what reordering the beams' cache costs per decode step.
 
     python benchmarks/decode.py [--workdir W | --experiment news_ende_small] [--sentences 100]
                                 [--batch_size 32] [--beam_sizes 1,4,8] [--reps 1] [--data_root D]
+    python benchmarks/decode.py --regime issue [--reps 2]
+
+--regime issue measures only the fixed regime of issue 13 (item 8), no data needed
+(benchmarks/_decode_regime.py): a random Marian model (2+2 layers, d_model 512, d_ff 2048, 8
+heads, vocabulary 32000), 32 sentences of 32 random source tokens, beam 4, exactly 64
+generated tokens (EOS set outside the vocabulary on both sides, so nothing ends early). In
+this process: our beam_decode (transformers' scoring, candidate_pool "hf"), transformers'
+MarianMTModel.generate on the same weights (num_beams 4, use_cache, torch.inference_mode,
+torch threads = the cores this process may use; skipped with a line when transformers or
+torch is missing), both after a warm-up, best of --reps; sentences/s, the ratio, how many
+sentences came out token-identical on both sides, and the compute floor: the matmul FLOPs
+per sentence (formula printed: decoder projections, FFN, attention scores/values and
+vocabulary projection per generated token and beam; encoder and cross-attention keys/values
+once per sentence) divided by the f32 matmul peak measured here (_timing.matmul_peak), with
+our share of it.
 
 Input: the first --sentences lines of news/en-de/newstest2014.en under --data_root (default
 ../shared/data beside the repository; `sacrebleu -t wmt14/full -l en-de --echo src` prints it). With

@@ -9,7 +9,9 @@ projection, which is what beam search needs.
 The attention itself goes through `jax.nn.dot_product_attention` (which a backend may
 replace with a fused kernel that never stores the probabilities) unless the
 probabilities are needed as an array: for attention dropout while training, or when a
-caller collects them with `mutable=["intermediates"]` (the attention plots).
+caller collects them with `mutable=["intermediates"]` (the attention plots). Decoding
+against the cache goes through `decode_attention` instead: the cache is kept head-major
+and the cross-attention keys/values may be one row per sentence for all its beams.
 """
 
 from __future__ import annotations
@@ -281,7 +283,8 @@ def decode_attention(
   The cache is kept head-major, [batch, heads, len, head_dim]: both products then have
   their batch dimensions (batch, heads) leading, as XLA's dot wants them. Kept
   [batch, len, heads, head_dim], as `jax.nn.dot_product_attention` takes it, XLA
-  transposed the whole cache at every step (on CPU, 6x the attention's own time).
+  transposed the whole cache at every step (on CPU ~7x the time of the attention itself at
+  128 rows x 64 cached positions).
 
   Beams folded into the query axis: when the keys/values have fewer rows than `query` (the
   cross-attention keys/values, one row per source sentence instead of a copy per beam),

@@ -54,9 +54,11 @@ Design choices (each is tested in tests/test_beam_search.py):
   start of the next step (XLA then updates the cache in place), skipped (lax.cond) when
   every beam of every sentence extends itself, and `gather_cache` lets the caller copy
   less: beam_decode copies only the self-attention positions written so far and keeps
-  the cross-attention keys/values, equal across beams, out of the reordered cache. None
-  of this changes a value, so results are bit-identical to gathering the whole cache
-  after every step (`always_gather=True`, the reference path).
+  the cross-attention keys/values, equal across beams, out of the reordered cache (one
+  row per sentence, never copied per beam: the beams of a sentence attend to them as one
+  block of queries, `attention.decode_attention`). None of this changes a value, so
+  results are bit-identical to gathering the whole self-attention cache after every step
+  (`always_gather=True`, the reference path).
 """
 
 from __future__ import annotations
