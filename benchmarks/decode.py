@@ -10,10 +10,11 @@ length bucket, and what reordering the beams' cache costs per decode step.
 heads, vocabulary 32000), 32 sentences of 32 random source tokens, beam 4, exactly 64
 generated tokens (EOS set outside the vocabulary on both sides, so nothing ends early). In
 this process: our beam_decode (transformers' scoring, candidate_pool "hf"), transformers'
-MarianMTModel.generate on the same weights (num_beams 4, use_cache, torch.inference_mode,
-torch threads = the cores this process may use; skipped with a line when transformers or
-torch is missing), both after a warm-up, best of --reps; sentences/s, the ratio, how many
-sentences came out token-identical on both sides, and the compute floor: the matmul FLOPs
+MarianMTModel.generate on the same weights (num_beams 4, use_cache, torch.inference_mode;
+torch on all the cores this process may use and on one thread, the faster counts; skipped
+with a line when transformers or torch is missing), both after a warm-up, best of --reps;
+sentences/s, the ratio (wall and CPU time), how many sentences got the same best hypothesis
+on both sides, and the compute floor: the matmul FLOPs
 per sentence (formula printed: decoder projections, FFN, attention scores/values and
 vocabulary projection per generated token and beam; encoder and cross-attention keys/values
 once per sentence) divided by the f32 matmul peak measured here (_timing.matmul_peak), with
