@@ -14,11 +14,11 @@ MarianMTModel.generate on the same weights (num_beams 4, use_cache, torch.infere
 torch on all the cores this process may use and on one thread, the faster counts; skipped
 with a line when transformers or torch is missing), both after a warm-up, best of --reps;
 sentences/s, the ratio (wall and CPU time), how many sentences got the same best hypothesis
-on both sides, and the compute floor: the matmul FLOPs
-per sentence (formula printed: decoder projections, FFN, attention scores/values and
-vocabulary projection per generated token and beam; encoder and cross-attention keys/values
-once per sentence) divided by the f32 matmul peak measured here (_timing.matmul_peak), with
-our share of it.
+on both sides, and the compute floor: the matmul FLOPs per sentence (formula printed:
+decoder projections, FFN, attention scores/values and vocabulary projection per generated
+token and beam; encoder and cross-attention keys/values once per sentence) divided by the
+f32 matmul peak measured here (_timing.matmul_peak), with our share of it (and the same per
+CPU-second, which other processes on a shared machine disturb less).
 
 Input: the first --sentences lines of news/en-de/newstest2014.en under --data_root (default
 ../shared/data beside the repository; `sacrebleu -t wmt14/full -l en-de --echo src` prints it). With
