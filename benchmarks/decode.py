@@ -3,6 +3,22 @@ length bucket, and what reordering the beams' cache costs per decode step.
 
     python benchmarks/decode.py [--workdir W | --experiment news_ende_small] [--sentences 100]
                                 [--batch_size 32] [--beam_sizes 1,4,8] [--reps 1] [--data_root D]
+    python benchmarks/decode.py --regime issue [--reps 2]
+
+--regime issue measures only the fixed regime of issue 13 (item 8), no data needed
+(benchmarks/_decode_regime.py): a random Marian model (2+2 layers, d_model 512, d_ff 2048, 8
+heads, vocabulary 32000), 32 sentences of 32 random source tokens, beam 4, exactly 64
+generated tokens (EOS set outside the vocabulary on both sides, so nothing ends early). In
+this process: our beam_decode (transformers' scoring, candidate_pool "hf"), transformers'
+MarianMTModel.generate on the same weights (num_beams 4, use_cache, torch.inference_mode;
+torch on all the cores this process may use and on one thread, the faster counts; skipped
+with a line when transformers or torch is missing), both after a warm-up, best of --reps;
+sentences/s, the ratio (wall and CPU time), how many sentences got the same best hypothesis
+on both sides, and the compute floor: the matmul FLOPs per sentence (formula printed:
+decoder projections, FFN, attention scores/values and vocabulary projection per generated
+token and beam; encoder and cross-attention keys/values once per sentence) divided by the
+f32 matmul peak measured here (_timing.matmul_peak), with our share of it (and the same per
+CPU-second, which other processes on a shared machine disturb less).
 
 Input: the first --sentences lines of news/en-de/newstest2014.en under --data_root (default
 ../shared/data beside the repository; `sacrebleu -t wmt14/full -l en-de --echo src` prints it). With
@@ -53,7 +69,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks import _timing  # noqa: E402
+from benchmarks import _decode_regime, _timing  # noqa: E402
 from transformer_mt import (  # noqa: E402
   beam_search,
   data_sources,
@@ -377,7 +393,26 @@ def main():
   parser.add_argument(
     "--loop_reps", type=int, default=5, help="timed rounds of the cache reorder loops (best kept)"
   )
+  parser.add_argument(
+    "--regime",
+    choices=("newstest", "issue"),
+    default="newstest",
+    help="newstest: the tables below on the test set; issue: only issue 13's fixed regime "
+    "against transformers' generate and the compute floor (no data needed)",
+  )
   args = parser.parse_args()
+  if args.regime == "issue":
+    load_start = os.getloadavg()[0]
+    print(
+      f"{jax.device_count()} {jax.default_backend()} device(s); load average {load_start:.1f} "
+      f"on {os.cpu_count()} CPUs"
+    )
+    result = _decode_regime.issue_table(args.reps)
+    load_end = os.getloadavg()[0]
+    print(f"load average {load_start:.1f} at the start, {load_end:.1f} at the end")
+    result["load_average"] = [load_start, load_end]
+    print(json.dumps({"benchmark": "decode", "regime": "issue", **result}))
+    return
   args.data_root = os.path.abspath(os.path.expanduser(args.data_root))
   args.workdir = args.workdir and os.path.abspath(os.path.expanduser(args.workdir))
   test_set = os.path.join(args.data_root, TEST_SET)

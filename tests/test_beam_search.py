@@ -609,3 +609,31 @@ def test_imported_models_decode_as_generate():
   assert (settings["length_penalty"], settings["candidate_pool"]) == ("power", "hf")
   settings = decode_section({})
   assert (settings["beam_size"], settings["alpha"]) == (1, 1.0)
+
+
+def test_cross_attention_once_per_sentence_equals_a_copy_per_beam():
+  """beam_decode keeps the cross-attention keys/values one row per sentence and folds the
+  beams into the query axis; copying them to every beam (as before) gives the same
+  hypotheses, and scores equal up to float rounding (the products are summed in another
+  order)."""
+  params, inputs, max_len, beam = transformer_params(), transformer_inputs(), 12, 3
+  batch = inputs.shape[0]
+  out = bs.beam_decode(params, inputs, CONFIG, beam_size=beam, max_len=max_len)
+  cache, cross = decode.split_cache(decode.init_cache(params, inputs, CONFIG, max_len))
+  cross = bs._expand_to_beams(cross, batch, beam)  # [batch * beam, heads, src_len, head_dim]
+  valid = jnp.repeat(inputs != PAD_ID, beam, axis=0)
+
+  def tokens_to_logits(tokens, position, cache):
+    logits, cache = decode.decode_step(
+      params, decode.merge_cache(cache, cross), valid, tokens, position, CONFIG
+    )
+    return decode.never_generated(logits), decode.split_cache(cache)[0]
+
+  max_lengths = jnp.where(jnp.any(inputs != PAD_ID, axis=1), max_len, 0)
+  copied = jax.jit(
+    lambda cache: bs.beam_search(
+      tokens_to_logits, cache, batch, beam, max_len, max_lengths=max_lengths
+    )
+  )(cache)
+  np.testing.assert_array_equal(out.all_sequences, copied.all_sequences)
+  np.testing.assert_allclose(out.all_scores, copied.all_scores, rtol=1e-5, atol=1e-6)

@@ -117,9 +117,9 @@ def test_gather_written_rows_equals_gathering_everything(index):
   """Chunks of 16 positions over a length-20 cache: the last chunk overlaps the first, which
   must not be reordered twice. Positions from `index` on are zeros, as in a real cache."""
   batch, length = 6, 20
-  shape = (batch, length, 2, 3)  # [batch, cache length, heads, head_dim]
+  shape = (batch, 2, length, 3)  # [batch, heads, cache length, head_dim]
   rng = np.random.default_rng(index)
-  written = np.arange(length)[None, :, None, None] < index
+  written = np.arange(length)[None, None, :, None] < index
   cache = {
     "layer": {
       "cached_key": np.where(written, rng.normal(size=shape), 0).astype(np.float32),
@@ -195,3 +195,22 @@ def test_translator_greedy_follows_the_length_rule():
   limits = np.array([len(s) for s in sources]) + translator.extra_len
   assert (generated <= limits).all()
   assert (generated == limits).sum() >= 3  # the limits, not EOS, ended most rows
+
+
+@pytest.mark.parametrize("beam, q_len", [(1, 1), (3, 1), (2, 3)])
+def test_decode_attention_equals_dot_product_attention(beam, q_len):
+  """The decode cache's attention (head-major keys/values, one row per sentence shared by
+  `beam` query rows) equals jax.nn.dot_product_attention on keys/values copied to every
+  row in its layout, padding mask included."""
+  from transformer_mt.attention import decode_attention
+
+  batch, heads, kv_len, depth = 2, 4, 5, 8
+  rng = np.random.default_rng(beam)
+  query = rng.normal(size=(batch * beam, q_len, heads, depth)).astype(np.float32)
+  key, value = (rng.normal(size=(batch, heads, kv_len, depth)).astype(np.float32) for _ in "kv")
+  valid = np.arange(kv_len)[None, :] < np.array([[kv_len], [2]])  # [batch, kv_len]
+  mask = np.repeat(valid, beam, axis=0)[:, None, None, :]  # [rows, 1, 1, kv_len]
+  out = decode_attention(jnp.asarray(query), jnp.asarray(key), jnp.asarray(value), mask)
+  copied = [np.repeat(np.swapaxes(x, 1, 2), beam, axis=0) for x in (key, value)]
+  expected = jax.nn.dot_product_attention(query, *copied, mask=mask)
+  np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)

@@ -54,9 +54,11 @@ Design choices (each is tested in tests/test_beam_search.py):
   start of the next step (XLA then updates the cache in place), skipped (lax.cond) when
   every beam of every sentence extends itself, and `gather_cache` lets the caller copy
   less: beam_decode copies only the self-attention positions written so far and keeps
-  the cross-attention keys/values, equal across beams, out of the reordered cache. None
-  of this changes a value, so results are bit-identical to gathering the whole cache
-  after every step (`always_gather=True`, the reference path).
+  the cross-attention keys/values, equal across beams, out of the reordered cache (one
+  row per sentence, never copied per beam: the beams of a sentence attend to them as one
+  block of queries, `attention.decode_attention`). None of this changes a value, so
+  results are bit-identical to gathering the whole self-attention cache after every step
+  (`always_gather=True`, the reference path).
 """
 
 from __future__ import annotations
@@ -381,16 +383,18 @@ def beam_decode(
   """Beam search with the Transformer for `inputs` int [batch, src_len] (0 = pad).
 
   The encoder runs once per sentence (`decode.init_cache` projects the cross-attention
-  keys/values there); the cache is then copied to the beams. The cross-attention
-  keys/values stay outside the beam search state: equal across a sentence's beams, they
-  never need reordering. Empty source rows get the empty hypothesis (all PAD), as in
-  `decode.greedy_decode`; beam_size 1 reproduces `decode.greedy_decode` token for token.
+  keys/values there); the self-attention cache is then copied to the beams. The
+  cross-attention keys/values stay outside the beam search state, one row per sentence:
+  equal across a sentence's beams, they are neither copied per beam nor reordered (the
+  beams of a sentence attend to them as one query block, `attention.decode_attention`).
+  Empty source rows get the empty hypothesis (all PAD), as in `decode.greedy_decode`;
+  beam_size 1 reproduces `decode.greedy_decode` token for token.
 
   Args:
     max_lengths: optional int [batch], per-sentence maximum target length (e.g. source
       length + 50); clipped to max_len, which sizes the cache and the outputs.
-    always_gather: the reference path (same results, slower): the whole cache, cross-attention
-      keys/values included, is reordered at every step.
+    always_gather: the reference path (same results, slower): the whole self-attention cache
+      is reordered at every step.
     forced_first_id: the first token of every hypothesis, at no cost to its score
       (`decode.force_first_token`: a target language code), or None.
     length_penalty, candidate_pool: as in `beam_search`; "power" and "hf" reproduce
@@ -407,7 +411,19 @@ def beam_decode(
   max_lengths = jnp.where(jnp.any(inputs_valid, axis=1), max_lengths, 0)
   beam_inputs_valid = jnp.repeat(inputs_valid, beam_size, axis=0)  # [batch * beam, src_len]
   step = decode.model_step(params, beam_inputs_valid, config, forced_first_id)
-  options = dict(
+
+  # The cross-attention keys/values stay one row per sentence, [batch, heads, src_len, head_dim]
+  # (attention.decode_attention folds a sentence's beams into its query axis): never copied
+  # per beam, never reordered.
+  cache, cross_cache = decode.split_cache(decode.init_cache(params, inputs, config, max_len))
+
+  def tokens_to_logits(tokens, position, cache):
+    logits, cache = step(tokens, position, decode.merge_cache(cache, cross_cache))
+    return logits, decode.split_cache(cache)[0]
+
+  return beam_search(
+    tokens_to_logits,
+    cache,
     batch_size=batch,
     beam_size=beam_size,
     max_len=max_len,
@@ -420,16 +436,6 @@ def beam_decode(
     candidate_pool=candidate_pool,
     # An ensemble's step gives mean log-probabilities, to be searched over as they are.
     normalize=not decode.is_ensemble(config),
+    always_gather=always_gather,
+    gather_cache=decode.gather_written_rows,
   )
-  if always_gather:
-    initial = decode.init_cache(params, inputs, config, max_len)
-    return beam_search(step, initial, **options, always_gather=True)
-
-  cache, cross_cache = decode.split_cache(decode.init_cache(params, inputs, config, max_len))
-  cross_cache = _expand_to_beams(cross_cache, batch, beam_size)  # [batch * beam, src_len, ...]
-
-  def tokens_to_logits(tokens, position, cache):
-    logits, cache = step(tokens, position, decode.merge_cache(cache, cross_cache))
-    return logits, decode.split_cache(cache)[0]
-
-  return beam_search(tokens_to_logits, cache, **options, gather_cache=decode.gather_written_rows)

@@ -112,9 +112,9 @@ def decode_step(
   return logits[:, 0], variables["cache"]
 
 
-# Leaf names of the decode cache (transformer_mt/attention.py). Cross-attention: keys and values
-# [batch, src_len, heads, head_dim]; self-attention: [batch, max_len, heads, head_dim] written
-# at position `cache_index` (int32 [], the same in every layer) at each step, zeros beyond it.
+# Leaf names of the decode cache (transformer_mt/attention.py), head-major. Cross-attention: keys
+# and values [batch, heads, src_len, head_dim]; self-attention: [batch, heads, max_len, head_dim]
+# written at position `cache_index` (int32 [], the same in every layer) at each step, zeros beyond.
 CROSS_ATTENTION_LEAVES = ("cross_key", "cross_value")
 SELF_ATTENTION_LEAVES = ("cached_key", "cached_value")
 CACHE_INDEX = "cache_index"
@@ -158,17 +158,17 @@ def gather_written_rows(cache: Any, rows: jax.Array, chunk: int = 16) -> Any:
     if path[-1] not in SELF_ATTENTION_LEAVES:
       gathered[path] = x if x.ndim == 0 else take(x)
       continue
-    length = x.shape[1]
+    length = x.shape[2]  # [batch, heads, max_len, head_dim]
     size = min(chunk, length)
 
     def copy_chunk(c, x, size=size, length=length):
       # The last chunk is moved back to end at `length` (dynamic_slice would clamp it
       # anyway); its overlap with the previous chunk, already reordered, is kept as is.
       start = jnp.minimum(c * size, length - size)
-      part = jax.lax.dynamic_slice_in_dim(x, start, size, axis=1)  # [batch, size, ...]
-      fresh = (start + jnp.arange(size) >= c * size).reshape((1, size) + (1,) * (x.ndim - 2))
+      part = jax.lax.dynamic_slice_in_dim(x, start, size, axis=2)  # [batch, heads, size, ...]
+      fresh = (start + jnp.arange(size) >= c * size).reshape((1, 1, size) + (1,) * (x.ndim - 3))
       part = jnp.where(fresh, take(part), part)
-      return jax.lax.dynamic_update_slice_in_dim(x, part, start, axis=1)
+      return jax.lax.dynamic_update_slice_in_dim(x, part, start, axis=2)
 
     gathered[path] = jax.lax.fori_loop(0, (index + size - 1) // size, copy_chunk, x)
   return flax.traverse_util.unflatten_dict(gathered)

@@ -1,0 +1,238 @@
+"""The regime of issue 13, item 8: our beam search against transformers' `generate` and the
+compute floor, measured side by side in one process (`python benchmarks/decode.py --regime
+issue`; the module docstring of benchmarks/decode.py says what is measured).
+
+One random Marian model (2+2 layers, d_model 512, d_ff 2048, 8 heads, vocabulary 32000;
+swish, scaled and tied embeddings, final logits bias) runs on both sides: built as a
+transformers MarianMTModel and converted with `hf_convert`, or, without transformers, as the
+same `TransformerConfig` with our own random init (and then no reference is timed). 32
+sentences of 32 random source tokens, beam 4, exactly 64 generated tokens on both sides: the
+EOS id is set outside the vocabulary, so no hypothesis ends before the maximum length, and both
+sides mask PAD (ours always does; `generate` gets it as `suppress_tokens`).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks import _timing
+from transformer_mt import beam_search, hf_convert
+from transformer_mt.model import Transformer
+
+SENTENCES, SOURCE_TOKENS, BEAM, NEW_TOKENS = 32, 32, 4, 64
+MARIAN = dict(
+  model_type="marian",
+  vocab_size=32000,
+  decoder_vocab_size=32000,
+  d_model=512,
+  encoder_layers=2,
+  decoder_layers=2,
+  encoder_attention_heads=8,
+  decoder_attention_heads=8,
+  encoder_ffn_dim=2048,
+  decoder_ffn_dim=2048,
+  max_position_embeddings=512,
+  pad_token_id=31999,
+  eos_token_id=0,
+  decoder_start_token_id=31999,
+  activation_function="swish",
+  scale_embedding=True,
+  dropout=0.0,
+)
+# Token ids generation never produces: EOS set to it means no hypothesis ends before NEW_TOKENS.
+NO_EOS = MARIAN["vocab_size"]
+
+
+def build_model(seed: int = 0):
+  """(transformers model or None, our config, our params): the same random weights on both
+  sides when transformers and torch are importable. Weights are N(0, 1) (sinusoidal position
+  tables aside), as in tests/test_hf_models.py, so that the next-token distributions are
+  peaked and both sides pick the same beams."""
+  try:
+    import torch
+    import transformers
+  except ImportError:
+    config = hf_convert.config_from_hf(MARIAN).replace(deterministic=True)
+    dummy = jnp.ones((1, 2), jnp.int32)
+    params = Transformer(config).init(jax.random.key(seed), dummy, dummy)["params"]
+    return None, config, nn.unbox(params)
+  hf_config = transformers.MarianConfig(**{k: v for k, v in MARIAN.items() if k != "model_type"})
+  torch.manual_seed(seed)
+  model = transformers.MarianMTModel(hf_config).eval()
+  with torch.no_grad():
+    for name, parameter in model.named_parameters():
+      if "embed_positions" not in name:
+        parameter.copy_(torch.randn_like(parameter))
+  with tempfile.TemporaryDirectory() as directory:
+    model.save_pretrained(directory)
+    config, params = hf_convert.load_pretrained(directory)
+  return model, config.replace(deterministic=True), params
+
+
+def random_sources(config, seed: int = 0) -> np.ndarray:
+  """int32 [SENTENCES, SOURCE_TOKENS]: ordinary tokens, EOS last, no padding."""
+  rng = np.random.default_rng(seed)
+  sources = rng.integers(1, config.vocab_size - 1, (SENTENCES, SOURCE_TOKENS))
+  sources[:, -1] = config.eos_id
+  return sources.astype(np.int32)
+
+
+def flops_per_sentence(config) -> tuple[float, str]:
+  """(FLOPs, the formula): the matmuls one sentence needs, 2 FLOPs per multiply-add.
+
+  Decoder, per generated token t (1..T) and beam: self-attention Q, K, V, O projections
+  (4 d^2), cross-attention Q, O (2 d^2; its K, V are the encoder's), FFN (2 d d_ff) per
+  layer, attention scores and weighted values over t target and S source positions
+  (2 d (t + S)) per layer, and the vocabulary projection (d V). Encoder, once per sentence,
+  per source token: self-attention (4 d^2 + 2 d S) and FFN (2 d d_ff) per encoder layer, and
+  the cross-attention K, V projections (2 d^2) per decoder layer.
+  """
+  d, f, v = config.d_model, config.d_ff, config.vocab_size
+  s, t, k = SOURCE_TOKENS, NEW_TOKENS, BEAM
+  ld, le = config.num_decoder_layers, config.num_encoder_layers
+  # sum over t = 1..T of (t + S) = T (T + 1) / 2 + T S
+  decoder = k * (
+    t * (ld * (6 * d * d + 2 * d * f) + d * v) + ld * 2 * d * (t * (t + 1) / 2 + t * s)
+  )
+  encoder = s * (le * (4 * d * d + 2 * d * s + 2 * d * f) + ld * 2 * d * d)
+  formula = (
+    f"2 * [beam {k} * (T {t} * (Ld {ld} * (6 d^2 + 2 d d_ff) + d V) + Ld * 2 d (T(T+1)/2 + T S)) "
+    f"+ S {s} * (Le {le} * (4 d^2 + 2 d S + 2 d d_ff) + Ld * 2 d^2)], d {d}, d_ff {f}, V {v}"
+  )
+  return 2.0 * (decoder + encoder), formula
+
+
+def time_ours(params, config, sources, reps):
+  """(outputs, Timing) of beam_decode with transformers' scoring, after compiling."""
+  inputs = jnp.asarray(sources)
+  settings = dict(
+    config=config.replace(eos_id=NO_EOS),
+    beam_size=BEAM,
+    max_len=NEW_TOKENS,
+    alpha=1.0,
+    length_penalty="power",
+    candidate_pool="hf",
+  )
+  compiled = beam_search.beam_decode.lower(params, inputs, **settings).compile()
+  outputs = []
+
+  def call():
+    outputs[:] = [compiled(params, inputs)]
+    return outputs[0]
+
+  timing = _timing.time_calls(call, warmup=1, reps=reps)
+  return outputs[0], timing
+
+
+def time_generate(model, config, sources, reps):
+  """(sequences [SENTENCES, NEW_TOKENS], {torch threads: (best seconds, CPU seconds)}) of
+  transformers' beam search, after one small warm-up call per thread count.
+
+  Timed with torch on every core this process may use and on one: on a machine shared with
+  other processes, torch's threads wait for each other at every op and one thread was
+  several times faster (0.7 against 3.6 sentences/s at a load average of 7 on 2 cores).
+  The faster one is the reference.
+  """
+  import torch
+
+  settings = dict(
+    num_beams=BEAM,
+    max_new_tokens=NEW_TOKENS,
+    early_stopping="never",
+    do_sample=False,
+    length_penalty=1.0,
+    use_cache=True,
+    eos_token_id=NO_EOS,
+    forced_eos_token_id=None,  # MarianConfig's default would force EOS as the last token
+    suppress_tokens=list(config.suppressed_ids),
+  )
+  inputs = torch.tensor(sources, dtype=torch.long)
+  mask = torch.ones_like(inputs)
+  timings = {}
+  with torch.inference_mode():
+    for threads in sorted({len(os.sched_getaffinity(0)), 1}, reverse=True):
+      torch.set_num_threads(threads)
+      model.generate(
+        input_ids=inputs[:2], attention_mask=mask[:2], **dict(settings, max_new_tokens=4)
+      )
+      best = cpu = np.inf
+      for _ in range(reps):
+        start, cpu_start = time.perf_counter(), _timing._cpu_seconds()
+        sequences = model.generate(input_ids=inputs, attention_mask=mask, **settings)
+        best = min(best, time.perf_counter() - start)
+        cpu = min(cpu, _timing._cpu_seconds() - cpu_start)
+      timings[threads] = (best, cpu)
+  return sequences.numpy()[:, 1:], timings  # without the decoder start token
+
+
+def issue_table(reps: int) -> dict:
+  """Sentences/s of ours and of transformers' generate, their ratio, and our share of the
+  compute floor, all measured in this process."""
+  model, config, params = build_model()
+  sources = random_sources(config)
+  flops, formula = flops_per_sentence(config)
+  peak, cpu_peak = _timing.matmul_peak()
+  floor = peak / flops
+  outputs, ours = time_ours(params, config, sources, reps)
+  result = {
+    "sentences_per_s": SENTENCES / ours.best,
+    "run_s": ours.best,
+    "cpu_s": ours.cpu,
+    "flops_per_sentence": flops,
+    "matmul_peak_flops": peak,
+    "floor_sentences_per_s": floor,
+    "share_of_floor": SENTENCES / ours.best / floor,
+    # The same per CPU-second (all threads), less disturbed by other processes.
+    "cpu_share_of_floor": SENTENCES / ours.cpu / (cpu_peak / flops),
+  }
+  print(
+    f"\nIssue regime: random Marian {config.num_encoder_layers}+{config.num_decoder_layers} "
+    f"layers, d_model {config.d_model}, d_ff {config.d_ff}, {config.num_heads} heads, vocab "
+    f"{config.vocab_size}; {SENTENCES} sentences x {SOURCE_TOKENS} source tokens, beam {BEAM}, "
+    f"exactly {NEW_TOKENS} generated tokens; best of {reps}"
+  )
+  print(f"compute floor: {formula}\n  = {flops / 1e9:.2f} GFLOP per sentence")
+  print(
+    f"  / f32 matmul peak {peak / 1e9:.0f} GFLOP/s (benchmarks/_timing.matmul_peak) = "
+    f"{floor:.1f} sentences/s"
+  )
+  print(
+    f"ours (beam_decode):     {result['sentences_per_s']:6.2f} sentences/s ({ours.best:.2f} s, "
+    f"{ours.cpu:.2f} CPU s), {result['share_of_floor']:.0%} of the floor "
+    f"({result['cpu_share_of_floor']:.0%} per CPU-second against the peak per CPU-second)"
+  )
+  if model is None:
+    print("transformers generate:  not measured (transformers/torch not importable)")
+    return result
+  sequences, timings = time_generate(model, config, sources, reps)
+  for threads, (seconds, cpu) in timings.items():
+    print(
+      f"transformers generate:  {SENTENCES / seconds:6.2f} sentences/s ({seconds:.2f} s, "
+      f"{cpu:.2f} CPU s), torch on {threads} thread(s)"
+    )
+  threads, (hf_seconds, hf_cpu) = min(timings.items(), key=lambda item: item[1][0])
+  same = float(np.mean(np.all(sequences == np.asarray(outputs.sequences), axis=1)))
+  result.update(
+    hf_sentences_per_s=SENTENCES / hf_seconds,
+    hf_run_s=hf_seconds,
+    hf_cpu_s=hf_cpu,
+    hf_threads=threads,
+    hf_timings={str(t): list(v) for t, v in timings.items()},
+    ratio=hf_seconds / ours.best,
+    cpu_ratio=hf_cpu / ours.cpu,
+    hf_share_of_floor=SENTENCES / hf_seconds / floor,
+    same_sequences=same,
+  )
+  print(
+    f"ratio ours / generate (its faster thread count, {threads}): {result['ratio']:.2f}x wall, "
+    f"{result['cpu_ratio']:.2f}x CPU time; generate reaches {result['hf_share_of_floor']:.0%} of "
+    f"the floor; best hypotheses identical on both sides: {same:.0%} of sentences"
+  )
+  return result
