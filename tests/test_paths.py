@@ -118,7 +118,8 @@ def test_home_and_path_overrides_are_resolved_once(tmp_path, monkeypatch):
     ["translate", "--workdir", "gs://bucket/run", "--input", "-", "--output", "-"]
   )
   cli.resolve_paths(args)
-  assert (args.workdir, args.input, args.output) == ("gs://bucket/run", "-", "-")
+  # translate takes --workdir repeatedly (an ensemble): a list.
+  assert (args.workdir, args.input, args.output) == (["gs://bucket/run"], "-", "-")
 
 
 def test_missing_data_folder_says_which_data_root_to_pass(tmp_path, monkeypatch, capsys):
