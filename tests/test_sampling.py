@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from transformer_mt import cli, sampling, sharding, tokenizer
+from transformer_mt import cli, sampling, sharding, tokenizer, translate_command
 from transformer_mt.config import TransformerConfig
 from transformer_mt.model import Transformer
 from transformer_mt.sampling import SamplingSettings
@@ -305,13 +305,15 @@ def _translate_args(**flags):
 def test_translate_output_formats(model):
   translator = make_translator(model, jax.devices()[:1], batch_size=3)
   settings = SamplingSettings(temperature=1.5)
-  options = cli._sampling_options(_translate_args(sample=True, temperature=1.5, num_samples=3))
-  text = cli._translations_text(translator, LINES, options, progress=False)
+  options = translate_command.sampling_options(
+    _translate_args(sample=True, temperature=1.5, num_samples=3)
+  )
+  text = translate_command.translations_text(translator, LINES, options, progress=False)
   samples = translator.sample(LINES, 3, settings, seed=0)
   expected = [f"{i}\t{n}\t{samples[i][n]}" for i in range(len(LINES)) for n in range(3)]
   assert text.splitlines() == expected
-  options = cli._sampling_options(_translate_args(sample=True, temperature=1.5))
-  text = cli._translations_text(translator, LINES, options, progress=False)
+  options = translate_command.sampling_options(_translate_args(sample=True, temperature=1.5))
+  text = translate_command.translations_text(translator, LINES, options, progress=False)
   assert text.split("\n")[:-1] == [texts[0] for texts in translator.sample(LINES, 1, settings)]
   assert sampling.samples_tsv([["a\tb\nc"], [""]]) == "0\t0\ta b c\n1\t0\t\n"
 
