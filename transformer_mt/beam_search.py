@@ -5,7 +5,8 @@ so it can be checked against brute-force enumeration on a toy model whose next-t
 distribution is known; `beam_decode` plugs in the Transformer (`decode.init_cache` +
 `decode.decode_step`).
 
-Design choices (each is tested in tests/test_beam_search.py):
+Design choices (each is tested in tests/test_beam_search.py, with the Transformer in
+tests/test_beam_decode.py):
 
 * Candidate pool (`candidate_pool`), ranked by summed log-prob at every step:
   - "beam" (default): keep the `beam_size` best one-token extensions of the live beams.

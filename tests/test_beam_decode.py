@@ -1,0 +1,253 @@
+"""Beam search with the Transformer (`beam_search.beam_decode`): beam 1 against greedy decoding,
+scores against unbranched decoding, per-sentence limits, 1 against 8 devices, the lazy cache
+reordering and the cross-attention kept once per sentence against their reference paths, and
+the decode options reaching the search. The search itself is checked against brute force on
+toy models in tests/test_beam_search.py.
+"""
+
+import functools
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_mt import beam_search as bs
+from transformer_mt import decode
+from transformer_mt.config import TransformerConfig
+from transformer_mt.model import Transformer
+from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+CONFIG = TransformerConfig(
+  vocab_size=40,
+  d_model=32,
+  num_heads=4,
+  d_ff=64,
+  num_encoder_layers=2,
+  num_decoder_layers=2,
+  deterministic=True,
+)
+
+
+@functools.cache
+def transformer_params():
+  dummy = jnp.ones((1, 2), jnp.int32)
+  params = Transformer(CONFIG).init(jax.random.key(0), dummy, dummy)["params"]
+  return jax.tree.map(
+    lambda x: x.value if hasattr(x, "value") else x, params, is_leaf=lambda x: hasattr(x, "value")
+  )
+
+
+def transformer_inputs():
+  """Three sentences with padding and one empty row."""
+  return jnp.array(
+    [
+      [5, 9, 12, 7, EOS_ID, PAD_ID],
+      [11, 4, EOS_ID, PAD_ID, PAD_ID, PAD_ID],
+      [PAD_ID] * 6,
+      [6, 6, 8, 20, 33, EOS_ID],
+    ],
+    jnp.int32,
+  )
+
+
+@pytest.mark.parametrize("alpha, length_penalty", [(0.6, "gnmt"), (1.0, "power")])
+def test_beam_one_is_greedy(alpha, length_penalty):
+  """With the "beam" pool (the default), whatever the penalty: one finished hypothesis."""
+  params, inputs, max_len = transformer_params(), transformer_inputs(), 8
+  greedy = np.asarray(decode.greedy_decode(params, inputs, CONFIG, max_len))
+  out = bs.beam_decode(
+    params, inputs, CONFIG, beam_size=1, max_len=max_len, alpha=alpha, length_penalty=length_penalty
+  )
+  np.testing.assert_array_equal(np.asarray(out.sequences), greedy)
+  np.testing.assert_array_equal(np.asarray(out.all_sequences[:, 0]), greedy)
+  assert np.all(greedy[2] == PAD_ID) and float(out.scores[2]) == 0.0
+
+
+def test_transformer_beam_scores_match_unbranched_decoding():
+  """Rescoring each returned hypothesis on its own (no beam reordering) gives its score.
+
+  Checks that the cache rows (self-attention keys/values) follow their beams.
+  """
+  params, inputs, max_len, beam, alpha = transformer_params(), transformer_inputs(), 6, 3, 0.6
+  out = jax.tree.map(
+    np.asarray, bs.beam_decode(params, inputs, CONFIG, beam_size=beam, max_len=max_len, alpha=alpha)
+  )
+  assert np.all(out.all_scores[:, :-1] >= out.all_scores[:, 1:])  # sorted; -inf last
+  seqs = out.all_sequences.reshape(-1, max_len)  # [batch * beam, max_len]
+  rows = np.repeat(np.asarray(inputs), beam, axis=0)
+  cache = decode.init_cache(params, jnp.asarray(rows), CONFIG, max_len)
+  step = jax.jit(decode.decode_step, static_argnames="config")
+  log_probs, fed = [], np.full(len(rows), BOS_ID, np.int32)
+  for t in range(max_len):
+    logits, cache = step(
+      params,
+      cache,
+      jnp.asarray(rows != PAD_ID),
+      jnp.asarray(fed),
+      jnp.array(t, jnp.int32),
+      config=CONFIG,
+    )
+    log_probs.append(
+      np.asarray(jax.nn.log_softmax(decode.never_generated(logits)))[
+        np.arange(len(rows)), seqs[:, t]
+      ]
+    )
+    fed = seqs[:, t]
+  log_probs = np.stack(log_probs, axis=1)  # [batch * beam, max_len]
+  for i, seq in enumerate(seqs):
+    b = i // beam
+    if not np.isfinite(out.all_scores.reshape(-1)[i]):
+      continue
+    if b == 2:  # the empty source row: the empty hypothesis, score 0
+      assert np.all(seq == PAD_ID) and out.all_scores[b, i % beam] in (0.0, -np.inf)
+      continue
+    eos = np.flatnonzero(seq == EOS_ID)
+    length = eos[0] + 1 if len(eos) else max_len
+    expected = log_probs[i, :length].sum() / ((5 + length) / 6) ** alpha
+    np.testing.assert_allclose(out.all_scores[b, i % beam], expected, atol=1e-4, rtol=1e-4)
+
+
+def test_transformer_per_sentence_max_lengths():
+  params, inputs, max_len = transformer_params(), transformer_inputs(), 8
+  max_lengths = jnp.array([3, 8, 8, 1], jnp.int32)
+  out = jax.tree.map(
+    np.asarray,
+    bs.beam_decode(params, inputs, CONFIG, beam_size=2, max_len=max_len, max_lengths=max_lengths),
+  )
+  assert np.all(np.isfinite(out.scores))
+  assert np.all(out.all_sequences[0, :, 3:] == PAD_ID)
+  assert np.all(out.all_sequences[3, :, 1:] == PAD_ID)
+  assert np.all(out.sequences[2] == PAD_ID)  # empty source: empty output whatever max_lengths says
+
+
+def test_same_outputs_on_1_and_8_devices():
+  """Beam search sharded over an 8-device mesh (batch split over devices) equals 1 device."""
+  if jax.device_count() < 8:
+    pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8 (set by conftest)")
+  import ml_collections
+
+  from transformer_mt import sharding
+
+  params, max_len = transformer_params(), 8
+  inputs = jnp.concatenate([transformer_inputs(), transformer_inputs()[::-1]])  # 8 rows
+  single = bs.beam_decode(params, inputs, CONFIG, beam_size=3, max_len=max_len)
+  mesh = sharding.make_mesh(ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1}))
+  assert mesh.devices.size == 8
+  with jax.set_mesh(mesh):
+    sharded_inputs = jax.device_put(inputs, sharding.batch_sharding(mesh))
+    sharded_params = jax.device_put(params, sharding.replicated(mesh))
+    sharded = bs.beam_decode(sharded_params, sharded_inputs, CONFIG, beam_size=3, max_len=max_len)
+  np.testing.assert_array_equal(np.asarray(sharded.sequences), np.asarray(single.sequences))
+  np.testing.assert_allclose(np.asarray(sharded.scores), np.asarray(single.scores), atol=1e-5)
+
+
+def test_transformer_lazy_reordering_equals_always_gather():
+  """beam_decode (cross-attention keys/values never reordered, self-attention positions
+  copied only up to those written, no copy when no beam changed parent) is bit-identical
+  to reordering the whole cache at every step. max_len 20 spans two 16-position chunks."""
+  params, inputs, max_len = transformer_params(), transformer_inputs(), 20
+  max_lengths = jnp.array([20, 17, 20, 19], jnp.int32)
+  out, reference = (
+    jax.tree.map(
+      np.asarray,
+      bs.beam_decode(
+        params,
+        inputs,
+        CONFIG,
+        beam_size=3,
+        max_len=max_len,
+        max_lengths=max_lengths,
+        always_gather=always_gather,
+      ),
+    )
+    for always_gather in (False, True)
+  )
+  assert out.num_steps > 16  # the second chunk was reordered too
+  for name in ("sequences", "scores", "all_sequences", "all_scores", "num_steps"):
+    np.testing.assert_array_equal(getattr(out, name), getattr(reference, name), err_msg=name)
+
+
+def test_decode_options_reach_beam_decode(monkeypatch):
+  """An experiment's decode.length_penalty / decode.candidate_pool go through
+  `run_setup.decode_settings` and the Translator to beam_decode's static arguments; configs
+  without them keep the defaults, and an unknown value is refused when settings are read."""
+  import ml_collections
+
+  from transformer_mt import run_setup, sharding, translate
+
+  section = dict(batch_size=2, max_len=8, beam_size=3, alpha=1.0)
+  old = run_setup.decode_settings(ml_collections.ConfigDict({"decode": section}))
+  assert (old["length_penalty"], old["candidate_pool"]) == ("gnmt", "beam")
+  config = ml_collections.ConfigDict(
+    {"decode": dict(section, length_penalty="power", candidate_pool="hf")}
+  )
+  settings = run_setup.decode_settings(config)
+  with pytest.raises(ValueError, match=r"decode.candidate_pool='top'.*beam, 2beam, hf"):
+    run_setup.decode_settings(
+      ml_collections.ConfigDict({"decode": dict(section, candidate_pool="top")})
+    )
+
+  calls = []
+
+  def fake_beam_decode(params, inputs, config, beam_size, max_len, *args, **kwargs):
+    calls.append(dict(beam_size=beam_size, **kwargs))
+    return types.SimpleNamespace(sequences=jnp.zeros((inputs.shape[0], max_len), jnp.int32))
+
+  monkeypatch.setattr(bs, "beam_decode", fake_beam_decode)
+  mesh = sharding.make_mesh(sharding.inference_mesh_config(), devices=jax.devices()[:1])
+  translator = translate.Translator(
+    params=None, model_config=CONFIG, tokenizer=None, mesh=mesh, **settings
+  )
+  translator._decode_batch([[5, 9, EOS_ID]])
+  assert calls == [
+    dict(beam_size=3, forced_first_id=None, length_penalty="power", candidate_pool="hf")
+  ]
+
+
+def test_imported_models_decode_as_generate():
+  """hf_import.run_config: beam and alpha from the generation config (transformers' own
+  default length_penalty 1.0 when it has none), with the "hf" pool and "power" penalty."""
+  from transformer_mt import hf_import, run_setup
+
+  def decode_section(generation):
+    tokenizer = type("Tokenizer", (), {"vocab_size": CONFIG.vocab_size})()
+    config = hf_import.run_config(
+      CONFIG, tokenizer, {"model_type": "marian"}, generation, {}, "tiny", from_hub=False
+    )
+    return run_setup.decode_settings(config)
+
+  settings = decode_section({"num_beams": 4, "length_penalty": 0.6, "max_length": 64})
+  assert (settings["beam_size"], settings["alpha"]) == (4, 0.6)
+  assert (settings["length_penalty"], settings["candidate_pool"]) == ("power", "hf")
+  settings = decode_section({})
+  assert (settings["beam_size"], settings["alpha"]) == (1, 1.0)
+
+
+def test_cross_attention_once_per_sentence_equals_a_copy_per_beam():
+  """beam_decode keeps the cross-attention keys/values one row per sentence and folds the
+  beams into the query axis; copying them to every beam (as before) gives the same
+  hypotheses, and scores equal up to float rounding (the products are summed in another
+  order)."""
+  params, inputs, max_len, beam = transformer_params(), transformer_inputs(), 12, 3
+  batch = inputs.shape[0]
+  out = bs.beam_decode(params, inputs, CONFIG, beam_size=beam, max_len=max_len)
+  cache, cross = decode.split_cache(decode.init_cache(params, inputs, CONFIG, max_len))
+  cross = bs._expand_to_beams(cross, batch, beam)  # [batch * beam, heads, src_len, head_dim]
+  valid = jnp.repeat(inputs != PAD_ID, beam, axis=0)
+
+  def tokens_to_logits(tokens, position, cache):
+    logits, cache = decode.decode_step(
+      params, decode.merge_cache(cache, cross), valid, tokens, position, CONFIG
+    )
+    return decode.never_generated(logits), decode.split_cache(cache)[0]
+
+  max_lengths = jnp.where(jnp.any(inputs != PAD_ID, axis=1), max_len, 0)
+  copied = jax.jit(
+    lambda cache: bs.beam_search(
+      tokens_to_logits, cache, batch, beam, max_len, max_lengths=max_lengths
+    )
+  )(cache)
+  np.testing.assert_array_equal(out.all_sequences, copied.all_sequences)
+  np.testing.assert_allclose(out.all_scores, copied.all_scores, rtol=1e-5, atol=1e-6)
