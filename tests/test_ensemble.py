@@ -149,6 +149,13 @@ def test_an_ensemble_of_one_model_twice_decodes_as_that_model(members, tmp_path,
   single = _translate(one + common, tmp_path, "one.txt", capsys)
   assert _translate(twice + common, tmp_path, "twice.txt", capsys) == single
   assert len(single.splitlines()) == 9 and len(set(single.splitlines())) > 5
+  # Sampling reads the mean log-probs as logits: the same distribution as the model's own
+  # logits, shifted by a constant per row (the draws could differ only at float ties).
+  sample = ["--input", str(source), "--sample", "--seed", "3"]
+  single_samples = _translate(one + sample, tmp_path, "one.samples", capsys).splitlines()
+  twice_samples = _translate(twice + sample, tmp_path, "twice.samples", capsys).splitlines()
+  assert sum(a == b for a, b in zip(single_samples, twice_samples)) >= len(single_samples) - 1
+  assert single_samples != single.splitlines()  # sampled, not the beam's output
   common += ["--nbest", "4"]
   single = _translate(one + common, tmp_path, "one.tsv", capsys)
   _same_rows(_translate(twice + common, tmp_path, "twice.tsv", capsys), single, (0, 1, 4))
