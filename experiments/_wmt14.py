@@ -1,13 +1,10 @@
 """The paper's WMT14 settings (Vaswani et al. 2017, section 5 and table 3), shared by the
 four registry rows transformer_{base,big}_wmt14_{ende,enfr}.
 
-Accelerator-time estimates in the rows' docstrings use
-  FLOPs/step = 6 x (P_enc x T_src + (P_dec + P_emb) x T_tgt)
-with P_enc / P_dec the non-embedding encoder / decoder parameters, P_emb the (tied)
-embedding matrix used as the pre-softmax projection, and T_src = T_tgt = 25,000 tokens
-per step; the attention score terms (~12 x layers x d x length per token) add ~5% at
-WMT sentence lengths and are left out. Device throughput assumed: 125 TFLOP/s sustained
-(an A100's 312 TFLOP/s bf16 peak at 40% utilization).
+Accelerator-time estimates are computed, not written here: `run.py list` shows each row's
+A100-hours and `run.py reproduce --experiment ROW --workdir DIR --dry-run` the formula
+(6 x parameters x tokens per update), its numbers and the peak of the row's model.dtype
+(float32 by default: TF32); see transformer_mt/estimates.py.
 """
 
 import ml_collections

@@ -6,8 +6,8 @@ d 512, 8 heads, d_ff 2048, 6+6 post-LN layers, dropout 0.1, label smoothing 0.1,
 of the last 5 checkpoints; validation newstest2013, test newstest2014.
 
 Paper: 27.3 BLEU (tokenized, compound-split). Hardware: the paper used 8 P100 GPUs for
-12 hours. Estimate (see experiments/_wmt14.py): 9.46e12 FLOPs/step x 100k steps =
-9.5e17 FLOPs, ~2.1 hours at 125 TFLOP/s sustained (one A100).
+12 hours. Our estimate: `run.py list` (A100-hours for the row's dtype) and
+`run.py reproduce ... --dry-run` (the formula and its numbers).
 
     python run.py train --experiment transformer_base_wmt14_ende --workdir workdirs/base_ende
 """

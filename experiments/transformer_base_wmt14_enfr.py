@@ -4,8 +4,8 @@ As transformer_base_wmt14_ende (d 512, 8 heads, dropout 0.1, 100k steps, average
 last 5 checkpoints) with a shared 32k vocabulary: 60.51M parameters with tied embeddings.
 Validation newstest2013, test newstest2014.
 
-Paper: 38.1 BLEU (tokenized). Estimate (see experiments/_wmt14.py): 9.08e12 FLOPs/step x
-100k steps = 9.1e17 FLOPs, ~2.0 hours at 125 TFLOP/s sustained (one A100).
+Paper: 38.1 BLEU (tokenized). Estimate: `run.py list` (A100-hours for the row's
+dtype) and `run.py reproduce ... --dry-run` (the formula and its numbers).
 
     python run.py train --experiment transformer_base_wmt14_enfr --workdir workdirs/base_enfr
 """

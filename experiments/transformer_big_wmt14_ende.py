@@ -6,8 +6,8 @@ d 1024, 16 heads, d_ff 4096, 6+6 post-LN layers, dropout 0.3, label smoothing 0.
 average of the last 20 checkpoints; validation newstest2013, test newstest2014.
 
 Paper: 28.4 BLEU (tokenized, compound-split). Hardware: the paper used 8 P100 GPUs for
-3.5 days. Estimate (see experiments/_wmt14.py): 3.21e13 FLOPs/step x 300k steps =
-9.6e18 FLOPs, ~21 hours at 125 TFLOP/s sustained (one A100).
+3.5 days. Our estimate: `run.py list` (A100-hours for the row's dtype) and
+`run.py reproduce ... --dry-run` (the formula and its numbers).
 
     python run.py train --experiment transformer_big_wmt14_ende --workdir workdirs/big_ende
 """

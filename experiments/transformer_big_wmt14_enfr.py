@@ -5,9 +5,8 @@ checkpoints) but with dropout 0.1 (as the paper used for EN-FR) and a shared 32k
 vocabulary: 209.11M parameters with tied embeddings. Validation newstest2013, test
 newstest2014.
 
-Paper: 41.0 BLEU (tokenized; 41.8 in the paper's later revision). Estimate (see
-experiments/_wmt14.py): 3.14e13 FLOPs/step x 300k steps = 9.4e18 FLOPs, ~21 hours at
-125 TFLOP/s sustained (one A100).
+Paper: 41.0 BLEU (tokenized; 41.8 in the paper's later revision). Estimate: `run.py
+list` (A100-hours for the row's dtype) and `run.py reproduce ... --dry-run` (the formula).
 
     python run.py train --experiment transformer_big_wmt14_enfr --workdir workdirs/big_enfr
 """

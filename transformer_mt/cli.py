@@ -33,25 +33,27 @@ from transformer_mt.translate_command import inference_mesh as _inference_mesh
 
 
 def _cmd_list(args) -> None:
-  from transformer_mt import registry
-  from transformer_mt.model import count_parameters
-  from transformer_mt.run_setup import model_config_for
+  from transformer_mt import estimates, registry
 
   rows = []
   for name in registry.experiment_names():
     config = registry.load_experiment(name)
     # A published model's size is its own, known once imported (the description gives it).
-    pretrained = bool(config.init.get("from"))
-    params = None if pretrained else count_parameters(model_config_for(config))
-    rows.append((name, params, config.description))
+    reason = estimates.not_estimated(config)
+    estimate = None if reason else estimates.estimate(config)
+    rows.append((name, estimate, config.description))
   width = max(len(r[0]) for r in rows)
-  print(f"{'experiment':<{width}}  {'params':>8}  description")
-  for name, params, description in rows:
-    size = f"{params / 1e6:>7.2f}M" if params is not None else f"{'import':>8}"
-    print(f"{name:<{width}}  {size}  {description}")
+  print(f"{'experiment':<{width}}  {'params':>8}  {'A100 h':>8}  description")
+  for name, estimate, description in rows:
+    size = f"{estimate.total_params / 1e6:>7.2f}M" if estimate else f"{'import':>8}"
+    hours = f"{estimate.hours:>8.3g}" if estimate else f"{'-':>8}"
+    print(f"{name:<{width}}  {size}  {hours}  {description}")
   print(
     "Parameter counts include the embeddings; a tied (shared) embedding matrix is counted once. "
-    "'import': a published model, imported by `reproduce`."
+    "'import': a published model, imported by `reproduce`.\n"
+    f"A100 h: training hours on one {estimates.DEVICE} at {estimates.UTILIZATION:.0%} of the "
+    "peak of the row's model.dtype (float32: TF32, bfloat16: bf16; see "
+    "transformer_mt/estimates.py); `reproduce --dry-run` shows the formula and its numbers."
   )
 
 
@@ -167,6 +169,9 @@ def _cmd_plot(args) -> None:
 def _cmd_reproduce(args) -> None:
   from transformer_mt import reproduce
 
+  if args.dry_run:
+    print(reproduce.plan(args.experiment, args.workdir, args.overrides))
+    return
   results = reproduce.reproduce(args.experiment, args.workdir, args.overrides)
   print(reproduce.markdown_table([results]))
   print(f"results: {os.path.join(args.workdir, reproduce.RESULTS_FILENAME)}")
@@ -281,7 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
   mesh_flag = _mesh_flag()
   language_flags = _language_flags()
 
-  p = commands.add_parser("list", help="list experiments with parameter counts")
+  p = commands.add_parser(
+    "list", help="list experiments with parameter counts and training-time estimates"
+  )
   p.set_defaults(func=_cmd_list)
 
   p = commands.add_parser(
@@ -412,6 +419,12 @@ def build_parser() -> argparse.ArgumentParser:
     "--experiment", required=True, help="experiment name, e.g. transformer_base_wmt14_ende"
   )
   p.add_argument("--workdir", required=True)
+  p.add_argument(
+    "--dry-run",
+    action="store_true",
+    help="print the plan (steps, averaging, evaluation) and the accelerator-time estimate; "
+    "train and write nothing",
+  )
   p.add_argument("overrides", nargs="*", metavar="key=value")
   p.set_defaults(func=_cmd_reproduce)
 

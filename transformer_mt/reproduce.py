@@ -21,6 +21,7 @@ import jax
 from transformer_mt import (
   averaging,
   checkpointing,
+  estimates,
   evaluate,
   finetune,
   registry,
@@ -40,6 +41,37 @@ def _averaged_dir(workdir: str, last_n: int) -> tuple[str, list[int]]:
   if os.path.exists(checkpointing.checkpoint_dir(output)):
     return output, steps
   return averaging.average_last(workdir, last_n, output)
+
+
+def plan(name: str, workdir: str, overrides: Sequence[str] = ()) -> str:
+  """What `reproduce` would do, with the training estimate (`--dry-run`): reads the
+  experiment only; trains, imports and writes nothing."""
+  config = registry.load_experiment(name, overrides)
+  source = config.init.get("from")
+  lines = [f"{name}: {config.description}"]
+  if source:
+    lines.append(f"import {source} into {os.path.join(workdir, 'pretrained')}")
+  if config.train.num_steps == 0 and source:
+    lines.append("evaluate the import as it is (no training, no averaging)")
+  else:
+    lines.append(
+      f"train {config.train.num_steps:,} updates in {workdir} (resuming from its latest "
+      f"checkpoint), {config.train.batch_tokens:,} target-token slots per update"
+    )
+    last_n = config.evaluate.get("average_last", 0)
+    lines.append(
+      f"average the last {last_n} checkpoints" if last_n > 1 else "no checkpoint averaging"
+    )
+  lines.append(
+    f"evaluate on the test split (beam {config.decode.beam_size}, alpha {config.decode.alpha})"
+    f" -> {os.path.join(workdir, RESULTS_FILENAME)}"
+  )
+  reason = estimates.not_estimated(config)
+  if reason:
+    lines.append(f"estimate: none ({reason}: the model is the import's)")
+  else:
+    lines += estimates.describe(estimates.estimate(config))
+  return "\n".join(lines)
 
 
 def reproduce(name: str, workdir: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
