@@ -71,6 +71,9 @@ def test_tiny_model_flops_match_a_hand_count():
   assert e.flops_per_step == flops
   assert e.total_flops == 10 * flops
   assert e.hours == pytest.approx(10 * flops / (A100_TF32 * UTILIZATION) / 3600)
+  # Scores and weighted sums, 2 x 2 x width x row FLOPs forward, x 3 with the backward:
+  # 2 encoder self-attentions per source slot, 1 self + 1 cross per target slot.
+  assert e.attention_flops_per_step == 12 * 8 * 16 * (2 * 96 + 2 * 96)
 
 
 def test_untied_embeddings_count_the_output_projection_not_the_lookups():

@@ -68,7 +68,8 @@ def plan(name: str, workdir: str, overrides: Sequence[str] = ()) -> str:
   )
   reason = estimates.not_estimated(config)
   if reason:
-    lines.append(f"estimate: none ({reason}: the model is the import's)")
+    why = "nothing is trained" if reason == "import" else "the model's shapes are the import's"
+    lines.append(f"estimate: none ({why})")
   else:
     lines += estimates.describe(estimates.estimate(config))
   return "\n".join(lines)
