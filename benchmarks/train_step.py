@@ -74,7 +74,7 @@ from benchmarks import _timing  # noqa: E402
 from experiments import _defaults  # noqa: E402
 from transformer_mt import input_pipeline, optimizer, run_setup, sharding, train_step  # noqa: E402
 from transformer_mt.config import TransformerConfig  # noqa: E402
-from transformer_mt.model import Transformer  # noqa: E402
+from transformer_mt.model import parameter_shapes  # noqa: E402
 from transformer_mt.tokenizer import BOS_ID, PAD_ID  # noqa: E402
 
 NEWS = ROOT.parent / "shared" / "data" / "news" / "en-de" / "newstest2014"
@@ -173,9 +173,7 @@ def full_rows_batch(rows: int, max_len: int, vocab: int, seed: int) -> dict[str,
 
 def parameter_groups(config: TransformerConfig) -> dict[str, int]:
   """Non-embedding parameter counts: encoder layers, decoder layers, cross-attention K/V."""
-  model = Transformer(config.replace(deterministic=True))
-  dummy = jnp.ones((1, 2), jnp.int32)
-  shapes = nn.unbox(jax.eval_shape(lambda: model.init(jax.random.key(0), dummy, dummy))["params"])
+  shapes = parameter_shapes(config)
   counts = {"encoder": 0, "decoder": 0, "cross_kv": 0}
   for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]:
     names = [p.key for p in path]

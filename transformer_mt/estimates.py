@@ -25,12 +25,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import ml_collections
 
-from transformer_mt.model import Transformer
+from transformer_mt.model import parameter_shapes
 from transformer_mt.run_setup import model_config_for
 
 # Dense (no sparsity) peaks of one NVIDIA A100 SXM, from NVIDIA's A100 datasheet: bf16/fp16
@@ -103,10 +101,8 @@ class Estimate:
 def parameter_parts(config: ml_collections.ConfigDict) -> dict[str, int]:
   """Parameters of the row's model by part: encoder, decoder, output (the softmax matrix),
   lookup (everything else: token and position tables only looked up)."""
-  model_config = model_config_for(config).replace(deterministic=True)
-  dummy = jnp.ones((1, 2), jnp.int32)
-  shapes = jax.eval_shape(lambda: Transformer(model_config).init(jax.random.key(0), dummy, dummy))
-  params = nn.unbox(shapes["params"])
+  model_config = model_config_for(config)
+  params = parameter_shapes(model_config)
   parts = dict(encoder=0, decoder=0, output=0, lookup=0)
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
     keys = [p.key for p in path]

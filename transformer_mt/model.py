@@ -350,9 +350,14 @@ class Transformer(nn.Module):
     )
 
 
-def count_parameters(config: TransformerConfig) -> int:
-  """Number of parameters; a tied embedding matrix is counted once (it is one array)."""
+def parameter_shapes(config: TransformerConfig) -> dict:
+  """The model's parameter tree as `jax.ShapeDtypeStruct` leaves (unboxed, nothing allocated):
+  names and shapes for counting parameters or checking converted weights."""
   model = Transformer(config.replace(deterministic=True))
   dummy = jnp.ones((1, 2), jnp.int32)
-  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy, dummy))
-  return sum(math.prod(x.shape) for x in jax.tree.leaves(nn.unbox(shapes["params"])))
+  return nn.unbox(jax.eval_shape(lambda: model.init(jax.random.key(0), dummy, dummy))["params"])
+
+
+def count_parameters(config: TransformerConfig) -> int:
+  """Number of parameters; a tied embedding matrix is counted once (it is one array)."""
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(parameter_shapes(config)))
