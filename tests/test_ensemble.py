@@ -226,8 +226,15 @@ def test_evaluate_an_ensemble(members, tmp_path, capsys):
   assert hypotheses == expected
 
 
-def test_members_with_different_tokenizers_are_one_error_line(members, tmp_path, capsys):
+def test_members_with_different_tokenizers_are_one_error_line(
+  members, tmp_path, capsys, monkeypatch
+):
   workdirs, _, other = members
+
+  def no_restore(*args, **kwargs):
+    raise AssertionError("parameters restored before the members were checked")
+
+  monkeypatch.setattr(checkpointing, "restore_params", no_restore)
   source = tmp_path / "source.txt"
   source.write_text("a house\n", encoding="utf-8")
   output = tmp_path / "out.txt"

@@ -89,10 +89,9 @@ def sequence_log_probs(
     logits = decode.force_first_token(logits, positions, forced_first_id)
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     member_log_probs.append(jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0])
-  # An ensemble scores each token by its members' mean log-probability, as it decodes.
-  token_log_probs = member_log_probs[0]  # [batch, tgt_len]
-  if len(member_log_probs) > 1:
-    token_log_probs = jnp.mean(jnp.stack(member_log_probs), axis=0)
+  # An ensemble scores each token by its members' mean log-probability, as it decodes (the
+  # mean of one model's is its own).
+  token_log_probs = jnp.mean(jnp.stack(member_log_probs), axis=0)  # [batch, tgt_len]
   counted = jnp.arange(targets.shape[1])[None, :] < target_lengths[:, None]  # [batch, tgt_len]
   # where, not a product: a padding position may hold -inf (a suppressed id), and -inf * 0 = nan.
   return jnp.sum(jnp.where(counted, token_log_probs, 0.0), axis=1)

@@ -322,17 +322,20 @@ def load_translator(
   if not workdirs:
     raise ValueError("No --workdir given.")
   mesh = mesh or sharding.make_mesh(sharding.inference_mesh_config())
-  loaded = [_load_one(w, step, mesh, beam_size, alpha, source_lang, target_lang) for w in workdirs]
-  if len(loaded) == 1:
-    return loaded[0]
-  first = loaded[0]
-  for other, other_dir in zip(loaded[1:], workdirs[1:]):
+  # Every member's config and tokenizer are read and checked before any parameters are.
+  prepared = [_prepare(w, step, mesh, beam_size, alpha, source_lang, target_lang) for w in workdirs]
+  first = prepared[0][0]
+  for (other, _), other_dir in zip(prepared[1:], workdirs[1:]):
     _check_same_vocabulary(first, workdirs[0], other, other_dir)
-  logging.info("Ensemble of %d models: %s.", len(loaded), ", ".join(workdirs))
+  params = []
+  for (translator, member_step), member_dir in zip(prepared, workdirs):
+    params.append(checkpointing.restore_params(member_dir, member_step, translator.params))
+    logging.info("Loaded step %d from %s onto mesh %s.", member_step, member_dir, dict(mesh.shape))
+  if len(prepared) == 1:
+    return dataclasses.replace(first, params=params[0])
+  logging.info("Ensemble of %d models: %s.", len(prepared), ", ".join(workdirs))
   return dataclasses.replace(
-    first,
-    params=tuple(t.params for t in loaded),
-    members=tuple(t.model_config for t in loaded),
+    first, params=tuple(params), members=tuple(t.model_config for t, _ in prepared)
   )
 
 
@@ -357,7 +360,7 @@ def _check_same_vocabulary(first: Translator, first_dir: str, other: Translator,
       )
 
 
-def _load_one(
+def _prepare(
   workdir: str,
   step: int | None,
   mesh: Mesh,
@@ -365,23 +368,23 @@ def _load_one(
   alpha: float | None,
   source_lang: str | None,
   target_lang: str | None,
-) -> Translator:
-  """One model's Translator (`load_translator`)."""
+) -> tuple[Translator, int]:
+  """(one model's Translator holding its abstract parameters, the checkpoint step): all of
+  `load_translator` but reading the parameters."""
   config, tokenizer, step = checkpointing.read_config(workdir, step)
   tokenizer, model_config, forced_first_id = with_languages(
     tokenizer, config, source_lang, target_lang, workdir
   )
   setup = run_setup.model_setup(config, tokenizer, mesh)
-  params = checkpointing.restore_params(workdir, step, setup.abstract_params)
-  logging.info("Loaded step %d from %s onto mesh %s.", step, workdir, dict(mesh.shape))
-  return Translator(
-    params=params,
+  translator = Translator(
+    params=setup.abstract_params,
     model_config=model_config or setup.model_config,
     tokenizer=tokenizer,
     mesh=mesh,
     forced_first_id=forced_first_id,
     **run_setup.decode_settings(config, beam_size, alpha),
   )
+  return translator, step
 
 
 def with_languages(
