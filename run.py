@@ -2,7 +2,7 @@
 
 import sys
 
-from transformer_mt.cli import main
+from transformer_mt.launch import main
 
 if __name__ == "__main__":
   sys.exit(main())

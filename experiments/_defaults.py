@@ -110,6 +110,9 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.checkpoint_every = 1000
   # Checkpoints kept on disk.
   config.train.keep_checkpoints = 3
+  # [first, last]: write a JAX profiler trace of those steps into WORKDIR/tensorboard (open
+  # TensorBoard's profile tab); [] traces nothing.
+  config.train.profile_steps = []
 
   config.mesh = ml_collections.ConfigDict()
   # Device mesh shape; -1 takes all remaining devices. data x fsdp x tensor = #devices.

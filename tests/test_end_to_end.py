@@ -297,3 +297,32 @@ def test_reproduce_then_report(tmp_path, capsys):
   assert "| demo | – |" in out and "sacreBLEU signature" in out and "chrF++ signature" in out
   assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   assert cli.main(["report", str(tmp_path / "nothing")]) == 2
+
+
+def test_profile_steps_write_a_trace_and_change_nothing(trained, tmp_path):
+  """train.profile_steps=[3,4] leaves a JAX trace (an XPlane protobuf naming the compiled train
+  step) in WORKDIR/tensorboard, and the run's parameters equal the unprofiled run's."""
+  workdir = str(tmp_path / "profiled")
+  config = registry.load_experiment(
+    "demo", TINY + ["train.num_steps=20", "train.profile_steps=[3,4]"]
+  )
+  profiled = train.train(config, workdir, progress=False)
+  traces = []
+  for root, _, files in os.walk(os.path.join(workdir, "tensorboard", "plugins", "profile")):
+    traces += [os.path.join(root, f) for f in files if f.endswith(".xplane.pb")]
+  assert len(traces) == 1
+  with open(traces[0], "rb") as f:
+    assert b"train_step" in f.read()
+  jax.tree.map(
+    lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+    jax.device_get(profiled["state"].params),
+    jax.device_get(trained[2]["state"].params),
+  )
+
+
+@pytest.mark.parametrize("steps", ["[4]", "[5,3]", "[0,2]"])
+def test_bad_profile_steps_are_refused_before_writing(tmp_path, steps):
+  config = registry.load_experiment("demo", TINY + [f"train.profile_steps={steps}"])
+  with pytest.raises(ValueError, match="train.profile_steps"):
+    train.train(config, str(tmp_path / "w"), progress=False)
+  assert not (tmp_path / "w").exists()

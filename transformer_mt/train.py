@@ -57,6 +57,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
     imported, forced_first_id = finetune.with_languages(imported, config)
   model_config_for(config)
   data_shards, fsdp_shards, _ = sharding.mesh_shape(config.mesh, jax.device_count())
+  profiler = _StepTrace(config.train.get("profile_steps", []), workdir)
   policy = config.train.get("nonfinite", "stop")
   if policy not in ("stop", "skip"):
     raise ValueError(f"train.nonfinite={policy!r} must be 'stop' or 'skip'.")
@@ -145,7 +146,9 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
   with _StopOnSignal() as stop_signal:
     for step in range(start + 1, num_steps + 1):
       batch = sharding.global_batch_from_local(next(batches), mesh, batch_dim=1)
+      profiler.before(step)
       state, step_metrics = step_fn(state, batch)
+      profiler.after(step, step_metrics)
       pending.append((step, step_metrics))
       log_step = step % config.train.log_every == 0
       # With several processes, all must stop at the same step: they agree at log steps.
@@ -222,6 +225,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
           step,
         )
         break
+  profiler.stop()
   bar.update(len(pending))
   bar.close()
   if filter_counts.empty or filter_counts.too_long:
@@ -296,6 +300,47 @@ def _validation_fn(pairs, tokenizer, model, mesh, shardings, config):
     }
 
   return validate
+
+
+class _StepTrace:
+  """`train.profile_steps=[a, b]`: a JAX profiler trace of steps a..b (inclusive) in
+  WORKDIR/tensorboard/plugins/profile/<run>/, where TensorBoard's profile tab finds it. The
+  trace starts just before step a is dispatched and stops once step b's results are ready, so
+  it holds whole steps: their XLA ops and the host work between them (input pipeline, logging).
+  An empty list (the default) traces nothing; a resumed run traces what is left of the range."""
+
+  def __init__(self, steps, workdir: str):
+    steps = list(steps or [])
+    if steps and (
+      len(steps) != 2
+      or not all(isinstance(s, int) and s >= 1 for s in steps)
+      or steps[0] > steps[1]
+    ):
+      raise ValueError(
+        f"train.profile_steps={steps!r} must be [] or [first, last] with 1 <= first <= last, "
+        "e.g. train.profile_steps=[10,12]."
+      )
+    self.first, self.last = steps if steps else (0, -1)
+    self.directory = os.path.join(workdir, "tensorboard")
+    self.active = False
+
+  def before(self, step: int) -> None:
+    if not self.active and self.first <= step <= self.last:
+      jax.profiler.start_trace(self.directory)
+      self.active = True
+
+  def after(self, step: int, outputs) -> None:
+    if self.active and step >= self.last:
+      jax.block_until_ready(outputs)
+      self.stop()
+
+  def stop(self) -> None:
+    if self.active:
+      jax.profiler.stop_trace()
+      self.active = False
+      logging.info(
+        "Wrote a profiler trace of steps %d-%d to %s.", self.first, self.last, self.directory
+      )
 
 
 class _StopOnSignal:
