@@ -3,8 +3,12 @@ four registry rows transformer_{base,big}_wmt14_{ende,enfr}.
 
 Accelerator-time estimates are computed, not written here: `run.py list` shows each row's
 A100-hours and `run.py reproduce --experiment ROW --workdir DIR --dry-run` the formula
-(6 x parameters x tokens per update), its numbers and the peak of the row's model.dtype
-(float32 by default: TF32); see transformer_mt/estimates.py.
+(6 x parameters x tokens per update), its numbers and the peak of the dtype the row
+computes in on an accelerator; see transformer_mt/estimates.py.
+
+Precision: model.dtype="auto" computes in bfloat16 on GPU/TPU (float32 parameters, Adam
+state and gradients; float32 LayerNorm statistics, attention softmax, logits and loss) and
+in float32 on CPU. `model.dtype=float32` (or `bfloat16`) on the command line overrides it.
 """
 
 import ml_collections
@@ -38,6 +42,8 @@ def paper_config(size: str, target_lang: str) -> ml_collections.ConfigDict:
     layer_norm_position="post",
     dropout_rate=dropout,
     share_embeddings=True,
+    # bfloat16 compute on GPU/TPU, float32 on CPU (resolved when the model config is built).
+    dtype="auto",
   )
   config.data.update(
     source="tfds",

@@ -23,7 +23,8 @@ TINY = [
   "train.num_steps=10",
 ]
 # A100 datasheet, dense: TF32 156 TFLOP/s (float32 matmuls under JAX's default precision),
-# bf16 312 TFLOP/s; the module assumes 40% of it.
+# bf16 312 TFLOP/s; the module assumes 40% of it. The paper rows set model.dtype="auto",
+# bfloat16 on a GPU, so their hours are at the bf16 peak (half the TF32 figures of before).
 A100_TF32, A100_BF16, UTILIZATION = 156e12, 312e12, 0.4
 
 
@@ -70,7 +71,8 @@ def test_tiny_model_flops_match_a_hand_count():
   flops = 6 * (encoder * 96 + (decoder + output) * 96)
   assert e.flops_per_step == flops
   assert e.total_flops == 10 * flops
-  assert e.hours == pytest.approx(10 * flops / (A100_TF32 * UTILIZATION) / 3600)
+  assert e.dtype == "bfloat16"  # model.dtype="auto" on the accelerator.
+  assert e.hours == pytest.approx(10 * flops / (A100_BF16 * UTILIZATION) / 3600)
   # Scores and weighted sums, 2 x 2 x width x row FLOPs forward, x 3 with the backward:
   # 2 encoder self-attentions per source slot, 1 self + 1 cross per target slot.
   assert e.attention_flops_per_step == 12 * 8 * 16 * (2 * 96 + 2 * 96)
@@ -86,10 +88,14 @@ def test_untied_embeddings_count_the_output_projection_not_the_lookups():
 
 
 def test_hours_follow_the_rows_dtype():
-  f32 = estimates.estimate(registry.load_experiment("transformer_base_wmt14_ende", TINY))
-  bf16 = estimates.estimate(
-    registry.load_experiment("transformer_base_wmt14_ende", TINY + ["model.dtype='bfloat16'"])
-  )
+  def row(dtype):
+    overrides = TINY + ([f"model.dtype='{dtype}'"] if dtype else [])
+    return estimates.estimate(registry.load_experiment("transformer_base_wmt14_ende", overrides))
+
+  auto, f32, bf16 = row(None), row("float32"), row("bfloat16")
+  # "auto" is costed as what it computes in on a GPU, even when the estimate runs on a CPU.
+  assert (auto.dtype, auto.configured_dtype) == ("bfloat16", "auto")
+  assert auto.hours == bf16.hours
   assert f32.dtype == "float32" and bf16.dtype == "bfloat16"
   assert f32.total_flops == bf16.total_flops
   assert f32.hours / bf16.hours == pytest.approx(A100_BF16 / A100_TF32)  # 2x
@@ -99,7 +105,7 @@ def _base_ende_by_hand():
   encoder, decoder, output = hand_parts(512, 2048, 6, 6, 37_000)
   slots = 24_576 // 256 * 256
   flops = 6 * (encoder * slots + (decoder + output) * slots)
-  return flops, 100_000 * flops / (A100_TF32 * UTILIZATION) / 3600
+  return flops, 100_000 * flops / (A100_BF16 * UTILIZATION) / 3600
 
 
 def test_list_shows_the_estimate_and_imports_have_none(capsys):
@@ -118,7 +124,8 @@ def test_reproduce_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
   out = capsys.readouterr().out
   flops, hours = _base_ende_by_hand()
   assert "train 100,000 updates" in out and "average the last 5 checkpoints" in out
-  assert f"= {flops:.3g};" in out and f"{hours:.3g} hours" in out and "float32" in out
+  assert f"= {flops:.3g};" in out and f"{hours:.3g} hours" in out
+  assert "bfloat16: bf16 tensor cores" in out and "model.dtype=auto computes in bfloat16" in out
   assert not workdir.exists()
   assert cli.main(["reproduce", "--experiment", "nope", "--workdir", str(workdir), "--dry-run"])
   err = capsys.readouterr().err.strip().splitlines()

@@ -12,6 +12,12 @@ probabilities are needed as an array: for attention dropout while training, or w
 caller collects them with `mutable=["intermediates"]` (the attention plots). Decoding
 against the cache goes through `decode_attention` instead: the cache is kept head-major
 and the cross-attention keys/values may be one row per sentence for all its beams.
+
+Teacher-forced calls describe their mask as an `AttentionMask` (valid tokens, causality,
+packing) rather than a dense [batch, 1, q, k] array, so the cuDNN kernel can be told
+`is_causal` and the sequence lengths: a dense mask reaches cuDNN only as an additive bias
+it must read in full, and a causal flag lets it skip the blocks above the diagonal.
+Softmax statistics are float32 on every path, whatever the compute dtype.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import functools
 import math
 
 import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -55,6 +62,90 @@ def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
   if not masks:
     return None
   return functools.reduce(jnp.logical_and, masks)
+
+
+@flax.struct.dataclass
+class AttentionMask:
+  """Who may attend to whom in a teacher-forced (non-decode) attention, by its parts.
+
+  Padding is trailing in every batch the model sees (right-padded evaluation batches;
+  packed rows fill from the left), so the valid tokens of a row are a prefix and their
+  count is the row's sequence length.
+
+  Attributes:
+    query_valid, key_valid: bool [batch, q] / [batch, k]; False at padding.
+    query_segments, key_segments: int [batch, q] / [batch, k] packed-sentence ids, or None
+      for unpacked rows.
+    causal: query i sees keys <= i (decoder self-attention); static.
+  """
+
+  query_valid: jax.Array
+  key_valid: jax.Array
+  query_segments: jax.Array | None = None
+  key_segments: jax.Array | None = None
+  causal: bool = flax.struct.field(pytree_node=False, default=False)
+
+  def dense(self) -> jax.Array:
+    """bool [batch, 1, q, k]: True = attend."""
+    mask = padding_mask(self.query_valid, self.key_valid)
+    if self.causal:
+      mask = combine_masks(mask, causal_mask(self.query_valid.shape[1]))
+    if self.query_segments is not None:
+      mask = combine_masks(mask, segment_mask(self.query_segments, self.key_segments))
+    return mask
+
+  def flags(self) -> dict:
+    """The same mask as `jax.nn.dot_product_attention` keywords: `is_causal` and the
+    sequence lengths; only packed rows keep a dense part, their segment mask
+    [batch, 1, q, k], because the public API (JAX 0.10) has no segment ids: cuDNN's packed
+    layout (q_offsets/kv_offsets) is reachable only through jax._src.
+
+    Outputs at padded query positions differ from the dense mask's (zeros here, an average
+    of the values there); nothing reads them: later layers mask them as keys and the loss
+    weighs them 0.
+    """
+    segments = None
+    if self.query_segments is not None:
+      segments = segment_mask(self.query_segments, self.key_segments)
+    return dict(
+      mask=segments,
+      is_causal=self.causal,
+      query_seq_lengths=jnp.sum(self.query_valid, axis=-1, dtype=jnp.int32),
+      key_value_seq_lengths=jnp.sum(self.key_valid, axis=-1, dtype=jnp.int32),
+    )
+
+
+def fused_attention(
+  query: jax.Array,
+  key: jax.Array,
+  value: jax.Array,
+  mask: AttentionMask | jax.Array | None,
+  implementation: str = "auto",
+  use_flags: bool | None = None,
+) -> jax.Array:
+  """`jax.nn.dot_product_attention` over [batch, len, heads, head_dim] arrays.
+
+  Args:
+    mask: an `AttentionMask`, or a dense boolean mask broadcastable to [batch, heads, q, k].
+    implementation: "auto" (JAX's choice), "xla" or "cudnn".
+    use_flags: pass an `AttentionMask` as flags (`AttentionMask.flags`) rather than dense;
+      default: for "cudnn" only, where flags select the causal/padding kernels. XLA builds
+      the same dense mask from flags itself, so there the dense path costs nothing more and
+      keeps outputs at padded queries as they were.
+  """
+  if use_flags is None:
+    use_flags = implementation == "cudnn"
+  if isinstance(mask, AttentionMask):
+    masking = mask.flags() if use_flags else dict(mask=mask.dense())
+  else:
+    masking = dict(mask=mask)
+  return jax.nn.dot_product_attention(
+    query,
+    key,
+    value,
+    **masking,
+    implementation=None if implementation == "auto" else implementation,
+  )
 
 
 def _flat_xavier_uniform(in_ndim: int):
@@ -138,7 +229,7 @@ class MultiHeadAttention(nn.Module):
     self,
     queries: jax.Array,
     key_value_inputs: jax.Array | None,
-    mask: jax.Array | None,
+    mask: AttentionMask | jax.Array | None,
     cache_length: int | None = None,
   ) -> jax.Array:
     """Attends from `queries` [batch, q, d_model] to `key_value_inputs` [batch, k, d_model].
@@ -147,8 +238,9 @@ class MultiHeadAttention(nn.Module):
       queries: [batch, q_len, d_model].
       key_value_inputs: [batch, kv_len, d_model]; the encoder output for cross-attention.
         May be None for cross-attention once the decode cache holds the keys/values.
-      mask: boolean, broadcastable to [batch, heads, q_len, kv_len]; True = attend.
-        While decoding self-attention, the mask over the cache is built here.
+      mask: an `AttentionMask` (teacher-forced calls), or boolean, broadcastable to
+        [batch, heads, q_len, kv_len]; True = attend. While decoding self-attention, the
+        mask over the cache is built here.
       cache_length: while decoding, the number of target positions the self-attention
         cache holds (only read when the cache is created).
 
@@ -156,6 +248,8 @@ class MultiHeadAttention(nn.Module):
       [batch, q_len, d_model].
     """
     cfg = self.config
+    if isinstance(mask, AttentionMask) and (cfg.decode or self._needs_weights()):
+      mask = mask.dense()  # Only the fused call takes a mask by its parts.
     query = self._projection("query")(queries)  # [batch, q, heads, head_dim]
 
     if cfg.decode and self.is_cross_attention:
@@ -176,14 +270,7 @@ class MultiHeadAttention(nn.Module):
     else:
       # No probabilities are needed afterwards: the fused op may skip materializing them
       # (a flash kernel where the backend has one; the same XLA ops on CPU).
-      implementation = cfg.attention_implementation
-      context = jax.nn.dot_product_attention(
-        query,
-        key,
-        value,
-        mask=mask,
-        implementation=None if implementation == "auto" else implementation,
-      )
+      context = fused_attention(query, key, value, mask, cfg.attention_implementation)
     # context: [batch, q, heads, head_dim]
 
     if cfg.attention_output_projection:

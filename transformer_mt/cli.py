@@ -52,7 +52,8 @@ def _cmd_list(args) -> None:
     "Parameter counts include the embeddings; a tied (shared) embedding matrix is counted once. "
     "'import': a published model, imported by `reproduce`.\n"
     f"A100 h: training hours on one {estimates.DEVICE} at {estimates.UTILIZATION:.0%} of the "
-    "peak of the row's model.dtype (float32: TF32, bfloat16: bf16; see "
+    "peak of the dtype the row computes in on the GPU (float32: TF32; bfloat16, and 'auto' "
+    "as the paper rows set it: bf16; see "
     "transformer_mt/estimates.py); `reproduce --dry-run` shows the formula and its numbers."
   )
 

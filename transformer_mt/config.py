@@ -11,9 +11,23 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# Platforms whose matrix units run bfloat16 at (at least) twice the float32 rate: "auto"
+# computes in bfloat16 there. On CPU bfloat16 buys nothing (XLA:CPU upcasts most of it) and
+# costs precision, so "auto" stays float32.
+BF16_PLATFORMS = ("gpu", "tpu")
+
+
+def auto_dtype(platform: str | None = None) -> str:
+  """The compute dtype `dtype="auto"` stands for on `platform` (default: JAX's default
+  backend, "cpu", "gpu" or "tpu")."""
+  platform = platform or jax.default_backend()
+  return "bfloat16" if platform in BF16_PLATFORMS else "float32"
+
+
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swish")
 POSITION_ENCODINGS = ("sinusoidal", "sinusoidal_halves", "sinusoidal_fairseq", "learned")
 
@@ -79,6 +93,10 @@ class TransformerConfig:
   # jax.nn.dot_product_attention backend: "auto" (JAX's choice; XLA as of JAX 0.10), "xla",
   # or "cudnn" (fused flash attention on NVIDIA GPUs; needs dtype bfloat16 or float16).
   attention_implementation: str = "auto"
+  # Compute dtype of activations and matmuls: "float32", "bfloat16", "float16", or "auto"
+  # (resolved here, when the config is built: bfloat16 on GPU/TPU, float32 on CPU; see
+  # `auto_dtype`). Parameters keep `param_dtype`; LayerNorm statistics, attention softmax,
+  # logits and the loss are float32 whatever this says.
   dtype: str = "float32"
   param_dtype: str = "float32"
   # Set by .replace(): no dropout.
@@ -87,6 +105,8 @@ class TransformerConfig:
   decode: bool = False
 
   def __post_init__(self):
+    if self.dtype == "auto":  # Frozen: the one place the resolved value is written.
+      object.__setattr__(self, "dtype", auto_dtype())
     errors = []
     if self.head_dim is None and self.d_model % self.num_heads:
       errors.append(
@@ -117,7 +137,8 @@ class TransformerConfig:
       errors.append("attention_implementation='cudnn' needs dtype='bfloat16' or 'float16'")
     for name in ("dtype", "param_dtype"):
       if getattr(self, name) not in _DTYPES:
-        errors.append(f"{name}={getattr(self, name)!r} must be one of {sorted(_DTYPES)}")
+        allowed = sorted(_DTYPES) + (["auto"] if name == "dtype" else [])
+        errors.append(f"{name}={getattr(self, name)!r} must be one of {allowed}")
     for name in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate"):
       if not 0.0 <= getattr(self, name) < 1.0:
         errors.append(f"{name}={getattr(self, name)} must be in [0, 1)")

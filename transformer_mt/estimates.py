@@ -3,7 +3,9 @@
 Why code and not docstrings: a hand-written figure goes stale when a row's model, batch or
 dtype changes, and one written for bf16 misleads for a row that trains in float32. Here the
 model is the row's own (shapes from `jax.eval_shape`, as `model.count_parameters`), the
-tokens and steps are its `train` section, and the peak is the one of its `model.dtype`.
+tokens and steps are its `train` section, and the peak is the one of its `model.dtype` on
+the accelerator: "auto" (the paper rows) counts as bfloat16, what it resolves to on GPU/TPU,
+not as the float32 it would be on the CPU that prints the estimate.
 
   FLOPs/step = 6 x (P_enc x T_src + (P_dec + P_out) x T_tgt)
 
@@ -28,6 +30,7 @@ import math
 import jax
 import ml_collections
 
+from transformer_mt.config import auto_dtype
 from transformer_mt.model import parameter_shapes
 from transformer_mt.run_setup import model_config_for
 
@@ -57,13 +60,14 @@ class Estimate:
   source_tokens: int  # Per update.
   target_tokens: int
   num_steps: int
-  dtype: str
+  dtype: str  # The compute dtype on the accelerator ("auto" resolved for a GPU).
   devices: int
   # For the attention-score term: heads x head_dim, layers, packed row length.
   attention_width: int = 0
   encoder_layers: int = 0
   decoder_layers: int = 0
   row_length: int = 0
+  configured_dtype: str = ""  # model.dtype as the row sets it ("auto", or a dtype).
 
   @property
   def total_params(self) -> int:
@@ -128,6 +132,11 @@ def not_estimated(config: ml_collections.ConfigDict) -> str | None:
   return None
 
 
+def accelerator_dtype(dtype: str) -> str:
+  """The dtype a row configured with `dtype` computes in on the estimate's GPU."""
+  return auto_dtype("gpu") if dtype == "auto" else dtype
+
+
 def estimate(config: ml_collections.ConfigDict, devices: int = 1) -> Estimate:
   parts = parameter_parts(config)
   model_config = model_config_for(config)
@@ -141,19 +150,20 @@ def estimate(config: ml_collections.ConfigDict, devices: int = 1) -> Estimate:
     source_tokens=slots,
     target_tokens=slots,
     num_steps=config.train.num_steps,
-    dtype=config.model.dtype,
+    dtype=accelerator_dtype(config.model.dtype),
     devices=devices,
     attention_width=model_config.num_heads * model_config.per_head_dim,
     encoder_layers=model_config.num_encoder_layers,
     decoder_layers=model_config.num_decoder_layers,
     row_length=max_len,
+    configured_dtype=config.model.dtype,
   )
 
 
 def describe(e: Estimate) -> list[str]:
   """The estimate with its formula and every number in it, for `reproduce --dry-run`."""
   peak, peak_name = PEAK_FLOPS[e.dtype]
-  return [
+  lines = [
     f"parameters: encoder {e.encoder_params:,}, decoder {e.decoder_params:,}, "
     f"output projection {e.output_params:,}, lookup-only {e.lookup_params:,}",
     f"tokens per update: {e.source_tokens:,} source + {e.target_tokens:,} target (packed slots)",
@@ -165,3 +175,9 @@ def describe(e: Estimate) -> list[str]:
     f"{e.attention_flops_per_step:.3g} FLOPs/update "
     f"(+{e.attention_flops_per_step / e.flops_per_step:.0%})",
   ]
+  if e.configured_dtype == "auto":
+    lines.append(
+      f"dtype: model.dtype=auto computes in {e.dtype} on GPU/TPU (float32 parameters and "
+      "loss), float32 on CPU; model.dtype=float32 on the command line costs it at TF32"
+    )
+  return lines

@@ -16,13 +16,10 @@ import jax
 import jax.numpy as jnp
 
 from transformer_mt.attention import (
+  AttentionMask,
   MultiHeadAttention,
   bias_init,
-  causal_mask,
-  combine_masks,
   dense_init,
-  padding_mask,
-  segment_mask,
   sinusoidal_encoding,
 )
 from transformer_mt.config import TransformerConfig
@@ -191,14 +188,20 @@ class Embedder(nn.Module):
 
 @jax.custom_vjp
 def tied_logits(x: jax.Array, embedding: jax.Array) -> jax.Array:
-  """x E^T: [..., d_model] x [vocab, d_model] -> [..., vocab], with a cheaper backward pass.
+  """x E^T: [..., d_model] x [vocab, d_model] -> float32 [..., vocab], with a cheaper backward.
 
-  Autodiff forms dE = g^T x by first copying the logits' cotangent g [tokens, vocab], the
-  largest array of the step, into transposed layout; written as (x^T g)^T, XLA transposes
-  only x [tokens, d_model] and folds the outer transpose into the matmul (on CPU: ~10%
-  off the vocabulary projection and loss, fwd + bwd, at a 37k vocabulary).
+  The logits come out of the matmul's float32 accumulator as they are: in bfloat16 compute
+  the softmax and the loss then see logits never rounded to bfloat16's 8-bit mantissa
+  (~0.03 at a logit of 10). The backward takes the float32 cotangent back to the compute
+  dtype first, so both of its matmuls run at the bfloat16 rate as the forward does (autodiff
+  would multiply float32 by bfloat16, which XLA runs in float32).
+
+  Autodiff also forms dE = g^T x by first copying the logits' cotangent g [tokens, vocab],
+  the largest array of the step, into transposed layout; written as (x^T g)^T, XLA
+  transposes only x [tokens, d_model] and folds the outer transpose into the matmul (on CPU:
+  ~10% off the vocabulary projection and loss, fwd + bwd, at a 37k vocabulary).
   """
-  return jnp.einsum("...d,vd->...v", x, embedding)
+  return jnp.einsum("...d,vd->...v", x, embedding, preferred_element_type=jnp.float32)
 
 
 def _tied_logits_forward(x, embedding):
@@ -207,9 +210,11 @@ def _tied_logits_forward(x, embedding):
 
 def _tied_logits_backward(residuals, g):
   x, embedding = residuals
-  d_x = jnp.einsum("...v,vd->...d", g, embedding)  # [..., d_model]
-  d_embedding = jnp.einsum("...d,...v->dv", x, g).T  # [vocab, d_model]
-  return d_x, d_embedding
+  g = g.astype(x.dtype)
+  f32 = jnp.float32
+  d_x = jnp.einsum("...v,vd->...d", g, embedding, preferred_element_type=f32)  # [..., d_model]
+  d_embedding = jnp.einsum("...d,...v->dv", x, g, preferred_element_type=f32).T  # [vocab, d]
+  return d_x.astype(x.dtype), d_embedding.astype(embedding.dtype)
 
 
 tied_logits.defvjp(_tied_logits_forward, _tied_logits_backward)
@@ -256,9 +261,7 @@ class Transformer(nn.Module):
     cfg = self.config
     positions = _default_positions(inputs) if inputs_positions is None else inputs_positions
     valid = inputs != cfg.pad_id  # [batch, src_len]
-    mask = padding_mask(valid, valid)
-    if inputs_segmentation is not None:
-      mask = combine_masks(mask, segment_mask(inputs_segmentation, inputs_segmentation))
+    mask = AttentionMask(valid, valid, inputs_segmentation, inputs_segmentation)
     x = self.source_embedder(inputs, positions)
     for layer in self.encoder_layers:
       x = layer(x, mask)
@@ -303,17 +306,15 @@ class Transformer(nn.Module):
       self_mask = None  # the attention cache masks not-yet-written positions itself.
       cross_mask = inputs_valid[:, None, None, :]  # [batch, 1, 1, src_len]
     else:
-      self_mask = combine_masks(
-        padding_mask(targets_valid, targets_valid), causal_mask(targets_in.shape[1])
+      self_mask = AttentionMask(
+        targets_valid, targets_valid, targets_segmentation, targets_segmentation, causal=True
       )
-      cross_mask = padding_mask(targets_valid, inputs_valid)
-      if targets_segmentation is not None:
-        self_mask = combine_masks(
-          self_mask, segment_mask(targets_segmentation, targets_segmentation)
-        )
-        cross_mask = combine_masks(
-          cross_mask, segment_mask(targets_segmentation, inputs_segmentation)
-        )
+      cross_mask = AttentionMask(
+        targets_valid,
+        inputs_valid,
+        targets_segmentation,
+        inputs_segmentation if targets_segmentation is not None else None,
+      )
     shared = cfg.share_embeddings and cfg.share_position_embeddings
     embedder = self.source_embedder if shared else self.target_embedder
     y = embedder(targets_in, targets_positions)
