@@ -83,7 +83,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
   )
 
   def make_batches():
-    return input_pipeline.training_batches(
+    batches, counts = input_pipeline.training_batches(
       pairs["train"],
       tokenizer,
       batch_rows,
@@ -94,7 +94,9 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
       process_count=jax.process_count(),
       pad_id=model_config.pad_id,
       start_id=model_config.decoder_start_id,
+      num_workers=config.data.get("num_workers", 0),
     )
+    return sharding.DevicePrefetch(batches, mesh, batch_dim=1), counts
 
   manager = checkpointing.make_manager(
     workdir, keep=config.train.keep_checkpoints, save_every=config.train.checkpoint_every
@@ -144,7 +146,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
   skipped, preempted = 0, False
   with _StopOnSignal() as stop_signal:
     for step in range(start + 1, num_steps + 1):
-      batch = sharding.global_batch_from_local(next(batches), mesh, batch_dim=1)
+      batch = next(batches)  # already on the mesh (DevicePrefetch)
       state, step_metrics = step_fn(state, batch)
       pending.append((step, step_metrics))
       log_step = step % config.train.log_every == 0
