@@ -8,8 +8,9 @@ second, after the first batch (worker start-up is not throughput).
 The demand is computed, not measured: the Base WMT14 EN-DE row (transformer_base_wmt14_ende)
 on 8 A100s at the model FLOP utilization estimates.py assumes (its UTILIZATION and its
 bf16/TF32 peak), with the attention scores included (they are real work on full packed rows),
-so one update of train.batch_tokens target slots takes FLOPs / (8 x peak x MFU) seconds. The
-pipeline must deliver that many target tokens per second on the host feeding the 8 GPUs.
+so one update of train.batch_tokens target slots takes FLOPs / (8 x peak x MFU) seconds (also
+printed for bf16, twice the peak). The pipeline must deliver that many target tokens per second
+on the host feeding the 8 GPUs.
 
     python benchmarks/input_pipeline.py [--workers 0 1 2] [--batches 60] [--max_len 128]
                                         [--batch_tokens 4096] [--devices 8] [--data_root DIR]
@@ -34,9 +35,11 @@ from transformer_mt import data_sources, estimates, input_pipeline  # noqa: E402
 from transformer_mt.tokenizer import PAD_ID, train_tokenizer  # noqa: E402
 
 
-def base_demand(devices: int) -> tuple[float, str]:
-  """Target tokens/s a Base step consumes on `devices` A100s at estimates.UTILIZATION."""
+def base_demand(devices: int, dtype: str = "") -> tuple[float, str]:
+  """Target tokens/s a Base step consumes on `devices` A100s at estimates.UTILIZATION, for
+  the row's model.dtype or `dtype`."""
   config = transformer_base_wmt14_ende.get_config()
+  config.model.dtype = dtype or config.model.dtype
   row = estimates.estimate(config, devices=devices)
   flops = row.flops_per_step + row.attention_flops_per_step
   seconds = flops / (devices * row.peak_flops * estimates.UTILIZATION)
@@ -83,6 +86,8 @@ def main():
 
   need, note = base_demand(args.devices)
   print(f"demand: {need:12,.0f} target tokens/s  [{note}]")
+  bf16, bf16_note = base_demand(args.devices, "bfloat16")
+  print(f"        {bf16:12,.0f} target tokens/s if it trained in bf16  [{bf16_note}]")
   data_config = news_ende_small.get_config().data
   data_config.root = args.data_root and os.path.abspath(os.path.expanduser(args.data_root))
   pairs = data_sources.load_pairs(data_config)["train"]
