@@ -1,16 +1,22 @@
-"""Is the input pipeline fast enough? Packed tokens/s it produces vs tokens/s the train step eats.
+"""Does the input pipeline keep up with accelerators? Tokens/s per worker count vs a Base step.
 
-Both are measured in this process on the same machine, on the ~28k EN-DE news pairs of
-../shared/data (the news_ende_small training sets):
+The pipeline (read + tokenize (SentencePiece) + filter + first-fit pack + batch) runs on the
+~28k EN-DE news pairs of ../shared/data with `data.num_workers` = 0 (in this process), 1, 2,
+...; its rate is the non-pad target tokens of the batches the training process receives per
+second, after the first batch (worker start-up is not throughput).
 
-  pipeline    read + tokenize (SentencePiece) + filter + first-fit pack + batch, alone
-  train step  the jitted train step of a base-width model (d_model 512, 8 heads, d_ff 2048)
-              on batches of the same shape, after compilation
+The demand is computed, not measured: the Base WMT14 EN-DE row (transformer_base_wmt14_ende)
+on 8 A100s at the model FLOP utilization estimates.py assumes (its UTILIZATION and its
+bf16/TF32 peak), with the attention scores included (they are real work on full packed rows),
+so one update of train.batch_tokens target slots takes FLOPs / (8 x peak x MFU) seconds (also
+printed for bf16, twice the peak). The pipeline must deliver that many target tokens per second
+on the host feeding the 8 GPUs.
 
-The pipeline must produce more target tokens per second than the step consumes.
+    python benchmarks/input_pipeline.py [--workers 0 1 2] [--batches 60] [--max_len 128]
+                                        [--batch_tokens 4096] [--devices 8] [--data_root DIR]
 
-    python benchmarks/input_pipeline.py [--layers 6] [--batch_tokens 4096] [--max_len 128]
-                                        [--data_root DIR]
+Workers help only up to the host's free cores: each runs the whole pipeline on 1/N of the
+pairs, and the training process itself needs a core.
 """
 
 from __future__ import annotations
@@ -24,29 +30,52 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import jax  # noqa: E402
-import ml_collections  # noqa: E402
-
-from experiments import _defaults, news_ende_small  # noqa: E402
-from transformer_mt import (
-  data_sources,
-  input_pipeline,
-  run_setup,
-  sharding,  # noqa: E402
-  train_step,
-)
-from transformer_mt.config import TransformerConfig  # noqa: E402
+from experiments import news_ende_small, transformer_base_wmt14_ende  # noqa: E402
+from transformer_mt import data_sources, estimates, input_pipeline  # noqa: E402
 from transformer_mt.tokenizer import PAD_ID, train_tokenizer  # noqa: E402
+
+
+def base_demand(devices: int, dtype: str = "") -> tuple[float, str]:
+  """Target tokens/s a Base step consumes on `devices` A100s at estimates.UTILIZATION, for
+  the row's model.dtype or `dtype`."""
+  config = transformer_base_wmt14_ende.get_config()
+  config.model.dtype = dtype or config.model.dtype
+  row = estimates.estimate(config, devices=devices)
+  flops = row.flops_per_step + row.attention_flops_per_step
+  seconds = flops / (devices * row.peak_flops * estimates.UTILIZATION)
+  tokens = row.target_tokens
+  note = (
+    f"Base WMT14 EN-DE ({row.total_params / 1e6:.0f}M params, {tokens:,} target slots/update, "
+    f"{config.model.dtype}): {flops / 1e12:.1f} TFLOP/update incl. attention scores, on "
+    f"{devices}x {estimates.DEVICE} at {estimates.UTILIZATION:.0%} of "
+    f"{row.peak_flops / 1e12:.0f} TFLOP/s -> {seconds * 1e3:.1f} ms/update"
+  )
+  return tokens / seconds, note
+
+
+def pipeline_rate(pairs, tokenizer, rows, max_len, workers, batches) -> tuple[float, float]:
+  """(non-pad target tokens/s, non-pad fraction) of `batches` batches after the first."""
+  iterator, _ = input_pipeline.training_batches(
+    pairs, tokenizer, rows, 1, max_len, seed=0, num_workers=workers
+  )
+  next(iterator)  # start-up: worker processes, the first packing round
+  start = time.perf_counter()
+  real = 0
+  for _ in range(batches):
+    real += int((next(iterator)["targets"] != PAD_ID).sum())
+  seconds = time.perf_counter() - start
+  iterator.close()
+  return real / seconds, real / (batches * rows * max_len)
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--layers", type=int, default=6, help="encoder and decoder layers")
-  parser.add_argument("--batch_tokens", type=int, default=4096)
+  parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
+  parser.add_argument("--batches", type=int, default=60, help="batches timed per worker count")
+  parser.add_argument("--batch_tokens", type=int, default=4096, help="rows x max_len per batch")
   parser.add_argument("--max_len", type=int, default=128)
   parser.add_argument("--vocab_size", type=int, default=8000)
-  parser.add_argument("--pipeline_batches", type=int, default=100)
-  parser.add_argument("--train_steps", type=int, default=3)
+  parser.add_argument("--devices", type=int, default=8, help="A100s the demand is computed for")
   parser.add_argument(
     "--data_root",
     default="",
@@ -55,68 +84,26 @@ def main():
   )
   args = parser.parse_args()
 
+  need, note = base_demand(args.devices)
+  print(f"demand: {need:12,.0f} target tokens/s  [{note}]")
+  bf16, bf16_note = base_demand(args.devices, "bfloat16")
+  print(f"        {bf16:12,.0f} target tokens/s if it trained in bf16  [{bf16_note}]")
   data_config = news_ende_small.get_config().data
   data_config.root = args.data_root and os.path.abspath(os.path.expanduser(args.data_root))
   pairs = data_sources.load_pairs(data_config)["train"]
-  start = time.perf_counter()
   tokenizer = train_tokenizer(pairs, args.vocab_size, "unigram", sample_size=60_000)
-  print(
-    f"{len(pairs)} training pairs; SentencePiece {args.vocab_size} trained in "
-    f"{time.perf_counter() - start:.1f}s"
-  )
   rows = input_pipeline.rows_per_batch(args.batch_tokens, args.max_len, 1, 1)
-
-  batches, _ = input_pipeline.training_batches(pairs, tokenizer, rows, 1, args.max_len, seed=0)
-  next(batches)  # start-up (thread pool, first packing round) is not throughput
-  start = time.perf_counter()
-  real_tokens = 0
-  for _ in range(args.pipeline_batches):
-    batch = next(batches)
-    real_tokens += int((batch["targets"] != PAD_ID).sum())
-  pipeline_seconds = time.perf_counter() - start
-  slots = args.pipeline_batches * rows * args.max_len
-  pipeline_rate = real_tokens / pipeline_seconds
   print(
-    f"pipeline:   {pipeline_rate:12,.0f} target tokens/s ({slots / pipeline_seconds:,.0f} "
-    f"slots/s, {real_tokens / slots:.1%} non-pad)"
+    f"{len(pairs)} news pairs, SentencePiece {args.vocab_size}, batches of {rows}x{args.max_len}; "
+    f"{os.cpu_count()} CPU cores on this host"
   )
-
-  model_config = TransformerConfig(
-    vocab_size=tokenizer.vocab_size,
-    d_model=512,
-    num_heads=8,
-    d_ff=2048,
-    num_encoder_layers=args.layers,
-    num_decoder_layers=args.layers,
-  )
-  mesh = sharding.make_mesh(ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1}))
-  setup = run_setup.training_setup(
-    _defaults.base_config(), tokenizer, mesh, model_config=model_config
-  )
-  state = train_step.create_sharded_state(0, setup.model, setup.tx, mesh)
-  step = train_step.jit_train_step(
-    setup.model, setup.tx, setup.schedule, 0.1, mesh, setup.state_shardings
-  )
-  device_batch = sharding.global_batch_from_local(batch, mesh, batch_dim=1)
-  state, metrics = step(state, device_batch)  # compile
-  jax.block_until_ready(metrics)
-  start = time.perf_counter()
-  consumed = 0
-  for _ in range(args.train_steps):
-    state, metrics = step(state, device_batch)
-    consumed += float(metrics["num_tokens"])
-  jax.block_until_ready(state)
-  step_rate = consumed / (time.perf_counter() - start)
-  print(
-    f"train step: {step_rate:12,.0f} target tokens/s (base width, {args.layers}+{args.layers} "
-    f"layers, {rows}x{args.max_len} rows, {jax.device_count()} device(s))"
-  )
-  print(
-    f"pipeline / train step = {pipeline_rate / step_rate:.1f}x "
-    f"({'OK: the pipeline is not the bottleneck' if pipeline_rate > step_rate else 'TOO SLOW'})"
-  )
-  return 0 if pipeline_rate > step_rate else 1
+  for workers in args.workers:
+    rate, filled = pipeline_rate(pairs, tokenizer, rows, args.max_len, workers, args.batches)
+    print(
+      f"num_workers={workers}: {rate:12,.0f} target tokens/s ({filled:.1%} non-pad) = "
+      f"{rate / need:.2f}x the demand"
+    )
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  main()

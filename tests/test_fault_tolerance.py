@@ -118,6 +118,28 @@ def test_sigkill_then_resume_is_bit_identical(uninterrupted, tmp_path):
 
 
 @pytest.mark.slow
+def test_one_worker_sigkill_then_resume_matches_the_in_process_run(uninterrupted, tmp_path):
+  """data.num_workers=1 (the pipeline in a worker process, batches prefetched onto the
+  devices), killed with SIGKILL after a checkpoint and resumed: it ends with the parameters
+  and per-step losses of the uninterrupted in-process run, since one worker yields the same
+  batches as none."""
+  command = train_command(tmp_path, STEPS, ["data.num_workers=1"])
+  process = subprocess.Popen(
+    command, cwd=ROOT, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+  )
+  wait_for_checkpoint(tmp_path, 5, process)
+  time.sleep(np.random.default_rng().uniform(0.0, 1.0))
+  assert process.poll() is None, "the run finished before it could be killed; raise STEPS"
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  subprocess.run(command, cwd=ROOT, env=subprocess_env(), check=True, capture_output=True)
+  assert_same_params(final_params(tmp_path, STEPS), final_params(uninterrupted, STEPS))
+  expected, resumed = losses_by_step(uninterrupted), losses_by_step(tmp_path)
+  assert sorted(resumed) == list(range(1, STEPS + 1))
+  assert all(resumed[step] == expected[step] for step in resumed)
+
+
+@pytest.mark.slow
 def test_sigterm_saves_the_current_step_and_exits_0(uninterrupted, tmp_path):
   process = subprocess.Popen(
     train_command(tmp_path, STEPS),

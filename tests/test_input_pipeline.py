@@ -7,6 +7,7 @@ import pathlib
 import grain
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -274,3 +275,107 @@ def test_bad_training_files_fail_cleanly_and_write_nothing(tmp_path, capsys, cas
   for fragment in expected:
     assert fragment in err
   assert not workdir.exists()  # nothing was written half-way
+
+
+def _hashes(batches, n):
+  return [batch_hash(jax.device_get(next(batches))) for _ in range(n)]
+
+
+def _worker_batches(pairs, tokenizer, num_workers, **kwargs):
+  return input_pipeline.training_batches(
+    pairs, tokenizer, batch_rows=8, grad_accum_steps=2, max_len=64, seed=3,
+    num_workers=num_workers, **kwargs,
+  )  # fmt: skip
+
+
+def _sentences(batch):
+  """Packed sentences in a batch: distinct non-zero segment ids per row."""
+  rows = batch["targets_segment_ids"].reshape(-1, batch["targets_segment_ids"].shape[-1])
+  return sum(len(set(row[row > 0].tolist())) for row in rows)
+
+
+def _hashes_and_sentences(batches, n):
+  batches = [next(batches) for _ in range(n)]
+  return [batch_hash(b) for b in batches], sum(_sentences(b) for b in batches)
+
+
+@needs_shared
+def test_workers_batches_and_counts(news_pairs, news_tokenizer):
+  """One worker yields exactly the in-process batches; two workers yield, in turn, the batches
+  of two in-process packers each reading every other pair (rebuilt here from Grain's public
+  slicing). Either way the filter counts reach the training process: at least every sentence
+  delivered was counted as kept (more: the packers read ahead), and some as too long."""
+  pairs = news_pairs[:3000]
+  reference, _ = _worker_batches(pairs, news_tokenizer, 0)
+  expected, _ = _hashes_and_sentences(reference, 6)
+  one, one_counts = _worker_batches(pairs, news_tokenizer, 1)
+  got, sentences = _hashes_and_sentences(one, 6)
+  one.close()
+  assert got == expected
+  assert one_counts.seen - one_counts.empty - one_counts.too_long >= sentences > 0
+  assert one_counts.too_long > 0  # news has pairs over 64 tokens
+
+  two, two_counts = _worker_batches(pairs, news_tokenizer, 2)
+  got, sentences = _hashes_and_sentences(two, 6)
+  two.close()
+  assert got != expected
+  assert two_counts.seen - two_counts.empty - two_counts.too_long >= sentences > 0
+  assert two_counts.too_long > 0
+  packers = []
+  for worker in range(2):
+    kept = input_pipeline.FilterCounts()
+    examples = (
+      grain.MapDataset.source(pairs)
+      .shuffle(seed=3)
+      .repeat(None)
+      .map(input_pipeline.TokenizePair(news_tokenizer))
+      .filter(input_pipeline.KeepPair(64, kept))[worker::2]
+      .to_iter_dataset()
+    )
+    packers.append(iter(input_pipeline.packed_rows(examples, 8, 64, seed=3)))
+  rebuilt = []
+  for i in range(6):
+    batch = next(packers[i % 2])
+    rebuilt.append(batch_hash({k: v.reshape(2, 4, 64) for k, v in batch.items()}))
+  assert got == rebuilt
+
+
+@needs_shared
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_device_prefetch_resumes_exactly_with_workers(
+  news_pairs, news_tokenizer, tmp_path, num_workers
+):
+  """Batches on the mesh, two ahead: the state saved after k batches (through Orbax) resumes
+  at batch k+1, not at the first batch prefetched but never used; a state saved with another
+  number of workers is refused."""
+  from transformer_mt import sharding
+
+  mesh_axes = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
+  mesh = sharding.make_mesh(mesh_axes, jax.devices()[:4])  # 4 rows per micro-batch
+  pairs = news_pairs[:3000]
+  make = lambda workers=num_workers: sharding.DevicePrefetch(  # noqa: E731
+    _worker_batches(pairs, news_tokenizer, workers)[0], mesh, batch_dim=1, size=2
+  )
+  k = 5
+  uninterrupted = make()
+  hashes = _hashes(uninterrupted, k + 4)
+  uninterrupted.close()
+  first = make()
+  _hashes(first, k)
+  with ocp.CheckpointManager(str(tmp_path), item_names=("data_iter",)) as manager:
+    manager.save(k, args=ocp.args.Composite(data_iter=grain.checkpoint.CheckpointSave(first)))
+    manager.wait_until_finished()
+  assert _hashes(first, 4) == hashes[k:]  # saving does not disturb the running iterator
+  first.close()
+
+  def restore(workers):
+    with ocp.CheckpointManager(str(tmp_path), item_names=("data_iter",)) as manager:
+      return manager.restore(
+        k, args=ocp.args.Composite(data_iter=grain.checkpoint.CheckpointRestore(make(workers)))
+      )["data_iter"]
+
+  restored = restore(num_workers)
+  assert _hashes(restored, 4) == hashes[k:]
+  restored.close()
+  with pytest.raises(Exception, match=f"saved with data.num_workers={num_workers}"):
+    restore(1)

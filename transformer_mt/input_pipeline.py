@@ -7,6 +7,15 @@ of `max_len` tokens with segment ids and per-sentence positions, and batched as
 seed and its state (a small dict) goes into every checkpoint, so a resumed run sees
 exactly the batches an uninterrupted run would.
 
+With `data.num_workers` N > 0 all of that runs in N Grain worker processes
+(`IterDataset.mp_prefetch`) and the training process only receives finished batches. N = 1
+yields exactly the batches of N = 0 (one worker runs the same pipeline). With N >= 2 each
+worker reads every N-th pair of the shuffled stream and packs its own rows, and the batches
+are taken from the workers in turn: deterministic for a seed and N, resumed exactly, but a
+different stream from N = 0 or 1 (first-fit packing is sequential: which pairs share a row
+depends on which pairs one packer sees). A checkpoint therefore resumes only with the
+number of workers that wrote it.
+
 Evaluation: padded, length-bucketed batches in corpus order; nothing is packed and
 nothing is dropped.
 
@@ -19,12 +28,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
+import os
+import signal
 import threading
+import time
 from collections.abc import Iterator, Sequence
 
 import grain
 import numpy as np
+from absl import flags
 
 from transformer_mt import tokenizer as tokenizers
 from transformer_mt.tokenizer import BOS_ID, PAD_ID, AnyTokenizer
@@ -32,7 +46,11 @@ from transformer_mt.tokenizer import BOS_ID, PAD_ID, AnyTokenizer
 
 @dataclasses.dataclass
 class FilterCounts:
-  """Training pairs seen and dropped by this process since it started (thread-safe)."""
+  """Training pairs seen and dropped by this process since it started (thread-safe).
+
+  Pickles without its lock, so a filter holding one travels into a Grain worker (whose copy
+  then counts there; `_CountsInBatch` carries those counts back with each batch).
+  """
 
   seen: int = 0
   empty: int = 0
@@ -40,10 +58,24 @@ class FilterCounts:
   _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
 
   def count(self, empty: bool, too_long: bool) -> None:
+    self.add(1, int(empty), int(too_long))
+
+  def add(self, seen: int, empty: int, too_long: int) -> None:
     with self._lock:
-      self.seen += 1
+      self.seen += seen
       self.empty += empty
       self.too_long += too_long
+
+  def totals(self) -> np.ndarray:
+    """[seen, empty, too_long] as one int64 array."""
+    with self._lock:
+      return np.array([self.seen, self.empty, self.too_long], np.int64)
+
+  def __getstate__(self):
+    return {"seen": self.seen, "empty": self.empty, "too_long": self.too_long}
+
+  def __setstate__(self, state):
+    self.__init__(**state)
 
 
 class TokenizePair:
@@ -140,24 +172,31 @@ def training_batches(
   packing_bins: int = 256,
   pad_id: int = PAD_ID,
   start_id: int = BOS_ID,
-) -> tuple[Iterator[dict[str, np.ndarray]], FilterCounts]:
-  """An endless Grain iterator of packed [accum, micro, max_len] batches, and its filter counts.
+  num_workers: int = 0,
+  worker_buffer: int = 2,
+) -> tuple[TrainingBatches, FilterCounts]:
+  """An endless iterator of packed [accum, micro, max_len] batches, and its filter counts.
 
   `batch_rows` counts packed rows over all processes; each process reads every
   `process_count`-th pair starting at `process_index` and yields its own rows.
   First-fit packing fills `packing_bins` rows at a time (at least one batch): more
   bins leave less padding (news, 128 tokens: 32 bins 93.6% of target slots used,
-  256 bins 96.6%).
+  256 bins 96.6%). With `num_workers` > 0, tokenizing, filtering and packing run in that
+  many worker processes, each keeping up to `worker_buffer` finished batches (see the
+  module docstring for how the stream depends on the number).
   """
+  if num_workers < 0:
+    raise ValueError(f"data.num_workers={num_workers} must be 0 (no workers) or more.")
   local_rows = batch_rows // process_count
   micro = local_rows // grad_accum_steps
-  counts = FilterCounts()
+  # Counted where the filter runs: here, or in each worker's copy.
+  counted = FilterCounts()
   dataset = (
     grain.MapDataset.source(pairs)[process_index::process_count]
     .shuffle(seed=seed)
     .repeat(None)
     .map(TokenizePair(tokenizer))
-    .filter(KeepPair(max_len, counts))
+    .filter(KeepPair(max_len, counted))
     # In this thread, without Grain's default 16 prefetch threads: tokenizing a pair takes
     # ~15 us, less than the threads cost in GIL hand-offs and in polling their 500-deep
     # buffer on every element (3x the pipeline's CPU time on the demo). The device step
@@ -168,7 +207,102 @@ def training_batches(
   dataset = dataset.map(
     lambda batch: {k: v.reshape(grad_accum_steps, micro, max_len) for k, v in batch.items()}
   )
-  return iter(dataset), counts
+  # A map keeps its parent's iterator state, so with no workers the state (and a checkpoint
+  # written before workers existed) is what it was without this map.
+  dataset = dataset.map(_CountsInBatch(counted))
+  if num_workers:
+    if not flags.FLAGS.is_parsed():
+      # Grain reads its absl flags when it starts workers; our command line is argparse's,
+      # so Grain's flags keep their defaults.
+      flags.FLAGS.mark_as_parsed()
+    dataset = dataset.mp_prefetch(
+      grain.MultiprocessingOptions(num_workers=num_workers, per_worker_buffer_size=worker_buffer),
+      worker_init_fn=_worker_setup,
+    )
+  counts = FilterCounts()
+  return TrainingBatches(iter(dataset), counts, num_workers), counts
+
+
+class _CountsInBatch:
+  """Grain map: adds `filter_counts` [seen, empty, too_long], the pairs counted since the
+  previous batch, so that counts made in a worker process reach the training process."""
+
+  def __init__(self, counts: FilterCounts):
+    self.counts = counts
+    self._reported = np.zeros(3, np.int64)
+
+  def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    totals = self.counts.totals()
+    new, self._reported = totals - self._reported, totals
+    return dict(batch, filter_counts=new)
+
+
+def _worker_setup(worker_index: int, worker_count: int) -> None:
+  """Workers leave Ctrl-C and SIGTERM to the training process, which finishes its step and
+  checkpoint (reading batches the workers already made) and then closes them; and a worker
+  exits by itself within a second once that process is gone (killed with SIGKILL, say),
+  instead of waiting forever to hand over its next batch."""
+  del worker_index, worker_count
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
+  parent = os.getppid()
+
+  def exit_when_orphaned():
+    while os.getppid() == parent:
+      time.sleep(1.0)
+    os._exit(0)
+
+  threading.Thread(target=exit_when_orphaned, daemon=True, name="orphan-watch").start()
+
+
+class TrainingBatches:
+  """The training batch iterator: Grain's, with its filter counts moved into `counts` and a
+  checkpointable state that records the number of workers.
+
+  Orbax's Grain handler saves `get_state()` bytes as the process's JSON file and restores
+  them with `set_state`. With no workers the state is Grain's own (so checkpoints written
+  before workers existed still resume); with workers it is {"num_workers", "workers"}, and
+  a state of another worker count is refused, since it belongs to another batch stream.
+  """
+
+  def __init__(self, iterator: grain.DatasetIterator, counts: FilterCounts, num_workers: int):
+    self._iterator = iterator
+    self.counts = counts
+    self.num_workers = num_workers
+
+  def __iter__(self) -> TrainingBatches:
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    batch = dict(next(self._iterator))
+    self.counts.add(*(int(n) for n in batch.pop("filter_counts")))
+    if self.num_workers:
+      # Plain arrays, not views of Grain's shared memory (freed once the batch is dropped).
+      batch = {k: np.array(v) for k, v in batch.items()}
+    return batch
+
+  def get_state(self) -> bytes:
+    state = self._iterator.get_state()
+    if self.num_workers:
+      state = {"num_workers": self.num_workers, "workers": state}
+    return json.dumps(state, indent=4).encode()
+
+  def set_state(self, state: bytes) -> None:
+    state = json.loads(state)
+    saved = state.get("num_workers", 0) if set(state) == {"num_workers", "workers"} else 0
+    if saved != self.num_workers:
+      raise ValueError(
+        f"the data iterator was saved with data.num_workers={saved} and this run has "
+        f"data.num_workers={self.num_workers}; resume with data.num_workers={saved} (the "
+        "number of workers decides the batch order)"
+      )
+    self._iterator.set_state(state["workers"] if self.num_workers else state)
+
+  def start_prefetch(self) -> None:
+    self._iterator.start_prefetch()
+
+  def close(self) -> None:
+    self._iterator.close()
 
 
 def packed_rows(

@@ -9,6 +9,7 @@ below say which mesh axis shards each name. Data parallelism shards the batch ov
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 from collections.abc import Sequence
@@ -164,6 +165,49 @@ def global_batch_from_local(
     return jax.make_array_from_process_local_data(sharding, array)
 
   return {name: put(np.asarray(array)) for name, array in local_batch.items()}
+
+
+class DevicePrefetch:
+  """Batches from a checkpointable host iterator, the next `size` already placed on the mesh.
+
+  `jax.device_put` is asynchronous, so placing batch k+1 while step k runs hides the
+  host-to-device copy. The host iterator runs ahead of the loop by `size` batches, so the
+  state this object reports (and a checkpoint saves) is the one the host iterator had
+  before the first batch not yet returned: a run resumed from it gets that batch next, and
+  no prefetched-but-unused batch is lost or repeated. Restoring a state drops the
+  prefetched batches. Orbax's Grain handler saves and restores it like the host iterator
+  (its `get_state` bytes).
+  """
+
+  def __init__(self, batches, mesh: Mesh, batch_dim: int = 0, size: int = 2):
+    if size < 0:
+      raise ValueError(f"prefetch size {size} must be 0 or more.")
+    self._batches, self._mesh, self._batch_dim, self._size = batches, mesh, batch_dim, size
+    self._ahead = collections.deque()  # (host state before the batch, placed batch)
+
+  def __iter__(self) -> DevicePrefetch:
+    return self
+
+  def __next__(self) -> dict[str, jax.Array]:
+    while len(self._ahead) <= self._size:
+      state = self._batches.get_state()
+      placed = global_batch_from_local(next(self._batches), self._mesh, self._batch_dim)
+      self._ahead.append((state, placed))
+    return self._ahead.popleft()[1]
+
+  def get_state(self) -> bytes:
+    return self._ahead[0][0] if self._ahead else self._batches.get_state()
+
+  def set_state(self, state: bytes) -> None:
+    self._ahead.clear()
+    self._batches.set_state(state)
+
+  def start_prefetch(self) -> None:
+    self._batches.start_prefetch()
+
+  def close(self) -> None:
+    self._ahead.clear()
+    self._batches.close()
 
 
 def global_batch_from_host(batch: Any, mesh: Mesh, batch_dim: int = 0) -> Any:

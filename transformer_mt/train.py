@@ -58,6 +58,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
   model_config_for(config)
   data_shards, fsdp_shards, _ = sharding.mesh_shape(config.mesh, jax.device_count())
   profiler = _StepTrace(config.train.get("profile_steps", []), workdir)
+  if config.data.get("num_workers", 0) < 0:
+    raise ValueError(f"data.num_workers={config.data.num_workers} must be 0 (no workers) or more.")
   policy = config.train.get("nonfinite", "stop")
   if policy not in ("stop", "skip"):
     raise ValueError(f"train.nonfinite={policy!r} must be 'stop' or 'skip'.")
@@ -84,7 +86,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
   )
 
   def make_batches():
-    return input_pipeline.training_batches(
+    batches, counts = input_pipeline.training_batches(
       pairs["train"],
       tokenizer,
       batch_rows,
@@ -95,7 +97,9 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
       process_count=jax.process_count(),
       pad_id=model_config.pad_id,
       start_id=model_config.decoder_start_id,
+      num_workers=config.data.get("num_workers", 0),
     )
+    return sharding.DevicePrefetch(batches, mesh, batch_dim=1), counts
 
   manager = checkpointing.make_manager(
     workdir, keep=config.train.keep_checkpoints, save_every=config.train.checkpoint_every
@@ -145,7 +149,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
   skipped, preempted = 0, False
   with _StopOnSignal() as stop_signal:
     for step in range(start + 1, num_steps + 1):
-      batch = sharding.global_batch_from_local(next(batches), mesh, batch_dim=1)
+      batch = next(batches)  # already on the mesh (DevicePrefetch)
       profiler.before(step)
       state, step_metrics = step_fn(state, batch)
       profiler.after(step, step_metrics)
