@@ -44,9 +44,10 @@ def base_demand(devices: int, dtype: str = "") -> tuple[float, str]:
   flops = row.flops_per_step + row.attention_flops_per_step
   seconds = flops / (devices * row.peak_flops * estimates.UTILIZATION)
   tokens = row.target_tokens
+  dtype_name = "auto: bfloat16 on the GPU" if config.model.dtype == "auto" else config.model.dtype
   note = (
     f"Base WMT14 EN-DE ({row.total_params / 1e6:.0f}M params, {tokens:,} target slots/update, "
-    f"{config.model.dtype}): {flops / 1e12:.1f} TFLOP/update incl. attention scores, on "
+    f"{dtype_name}): {flops / 1e12:.1f} TFLOP/update incl. attention scores, on "
     f"{devices}x {estimates.DEVICE} at {estimates.UTILIZATION:.0%} of "
     f"{row.peak_flops / 1e12:.0f} TFLOP/s -> {seconds * 1e3:.1f} ms/update"
   )
@@ -86,8 +87,8 @@ def main():
 
   need, note = base_demand(args.devices)
   print(f"demand: {need:12,.0f} target tokens/s  [{note}]")
-  bf16, bf16_note = base_demand(args.devices, "bfloat16")
-  print(f"        {bf16:12,.0f} target tokens/s if it trained in bf16  [{bf16_note}]")
+  f32, f32_note = base_demand(args.devices, "float32")
+  print(f"        {f32:12,.0f} target tokens/s with model.dtype=float32  [{f32_note}]")
   data_config = news_ende_small.get_config().data
   data_config.root = args.data_root and os.path.abspath(os.path.expanduser(args.data_root))
   pairs = data_sources.load_pairs(data_config)["train"]
