@@ -60,6 +60,14 @@ def base_config() -> ml_collections.ConfigDict:
   config.data.train_prefixes = []
   config.data.validation_prefixes = []
   config.data.test_prefixes = []
+  # Local text: instead of the three lists above, one corpus (prefixes, globs allowed) cut into
+  # test_size + validation_size held-out pairs and the rest for training, deterministically
+  # (a split_seed-keyed hash of each source sentence) and with no held-out source sentence in
+  # training; see data_sources.split_indices.
+  config.data.split_prefixes = []
+  config.data.test_size = 1000
+  config.data.validation_size = 1000
+  config.data.split_seed = 0
   # Training pairs with a side longer than this many tokens are dropped (and counted); also the
   # packed row length.
   config.data.max_len = 64

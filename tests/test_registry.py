@@ -11,6 +11,7 @@ def test_every_experiment_loads_with_a_description():
     "demo",
     "seed_minimal",
     "news_ende_small",
+    "tatoeba_deen",
     "transformer_base_wmt14_ende",
     "transformer_big_wmt14_ende",
     "transformer_base_wmt14_enfr",
