@@ -182,6 +182,27 @@ def test_series_keeps_the_last_record_of_a_repeated_step():
   assert plots._series(records, "loss") == ([1, 2], [4.0, 2.5])
 
 
+def test_training_minutes_add_each_steps_tokens_over_its_intervals_rate(tmp_path):
+  """Two intervals of two steps: 100 tokens at 50 tokens/s (2 s a step), then 200 at 100/s
+  (2 s a step); step 3 was logged twice (a resume) and its later record counts."""
+  records = [
+    {"step": 1, "num_tokens": 100.0, "tokens_per_second": 50.0},
+    {"step": 2, "num_tokens": 100.0, "tokens_per_second": 50.0},
+    {"step": 3, "num_tokens": 999.0, "tokens_per_second": 1.0},
+    {"step": 3, "num_tokens": 200.0, "tokens_per_second": 100.0},
+    {"step": 4, "num_tokens": 200.0, "tokens_per_second": 100.0},
+    {"step": 4, "validation/bleu": 12.0},
+  ]
+  steps, minutes = plots.training_minutes(records)
+  assert steps == [1, 2, 3, 4]
+  np.testing.assert_allclose(minutes, [2 / 60, 4 / 60, 6 / 60, 8 / 60])
+  assert plots.training_minutes([{"step": 1, "loss": 2.0}]) == ([], [])
+  with open(tmp_path / "metrics.jsonl", "w", encoding="utf-8") as f:
+    for record in records:
+      f.write(json.dumps(dict(record, loss=1.0)) + "\n")
+  assert "validation/bleu" in plots.training_curves(tmp_path, tmp_path / "c.png")
+
+
 def test_training_curves_without_metrics_file(tmp_path):
   with pytest.raises(FileNotFoundError, match="No metrics.jsonl"):
     plots.training_curves(tmp_path, tmp_path / "curves.png")

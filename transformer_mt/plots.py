@@ -207,11 +207,30 @@ def _series(records: Sequence[dict], key: str) -> tuple[list[int], list[float]]:
   return steps, [by_step[s] for s in steps]
 
 
+def training_minutes(records: Sequence[dict]) -> tuple[list[int], list[float]]:
+  """(steps, minutes of the training loop up to the end of each step), from the per-step
+  `num_tokens` / `tokens_per_second` records.
+
+  Every step of a logging interval carries that interval's tokens/s (its tokens over its wall
+  time, which includes any validation and checkpoint work done in it), so the tokens over the
+  tokens/s of each step add up to the loop's wall time. Not counted: start-up before the first
+  step (data, tokenizer, compilation shows up in the first interval) and the final test. A
+  resumed run counts the surviving record of each step, i.e. the time of the steps that made
+  the final model.
+  """
+  num_tokens, rates = _series(records, "num_tokens"), _series(records, "tokens_per_second")
+  if not num_tokens[0] or num_tokens[0] != rates[0]:
+    return [], []
+  seconds = np.cumsum([n / max(r, 1e-9) for n, r in zip(num_tokens[1], rates[1])])
+  return num_tokens[0], list(seconds / 60.0)
+
+
 def training_curves(workdir: str | os.PathLike, path: str | os.PathLike) -> list[str]:
   """Plots `workdir/metrics.jsonl` against the step into one PNG.
 
   Panels: loss (training, plus validation when logged), learning rate, and BLEU
-  (only when "validation/bleu" records exist). A panel without data is left out.
+  (only when "validation/bleu" records exist). A panel without data is left out. The top
+  axis shows the training loop's wall minutes at each step (`training_minutes`).
 
   Returns:
     The metrics.jsonl keys that were plotted, e.g. ["loss", "validation/loss",
@@ -255,6 +274,13 @@ def training_curves(workdir: str | os.PathLike, path: str | os.PathLike) -> list
     if len(lines) > 1 or ylabel == "BLEU":
       axes.legend(fontsize=8)
   axes_list[-1].set_xlabel("step")
+  steps, minutes = training_minutes(records)
+  if len(steps) > 1:
+    # Wall minutes of the training loop on a second axis: time-to-BLEU at a glance.
+    to_minutes = lambda x: np.interp(x, steps, minutes)  # noqa: E731
+    to_steps = lambda m: np.interp(m, minutes, steps)  # noqa: E731
+    top = axes_list[0].secondary_xaxis("top", functions=(to_minutes, to_steps))
+    top.set_xlabel("minutes of training", fontsize=8)
   figure.suptitle(f"Training curves: {os.path.basename(os.path.normpath(workdir))}", fontsize=10)
   _save(figure, path)
   return plotted
