@@ -92,17 +92,10 @@ def _cmd_import(args) -> None:
 
 
 def _cmd_score(args) -> None:
-  from transformer_mt import scoring, text_files, translate
+  from transformer_mt import scoring, text_files
 
   pairs = text_files.read_parallel(args.source, args.target)  # one error line on a mismatch
-  translator = translate.load_translator(
-    args.workdir,
-    args.step,
-    _inference_mesh(args),
-    alpha=args.alpha,
-    source_lang=args.src_lang,
-    target_lang=args.tgt_lang,
-  )
+  translator = translate_command.load_from_flags(args)
   scores = scoring.score_lines(translator, [s for s, _ in pairs], [t for _, t in pairs])
   text = scoring.format_scores(scores)
   if args.output == "-":

@@ -160,6 +160,12 @@ def rows_per_batch(
   return rows
 
 
+def check_num_workers(num_workers: int) -> None:
+  """`data.num_workers` must be 0 (tokenize and pack in this process) or a worker count."""
+  if num_workers < 0:
+    raise ValueError(f"data.num_workers={num_workers} must be 0 (no workers) or more.")
+
+
 def training_batches(
   pairs: Sequence[tuple[str, str]],
   tokenizer: AnyTokenizer,
@@ -185,8 +191,7 @@ def training_batches(
   many worker processes, each keeping up to `worker_buffer` finished batches (see the
   module docstring for how the stream depends on the number).
   """
-  if num_workers < 0:
-    raise ValueError(f"data.num_workers={num_workers} must be 0 (no workers) or more.")
+  check_num_workers(num_workers)
   local_rows = batch_rows // process_count
   micro = local_rows // grad_accum_steps
   # Counted where the filter runs: here, or in each worker's copy.

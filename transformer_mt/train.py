@@ -58,8 +58,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
   model_config_for(config)
   data_shards, fsdp_shards, _ = sharding.mesh_shape(config.mesh, jax.device_count())
   profiler = _StepTrace(config.train.get("profile_steps", []), workdir)
-  if config.data.get("num_workers", 0) < 0:
-    raise ValueError(f"data.num_workers={config.data.num_workers} must be 0 (no workers) or more.")
+  input_pipeline.check_num_workers(config.data.get("num_workers", 0))  # before writing anything
   policy = config.train.get("nonfinite", "stop")
   if policy not in ("stop", "skip"):
     raise ValueError(f"train.nonfinite={policy!r} must be 'stop' or 'skip'.")

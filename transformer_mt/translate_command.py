@@ -98,6 +98,22 @@ def add_parser(
   p.set_defaults(func=run)
 
 
+def load_from_flags(args, beam_size: int | None = None):
+  """The Translator (or ensemble) named by the flags `translate` and `score` share: --workdir
+  (repeatable), --step, --mesh, --alpha, --src_lang, --tgt_lang."""
+  from transformer_mt import translate
+
+  return translate.load_translator(
+    args.workdir,
+    args.step,
+    inference_mesh(args),
+    beam_size=beam_size,
+    alpha=args.alpha,
+    source_lang=args.src_lang,
+    target_lang=args.tgt_lang,
+  )
+
+
 def run(args) -> None:
   """`run.py translate`: translations, an n-best list or samples of the input lines."""
   from transformer_mt import translate
@@ -108,15 +124,7 @@ def run(args) -> None:
     if args.sample:
       raise ValueError("--nbest with --sample: n-best lists come from beam search; use one.")
   options = sampling_options(args)
-  translator = translate.load_translator(
-    args.workdir,
-    args.step,
-    inference_mesh(args),
-    beam_size=args.beam,
-    alpha=args.alpha,
-    source_lang=args.src_lang,
-    target_lang=args.tgt_lang,
-  )
+  translator = load_from_flags(args, beam_size=args.beam)
   if nbest is not None and args.beam is None:  # the config's beam, widened to hold K
     translator.beam_size = max(translator.beam_size, nbest)
   if args.input == "-":
