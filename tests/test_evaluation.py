@@ -214,11 +214,11 @@ def test_unigram_precision_options_change_what_matches():
   "score",
   [
     evaluation.corpus_bleu,
-    lambda hyps, refs: evaluation.paper_bleu(hyps, refs, "de"),
+    lambda hyps, refs: evaluation.paper_bleu_score(hyps, refs, "de"),
     lambda hyps, refs: evaluation.bleu_report(hyps, refs, "de"),
     evaluation.corpus_chrf,
   ],
-  ids=["corpus_bleu", "paper_bleu", "bleu_report", "corpus_chrf"],
+  ids=["corpus_bleu", "paper_bleu_score", "bleu_report", "corpus_chrf"],
 )
 def test_mismatched_line_counts_name_both_counts(score):
   with pytest.raises(ValueError, match=r"3 hypotheses but 2 references"):
