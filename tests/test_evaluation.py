@@ -176,7 +176,7 @@ def test_evaluate_hypotheses_rejects_bad_input_in_one_line(tmp_path, capsys):
   cases = [
     (score + [str(one)], "/two.txt has 2 lines, .*/one.txt has 1"),
     (score + [str(two), "--source", str(one)], "/one.txt has 1 lines, .*/two.txt has 2"),
-    (score[:-1] + ["--reference", str(tmp_path / "latin1.txt")], "latin1.txt is not valid UTF-8"),
+    (score + [str(tmp_path / "latin1.txt")], "latin1.txt is not valid UTF-8"),
     (score + [str(two), "--workdir", "w", "--beam", "2"], "so --workdir, --beam .* cannot go"),
     (["evaluate", "--hypotheses", str(two), "--reference", str(two)], "needs --tgt_lang"),
     (["evaluate", "--reference", str(two)], "needs --workdir .* or --hypotheses"),
