@@ -4,8 +4,9 @@ As transformer_base_wmt14_ende (d 512, 8 heads, dropout 0.1, 100k steps, average
 last 5 checkpoints) with a shared 32k vocabulary: 60.51M parameters with tied embeddings.
 Validation newstest2013, test newstest2014.
 
-Paper: 38.1 BLEU (tokenized). Estimate: `run.py list` (A100-hours for the row's
-dtype) and `run.py reproduce ... --dry-run` (the formula and its numbers).
+Paper: 38.1 BLEU (tokenized). The paper-comparable BLEU splits compounds as for EN-DE, like
+the EN-FR rows the paper compares with (see transformer_mt/evaluation.py). Estimate: `run.py
+list` (A100-hours for the row's dtype) and `run.py reproduce ... --dry-run` (the formula).
 
     python run.py train --experiment transformer_base_wmt14_enfr --workdir workdirs/base_enfr
 """

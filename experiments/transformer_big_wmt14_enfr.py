@@ -5,8 +5,10 @@ checkpoints) but with dropout 0.1 (as the paper used for EN-FR) and a shared 32k
 vocabulary: 209.11M parameters with tied embeddings. Validation newstest2013, test
 newstest2014.
 
-Paper: 41.0 BLEU (tokenized; 41.8 in the paper's later revision). Estimate: `run.py
-list` (A100-hours for the row's dtype) and `run.py reproduce ... --dry-run` (the formula).
+Paper: 41.0 BLEU (tokenized; 41.8 in the paper's later revision). The paper-comparable BLEU
+splits compounds as for EN-DE, like the EN-FR rows the paper compares with (see
+transformer_mt/evaluation.py). Estimate: `run.py list` (A100-hours for the row's dtype) and
+`run.py reproduce ... --dry-run` (the formula).
 
     python run.py train --experiment transformer_big_wmt14_enfr --workdir workdirs/big_enfr
 """

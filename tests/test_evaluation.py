@@ -1,85 +1,190 @@
-"""BLEU: sacreBLEU through `corpus_bleu` agrees with the sacrebleu command line, the
-paper-comparable tokenized BLEU follows tensor2tensor's get_ende_bleu.sh, and the unigram
-precision of the BLEU worked example comes out of sacreBLEU's own statistics. chrF and chrF++
-agree with the sacrebleu command line on the golden files and with a hand-worked example;
-`run.py report` shows them, and "–" for a results.json written before them."""
+"""BLEU and chrF against figures computed outside this code. The paper-comparable BLEU
+against the output of the Moses Perl scripts themselves (../shared/data/golden/README.md:
+tokenizer, compound splitting, multi-bleu.perl), sacreBLEU, chrF and chrF++ against the
+sacrebleu command line run once on the same files (stored below with their signatures), all
+through `run.py evaluate --hypotheses` as a user runs it. Beside them: tokenized lines worked
+out with the Perl scripts, the unigram precision of the BLEU worked example, a hand-worked
+chrF example, and `run.py report`'s chrF columns ("–" for a results.json written before them).
+"""
 
 import json
-import math
 import pathlib
+import re
 import subprocess
 import sys
 
 import pytest
+import sacrebleu
 
 from transformer_mt import cli, evaluation, reproduce
 
-SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
-NEWSTEST_DE = SHARED / "news" / "en-de" / "newstest2014.de"
-needs_newstest = pytest.mark.skipif(
-  not NEWSTEST_DE.is_file(), reason=f"{NEWSTEST_DE} (shared data) is absent"
-)
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data"
 GOLDEN = SHARED / "golden"
-# The CLI installed beside this interpreter, so it is the same sacrebleu the library imports.
-SACREBLEU_CLI = pathlib.Path(sys.executable).parent / "sacrebleu"
+needs_golden = pytest.mark.skipif(
+  not (GOLDEN / "newstest2014.perturbed.de").is_file(),
+  reason=f"{GOLDEN} (shared data) is absent",
+)
+
+# multi-bleu.perl's output for the golden hypotheses, as ../shared/data/golden/README.md gives
+# it: the Moses Perl scripts (replace-unicode-punctuation, tokenizer -l L), with and without
+# tensor2tensor's ##AT## compound splitting, then multi-bleu.perl against the raw reference.
+PERL_MULTI_BLEU = {
+  ("de", "split"): "BLEU = 65.98, 99.8/80.2/69.4/61.0 "
+  "(BP=0.865, ratio=0.873, hyp_len=56328, ref_len=64504)",
+  ("de", "no split"): "BLEU = 65.54, 99.8/79.7/68.7/60.2 "
+  "(BP=0.865, ratio=0.873, hyp_len=55096, ref_len=63086)",
+  ("fr", "split"): "BLEU = 65.52, 99.8/79.9/69.1/60.6 "
+  "(BP=0.862, ratio=0.871, hyp_len=71977, ref_len=82653)",
+  ("fr", "no split"): "BLEU = 65.17, 99.8/79.5/68.5/60.0 "
+  "(BP=0.862, ratio=0.871, hyp_len=70669, ref_len=81155)",
+}
+
+# `sacrebleu REF -i HYP -m bleu|chrf [--chrf-word-order 2] -w 2 --format text` (sacrebleu
+# 2.6.0's command line, 2026-11-24) on the raw newstest2014 reference and the golden
+# hypotheses. The signatures without their `|version:` field, which the test adds: the
+# settings are what must not change.
+SACREBLEU_CLI = {
+  "de": {
+    "sacreBLEU": ("65.53", "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp"),
+    "chrF": ("82.06", "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no"),
+    "chrF++": ("81.62", "nrefs:1|case:mixed|eff:yes|nc:6|nw:2|space:no"),
+  },
+  "fr": {
+    "sacreBLEU": ("64.52", "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp"),
+    "chrF": ("80.84", "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no"),
+    "chrF++": ("80.56", "nrefs:1|case:mixed|eff:yes|nc:6|nw:2|space:no"),
+  },
+}
 
 
-def _perturb(lines):
-  """A deterministic stand-in for a system output: every 7th word dropped, the 2nd and 3rd
-  words of every 5th line swapped, every 11th line lowercased -- close enough to the reference
-  to score in the 60s, far enough that every n-gram order loses matches."""
-  out = []
-  for i, line in enumerate(lines):
-    words = [word for j, word in enumerate(line.split()) if (j + 1) % 7 != 0]
-    if i % 5 == 0 and len(words) > 3:
-      words[1], words[2] = words[2], words[1]
-    text = " ".join(words)
-    out.append(text.lower() if i % 11 == 0 else text)
-  return out
+def _golden_pair(language):
+  """(hypothesis path, reference path), relative to the repository root as a user types them."""
+  return (
+    f"../shared/data/golden/newstest2014.perturbed.{language}",
+    f"../shared/data/news/en-{language}/newstest2014.{language}",
+  )
 
 
-@pytest.fixture(scope="module")
-def newstest():
-  """(perturbed hypotheses, references) for newstest2014 EN-DE, German side, 3003 lines."""
-  references = NEWSTEST_DE.read_text(encoding="utf-8").splitlines()
-  assert len(references) == 3003
-  return _perturb(references), references
+@needs_golden
+@pytest.mark.parametrize("language", ["de", "fr"])
+def test_evaluate_hypotheses_gives_the_perl_and_sacrebleu_cli_figures(language):
+  """The whole report of `run.py evaluate --hypotheses`, run from the repository root.
 
-
-def _cli_bleu(reference_path, hypotheses, tmp_path, *flags):
-  hyp_path = tmp_path / "hyp.txt"
-  hyp_path.write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
-  return _cli(reference_path, hyp_path, "-m", "bleu", "-w", "2", *flags)
-
-
-def _cli(reference_path, hypothesis_path, *flags):
+  Both EN-DE and EN-FR split compounds (evaluation.py says why), so both must print the
+  "split" row; the two rows differ by 0.35-0.44 BLEU, so the wrong pipeline cannot pass."""
+  hypotheses, reference = _golden_pair(language)
   result = subprocess.run(
     [
-      str(SACREBLEU_CLI),
-      str(reference_path),
-      "-i",
-      str(hypothesis_path),
-      "--format",
-      "json",
-      *flags,
+      sys.executable,
+      "run.py",
+      "evaluate",
+      "--hypotheses",
+      hypotheses,
+      "--reference",
+      reference,
+      "--source",
+      f"../shared/data/news/en-{language}/newstest2014.en",
+      "--tgt_lang",
+      language,
     ],
+    cwd=ROOT,
     capture_output=True,
     text=True,
     encoding="utf-8",
-    check=True,
   )
-  return json.loads(result.stdout)
+  assert result.returncode == 0, result.stderr
+  lines = result.stdout.splitlines()
+  assert lines[0] == f"newstest2014.perturbed.{language}: 3003 given translations"
+  perl = PERL_MULTI_BLEU[language, "split"]
+  assert f"    multi-bleu.perl: {perl}" in lines
+  paper = re.search(r"^  paper-comparable BLEU (\S+)  \(", result.stdout, re.MULTILINE)
+  assert paper and f"BLEU = {paper.group(1)}," in perl  # the same figure to 0.01
+  printed = dict(
+    (name, (score, signature))
+    for name, score, signature in re.findall(
+      r"^  (sacreBLEU|chrF|chrF\+\+) (\S+)  \((.*)\)$", result.stdout, re.MULTILINE
+    )
+  )
+  version = f"|version:{sacrebleu.__version__}"
+  assert printed == {
+    name: (score, signature + version)
+    for name, (score, signature) in SACREBLEU_CLI[language].items()
+  }
 
 
-@needs_newstest
-def test_corpus_bleu_matches_sacrebleu_command_line(newstest, tmp_path):
-  hypotheses, references = newstest
-  score, signature = evaluation.corpus_bleu(hypotheses, references)
-  cli = _cli_bleu(NEWSTEST_DE, hypotheses, tmp_path)
-  assert f"{score:.2f}" == f"{cli['score']:.2f}"
-  assert signature == cli["signature"]
-  assert signature.startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|")
-  assert 0 < score < 100
+@needs_golden
+@pytest.mark.parametrize("language", ["de", "fr"])
+def test_moses_tokenize_alone_gives_the_perl_row_without_compound_splitting(language):
+  """The tokenizer on its own, every count of the multi-bleu.perl line: the split rows above
+  cannot be matched by a splitting that makes up for a tokenizer difference."""
+  hypothesis_path, reference_path = (ROOT / path for path in _golden_pair(language))
+  hypotheses = hypothesis_path.read_text(encoding="utf-8").splitlines()
+  references = reference_path.read_text(encoding="utf-8").splitlines()
+  score, signature = evaluation.multi_bleu(
+    [evaluation.moses_tokenize(line, language) for line in hypotheses],
+    [evaluation.moses_tokenize(line, language) for line in references],
+  )
+  assert evaluation.multi_bleu_line(score) == PERL_MULTI_BLEU[language, "no split"]
+  assert signature.startswith("nrefs:1|case:mixed|eff:no|tok:none|smooth:none|")
+
+
+# Each expected line is what the Perl pipeline prints for the input (Moses master's
+# replace-unicode-punctuation.perl | tokenizer.perl -l L -q | perl -ple 's{(\S)-(\S)}{...}g').
+@pytest.mark.parametrize(
+  "language, line, tokenized",
+  [
+    # Only a hyphen between two non-space characters is a compound hyphen; the substitution
+    # does not overlap (Perl's s///g), so in "a-b-c" the second hyphen stays.
+    (
+      "de",
+      "Die neue B 33-Fußgängerampel ist in Betrieb.",
+      "Die neue B 33 ##AT##-##AT## Fußgängerampel ist in Betrieb .",
+    ),
+    ("de", "a - b, x- und -y a-b-c", "a - b , x- und -y a ##AT##-##AT## b-c"),
+    # replace-unicode-punctuation turns the closing “ into ", which tokenizer.perl escapes;
+    # the low „ is not in its table and stays.
+    ("de", "„Gut“ … oder?", "„ Gut &quot; ... oder ?"),
+    # Perl matches bytes: the first match takes only the first byte of "à", so the second
+    # hyphen is split too (a character-level match gives "vis ##AT##-##AT## à-vis").
+    (
+      "fr",
+      "Une relation vis-à-vis de l'Europe, dit M. Dupont.",
+      "Une relation vis ##AT##-##AT## à ##AT##-##AT## vis de l&apos; Europe , dit M. Dupont .",
+    ),
+    # Moses master splits the last word's period even after a nonbreaking prefix ("S", "vol")
+    # or a dotted word; mid-line "Mrd." and "M." stay whole.
+    (
+      "de",
+      "Umsatz von 4,56 Mrd. Dollar, so Thomson Reuters I/B/E/S.",
+      "Umsatz von 4,56 Mrd. Dollar , so Thomson Reuters I / B / E / S .",
+    ),
+    ("de", "gegenüber FoxNews.com.", "gegenüber FoxNews.com ."),
+    ("fr", "Ça coûte 5 000 € l’an, vol.", "Ça coûte 5 000 € l&apos; an , vol ."),
+  ],
+)
+def test_paper_tokenize_matches_the_perl_pipeline(language, line, tokenized):
+  assert evaluation.paper_tokenize(line, language) == tokenized
+
+
+def test_evaluate_hypotheses_rejects_bad_input_in_one_line(tmp_path, capsys):
+  two, one = tmp_path / "two.txt", tmp_path / "one.txt"
+  two.write_text("a b\nc d\n", encoding="utf-8")
+  one.write_text("a b\n", encoding="utf-8")
+  (tmp_path / "latin1.txt").write_bytes("Grüße\nc d\n".encode("latin-1"))
+  score = ["evaluate", "--hypotheses", str(two), "--tgt_lang", "de", "--reference"]
+  cases = [
+    (score + [str(one)], "/two.txt has 2 lines, .*/one.txt has 1"),
+    (score + [str(two), "--source", str(one)], "/one.txt has 1 lines, .*/two.txt has 2"),
+    (score + [str(tmp_path / "latin1.txt")], "latin1.txt is not valid UTF-8"),
+    (score + [str(two), "--workdir", "w", "--beam", "2"], "so --workdir, --beam .* cannot go"),
+    (["evaluate", "--hypotheses", str(two), "--reference", str(two)], "needs --tgt_lang"),
+    (["evaluate", "--reference", str(two)], "needs --workdir .* or --hypotheses"),
+  ]
+  for argv, message in cases:
+    assert cli.main(argv) == 2, argv
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and re.search(message, err), err
 
 
 def test_unigram_precision_of_the_worked_example():
@@ -105,127 +210,19 @@ def test_unigram_precision_options_change_what_matches():
   assert evaluation.unigram_precision("", "The sun is shinning.") == 0.0
 
 
-def test_paper_tokenize_splits_compounds_and_tokenizes_like_moses():
-  assert (
-    evaluation.paper_tokenize("Die neue B 33-Fußgängerampel ist in Betrieb.", "de")
-    == "Die neue B 33 ##AT##-##AT## Fußgängerampel ist in Betrieb ."
-  )
-  # Only a hyphen between two non-space characters is a compound hyphen; the substitution
-  # does not overlap (like Perl's s///g), so in "a-b-c" the second hyphen stays.
-  assert (
-    evaluation.paper_tokenize("a - b, x- und -y a-b-c", "de")
-    == "a - b , x- und -y a ##AT##-##AT## b-c"
-  )
-  # replace-unicode-punctuation turns the closing “ into ", which tokenizer.perl escapes;
-  # the low „ is not in its table and stays.
-  assert evaluation.paper_tokenize("„Gut“ … oder?", "de") == "„ Gut &quot; ... oder ?"
-
-
-def test_paper_bleu_of_a_perfect_hypothesis_is_100():
-  references = ["Die E-Mail-Adresse steht im Rathaus.", "„Noch mehr Sicherheit“ für Fußgänger!"]
-  score, method = evaluation.paper_bleu(references, references, "de")
-  assert score == pytest.approx(100.0)
-  assert "##AT##-##AT##" in method and "tok:none" in method and "smooth:none" in method
-
-
-@needs_newstest
-def test_paper_bleu_on_newstest2014_is_a_different_finite_number(newstest, tmp_path):
-  hypotheses, references = newstest
-  paper, _ = evaluation.paper_bleu(hypotheses, references, "de")
-  sacre, _ = evaluation.corpus_bleu(hypotheses, references)
-  assert math.isfinite(paper) and 0 < paper < 100
-  assert abs(paper - sacre) > 0.1
-  # The scoring step is multi-bleu.perl's BLEU: on the same tokens, the CLI told "the text is
-  # tokenized, no smoothing" gives the same number.
-  ref_path = tmp_path / "ref.tok"
-  ref_path.write_text(
-    "\n".join(evaluation.paper_tokenize(line, "de") for line in references) + "\n", encoding="utf-8"
-  )
-  cli = _cli_bleu(
-    ref_path,
-    [evaluation.paper_tokenize(line, "de") for line in hypotheses],
-    tmp_path,
-    "--tokenize",
-    "none",
-    "--smooth-method",
-    "none",
-    "--force",
-  )
-  assert f"{paper:.2f}" == f"{cli['score']:.2f}"
-
-
-def test_bleu_report_labels_both_scores():
-  hypotheses = ["Die Sonne scheint heute.", "Der Hund bellt laut-stark."]
-  references = ["Die Sonne scheint.", "Der Hund bellt lautstark."]
-  report = evaluation.bleu_report(hypotheses, references, "de")
-  assert set(report) == {
-    "sacrebleu",
-    "sacrebleu_signature",
-    "paper_bleu",
-    "paper_bleu_method",
-    "chrf",
-    "chrf_signature",
-    "chrf_plus_plus",
-    "chrf_plus_plus_signature",
-    "num_sentences",
-  }
-  assert (report["sacrebleu"], report["sacrebleu_signature"]) == evaluation.corpus_bleu(
-    hypotheses, references
-  )
-  assert (report["paper_bleu"], report["paper_bleu_method"]) == evaluation.paper_bleu(
-    hypotheses, references, "de"
-  )
-  assert "tok:13a" in report["sacrebleu_signature"]
-  assert (report["chrf"], report["chrf_signature"]) == evaluation.corpus_chrf(
-    hypotheses, references
-  )
-  assert (report["chrf_plus_plus"], report["chrf_plus_plus_signature"]) == (
-    evaluation.corpus_chrf(hypotheses, references, word_order=2)
-  )
-  assert "nw:0" in report["chrf_signature"] and "nw:2" in report["chrf_plus_plus_signature"]
-  assert report["chrf"] != report["chrf_plus_plus"]
-  assert report["num_sentences"] == 2
-
-
 @pytest.mark.parametrize(
   "score",
   [
     evaluation.corpus_bleu,
-    lambda hyps, refs: evaluation.paper_bleu(hyps, refs, "de"),
+    lambda hyps, refs: evaluation.paper_bleu_score(hyps, refs, "de"),
     lambda hyps, refs: evaluation.bleu_report(hyps, refs, "de"),
     evaluation.corpus_chrf,
   ],
-  ids=["corpus_bleu", "paper_bleu", "bleu_report", "corpus_chrf"],
+  ids=["corpus_bleu", "paper_bleu_score", "bleu_report", "corpus_chrf"],
 )
 def test_mismatched_line_counts_name_both_counts(score):
   with pytest.raises(ValueError, match=r"3 hypotheses but 2 references"):
     score(["a", "b", "c"], ["a", "b"])
-
-
-@pytest.mark.parametrize(
-  "language, pair, word_order, name", [("de", "en-de", 0, "chrF2"), ("fr", "en-fr", 2, "chrF2++")]
-)
-def test_chrf_matches_sacrebleu_command_line_on_the_golden_files(language, pair, word_order, name):
-  """The golden pseudo-hypotheses (see ../shared/data/golden/README.md) against the raw
-  newstest2014 references, to 4 decimals, with the CLI's own signature. One variant per
-  language keeps it to two CLI runs; the hand-worked example pins both variants."""
-  hypothesis_path = GOLDEN / f"newstest2014.perturbed.{language}"
-  reference_path = SHARED / "news" / pair / f"newstest2014.{language}"
-  if not (hypothesis_path.is_file() and reference_path.is_file()):
-    pytest.skip(f"{hypothesis_path} or {reference_path} (shared data) is absent")
-  hypotheses = hypothesis_path.read_text(encoding="utf-8").splitlines()
-  references = reference_path.read_text(encoding="utf-8").splitlines()
-  assert len(hypotheses) == len(references) == 3003
-  score, signature = evaluation.corpus_chrf(hypotheses, references, word_order)
-  cli_score = _cli(
-    reference_path, hypothesis_path, "-m", "chrf", "--chrf-word-order", str(word_order), "-w", "4"
-  )
-  assert cli_score["name"] == name
-  assert f"{score:.4f}" == f"{cli_score['score']:.4f}"
-  assert signature == cli_score["signature"]
-  assert signature.startswith(f"nrefs:1|case:mixed|eff:yes|nc:6|nw:{word_order}|space:no|")
-  # Close to the reference but not equal to it: far from both ends of the scale.
-  assert 50 < score < 95
 
 
 def _f_beta(precisions, recalls, beta):
@@ -252,9 +249,7 @@ def test_chrf_of_a_hand_worked_example():
   score, _ = evaluation.corpus_chrf(hypotheses, references)
   assert score == pytest.approx(_f_beta(precisions, recalls, beta=2), abs=1e-9)
   assert score == pytest.approx(55.5642207, abs=1e-6)
-  # The wrong variants are far off: beta=1 (64.74), or orders 1..5 only (58.69).
-  assert abs(score - _f_beta(precisions, recalls, beta=1)) > 5
-  assert abs(score - _f_beta(precisions[:5], recalls[:5], beta=2)) > 1
+  # (The wrong variants are far from 55.56: beta=1 gives 64.74, orders 1..5 only 58.69.)
   # chrF++ adds two word orders. Words (hyp, ref, matched): unigrams 4, 4, 2 ("the", "dog");
   # bigrams 2, 2, 0.
   score_pp, _ = evaluation.corpus_chrf(hypotheses, references, word_order=2)

@@ -104,32 +104,57 @@ def _cmd_score(args) -> None:
     text_files.write_atomically(args.output, text)
 
 
+# The flags that choose or drive a model: meaningless when --hypotheses gives the translations.
+_DECODE_FLAGS = ("workdir", "step", "split", "beam", "alpha", "limit", "mesh", "src_lang")
+
+
 def _cmd_evaluate(args) -> None:
   from transformer_mt import evaluate
 
-  report = evaluate.evaluate(
-    args.workdir,
-    args.split,
-    args.step,
-    args.beam,
-    args.alpha,
-    args.source,
-    args.reference,
-    args.limit,
-    _inference_mesh(args),
-    args.src_lang,
-    args.tgt_lang,
-  )
-  print(
-    f"{report['split']}: {report['num_sentences']} sentences, step {report['step']}, "
-    f"beam {report['beam_size']}, alpha {report['alpha']}, "
-    f"{report['sentences_per_second']:.1f} sentences/s"
-  )
+  if args.hypotheses:
+    given = [f"--{name}" for name in _DECODE_FLAGS if getattr(args, name) is not None]
+    if given:
+      raise ValueError(
+        f"--hypotheses scores the given translations, so {', '.join(given)} (which choose "
+        "or run a model) cannot go with it: drop them, or drop --hypotheses to translate."
+      )
+    if not args.reference:
+      raise ValueError("--hypotheses needs --reference, the file to score the translations on.")
+    report = evaluate.score_translations(
+      args.hypotheses, args.reference, args.tgt_lang, args.source
+    )
+    print(f"{report['split']}: {report['num_sentences']} given translations")
+  else:
+    if not args.workdir:
+      raise ValueError(
+        "evaluate needs --workdir (a model to translate with) or --hypotheses (translations "
+        "to score)."
+      )
+    report = evaluate.evaluate(
+      args.workdir,
+      args.split or "test",
+      args.step,
+      args.beam,
+      args.alpha,
+      args.source,
+      args.reference,
+      args.limit,
+      _inference_mesh(args),
+      args.src_lang,
+      args.tgt_lang,
+    )
+    print(
+      f"{report['split']}: {report['num_sentences']} sentences, step {report['step']}, "
+      f"beam {report['beam_size']}, alpha {report['alpha']}, "
+      f"{report['sentences_per_second']:.1f} sentences/s"
+    )
   print(f"  sacreBLEU {report['sacrebleu']:.2f}  ({report['sacrebleu_signature']})")
   print(f"  paper-comparable BLEU {report['paper_bleu']:.2f}  ({report['paper_bleu_method']})")
+  print(f"    multi-bleu.perl: {report['paper_bleu_multi_bleu']}")
   print(f"  chrF {report['chrf']:.2f}  ({report['chrf_signature']})")
   print(f"  chrF++ {report['chrf_plus_plus']:.2f}  ({report['chrf_plus_plus_signature']})")
-  print(f"  report: {report['report_path']}")
+  if "report_path" in report:
+    print(f"  report: {report['report_path']}")
 
 
 def _cmd_average(args) -> None:
@@ -256,12 +281,12 @@ _METRIC_HELP = (
 )
 
 
-def _model_workdirs_flag(p: argparse.ArgumentParser) -> None:
+def _model_workdirs_flag(p: argparse.ArgumentParser, required: bool = True) -> None:
   """--workdir (repeatable: an ensemble) and --step of the commands that decode or score."""
   p.add_argument(
     "--workdir",
     action="append",
-    required=True,
+    required=required,
     help="workdir (or its checkpoints/, or an averaged checkpoint directory) of a trained or "
     "imported model; repeat it for an ensemble, which decodes from the mean of the models' "
     "log-probabilities at each step (the models must share one tokenizer; decode settings "
@@ -351,15 +376,20 @@ def build_parser() -> argparse.ArgumentParser:
 
   p = commands.add_parser(
     "evaluate",
-    help="translate a test set and report sacreBLEU, paper BLEU, chrF and chrF++",
+    help="translate a test set and report sacreBLEU, paper BLEU, chrF and chrF++ "
+    "(or, with --hypotheses, score given translations)",
     parents=[mesh_flag, language_flags],
   )
-  _model_workdirs_flag(p)
-  p.add_argument(
-    "--split", default="test", help="the experiment's split to evaluate (default: test)"
-  )
+  _model_workdirs_flag(p, required=False)
+  p.add_argument("--split", default=None, help="the experiment's split to evaluate (default: test)")
   p.add_argument("--source", default=None, help="evaluate on this source file instead of --split")
   p.add_argument("--reference", default=None, help="reference file, line-aligned with --source")
+  p.add_argument(
+    "--hypotheses",
+    default=None,
+    help="score these translations (one detokenized line per --reference line) instead of "
+    "translating: no --workdir, and --tgt_lang names the target language (e.g. de)",
+  )
   p.add_argument("--beam", type=int, default=None, help="beam size (default: the config's)")
   p.add_argument("--alpha", type=float, default=None, help="length penalty alpha (default: config)")
   p.add_argument("--limit", type=int, default=None, help="only the first N sentences")

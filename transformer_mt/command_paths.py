@@ -12,7 +12,17 @@ import argparse
 import os
 
 # Flags that name files or directories, and config keys whose values are paths.
-PATH_FLAGS = ("workdir", "workdirs", "input", "output", "source", "reference", "target", "chart")
+PATH_FLAGS = (
+  "workdir",
+  "workdirs",
+  "input",
+  "output",
+  "source",
+  "reference",
+  "target",
+  "hypotheses",
+  "chart",
+)
 PATH_KEYS = ("data.root", "data.tfds_data_dir", "data.tfds_manual_dir", "init.from")
 
 

@@ -1,4 +1,5 @@
-"""`run.py evaluate`: translate a test set from a checkpoint and score it, honestly.
+"""`run.py evaluate`: translate a test set from a checkpoint and score it, honestly; or, with
+`--hypotheses`, score translations made elsewhere with the very same metrics.
 
 Two BLEU numbers, clearly labelled: sacreBLEU on the raw detokenized references (with its
 signature, comparable across papers that report sacreBLEU), and the paper-comparable
@@ -116,4 +117,36 @@ def evaluate(
   text_files.write_atomically(stem + ".txt", "".join(h + "\n" for h in hypotheses))
   text_files.write_atomically(stem + ".json", json.dumps(report, indent=2) + "\n")
   report["report_path"] = stem + ".json"
+  return report
+
+
+def score_translations(
+  hypotheses_file: str, reference_file: str, target_lang: str, source_file: str | None = None
+) -> dict[str, Any]:
+  """The `evaluation.bleu_report` of a file of translations (one per line, detokenized)
+  against line-aligned references: sacreBLEU-style scoring of any system's output, with no
+  model. `target_lang` picks the Moses rules of the paper-comparable BLEU; `source_file`, if
+  given, is only checked to be line-aligned too (a hypothesis file of another test set, or
+  one with a line lost, would otherwise score garbage without a word).
+  """
+  if not target_lang:
+    raise ValueError(
+      "--hypotheses needs --tgt_lang (e.g. de): the paper-comparable BLEU tokenizes with that "
+      "language's Moses rules."
+    )
+  pairs = text_files.read_parallel(hypotheses_file, reference_file)
+  if source_file:
+    text_files.read_parallel(source_file, reference_file)
+  report = evaluation.bleu_report(
+    [hypothesis for hypothesis, _ in pairs],
+    [reference for _, reference in pairs],
+    target_lang.split("_")[0],
+  )
+  report.update(
+    {
+      "split": os.path.basename(hypotheses_file),
+      "hypotheses": os.path.abspath(hypotheses_file),
+      "reference": os.path.abspath(reference_file),
+    }
+  )
   return report
