@@ -224,6 +224,17 @@ def test_writers_refuse_another_hosts_lock_in_one_line_and_force_unlock_is_a_fla
   assert args.force_unlock
 
 
+def test_a_sweep_trial_refuses_a_lock_on_its_own_workdir(tmp_path, capsys):
+  """`--trial i` (a job array task) does not lock the shared root, but its trial's workdir."""
+  recorded = write_lock(tmp_path / "trial_001")
+  argv = ["sweep", "--experiment", "demo", "--workdir", str(tmp_path), "--trial", "1"]
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "trial_001 is locked by pid 4242 on host node-17" in err[0]
+  assert lock_file(tmp_path / "trial_001").read_bytes() == recorded
+  assert not lock_file(tmp_path).exists()
+
+
 def train_command(workdir, steps=STEPS):
   return [
     sys.executable,
@@ -282,8 +293,19 @@ def test_a_second_training_is_refused_and_the_first_writes_what_a_lone_run_does(
   checkpoints = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir())
   assert checkpoints == list(range(5, STEPS + 1, 5))
   assert not lock_file(tmp_path).exists()
-  # A reader needs no lock, and does not take one.
-  assert cli.main(["plot", str(tmp_path), "--output", str(tmp_path / "curves.png")]) == 0
+  # Readers need no lock and leave it alone: they work while a live writer holds it.
+  holder = start_holder(tmp_path)
+  try:
+    recorded = lock_file(tmp_path).read_bytes()
+    (tmp_path / "source.txt").write_text("hello world\n")
+    translate = ["translate", "--workdir", str(tmp_path), "--input", str(tmp_path / "source.txt")]
+    assert cli.main(translate + ["--output", str(tmp_path / "out.txt")]) == 0
+    assert len((tmp_path / "out.txt").read_text().splitlines()) == 1
+    assert cli.main(["plot", str(tmp_path), "--output", str(tmp_path / "curves.png")]) == 0
+    assert lock_file(tmp_path).read_bytes() == recorded
+  finally:
+    holder.kill()
+    holder.wait()
 
 
 @pytest.mark.slow
@@ -310,3 +332,42 @@ def test_a_sigkilled_runs_lock_is_taken_over_and_the_run_resumes(tmp_path):
   assert "Resumed from the checkpoint of step" in rerun.stderr
   assert set(logged_steps(tmp_path)) == set(range(1, STEPS + 1))
   assert not lock_file(tmp_path).exists()
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_stop_together_when_process_0_is_refused(tmp_path):
+  """Process 0 holds the lock for a multi-process job; when it is refused, process 1 does not
+  wait for it forever but stops too, pointing to process 0's error."""
+  recorded = write_lock(tmp_path)
+  env = dict(subprocess_env(), JAX_PLATFORMS="cpu")
+  address = f"127.0.0.1:{free_port()}"
+  processes = [
+    subprocess.Popen(
+      train_command(tmp_path)
+      + ["--coordinator_address", address, "--num_processes", "2", "--process_id", str(i)],
+      cwd=ROOT,
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for i in range(2)
+  ]
+  try:
+    outputs = [process.communicate(timeout=300) for process in processes]
+  finally:
+    for process in processes:
+      if process.poll() is None:
+        process.kill()
+  errors = [[line for line in err.splitlines() if line.startswith("error: ")] for _, err in outputs]
+  assert [process.returncode for process in processes] == [2, 2], outputs
+  assert len(errors[0]) == 1 and "pid 4242 on host node-17" in errors[0][0]
+  assert len(errors[1]) == 1 and "Process 0 could not take the writer lock" in errors[1][0]
+  assert os.listdir(tmp_path) == [workdir_lock.LOCK_FILENAME]
+  assert lock_file(tmp_path).read_bytes() == recorded

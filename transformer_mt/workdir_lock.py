@@ -129,7 +129,7 @@ def held_for_job(workdir: str, force_unlock: bool = False) -> Iterator[None]:
     if distributed.is_primary():
       try:
         stack.enter_context(held(workdir, force_unlock))
-      except WorkdirBusy as e:
+      except Exception as e:  # noqa: BLE001 - the others must hear of any failure, not hang
         refusal = e
     if distributed.any_process(refusal is not None):  # also the barrier: process 0 holds it
       raise refusal or WorkdirBusy(
