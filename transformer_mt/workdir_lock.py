@@ -304,10 +304,10 @@ def _where(holder: dict[str, Any]) -> str:
   if not holder:
     return "unreadable"
   if holder["host"] != socket.gethostname():
-    return "another host"
+    return "on another host"
   mine, theirs = _pid_namespace(), holder.get("pid_namespace")
   if mine and theirs and mine != theirs:
-    return "another PID namespace (container) on this host"
+    return "in another PID namespace (a container) on this host"
   return "here"
 
 
@@ -395,7 +395,7 @@ def _foreign_message(workdir: str, holder: dict[str, Any], where: str) -> str:
       f"{workdir}. If no run does, rerun with --force_unlock to take it over."
     )
   return (
-    f"{workdir} is locked by {_describe(holder)}, in {where}, so this host cannot tell "
+    f"{workdir} is locked by {_describe(holder)}, {where}, so this host cannot tell "
     "whether it still runs. If it does, wait for it or stop it; if it is dead (e.g. its node "
     f"failed), rerun with --force_unlock to take the lock ({path}) over."
   )
