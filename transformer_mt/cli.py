@@ -71,7 +71,7 @@ def _cmd_train(args) -> None:
   from transformer_mt import distributed, registry, train
 
   config = registry.load_experiment(args.experiment, args.overrides)
-  result = train.train(config, args.workdir)
+  result = train.train(config, args.workdir, force_unlock=args.force_unlock)
   if distributed.is_primary():
     print(
       f"Done: step {result['step']}, checkpoints in {os.path.join(args.workdir, 'checkpoints')}"
@@ -191,7 +191,9 @@ def _cmd_reproduce(args) -> None:
   if args.dry_run:
     print(reproduce.plan(args.experiment, args.workdir, args.overrides))
     return
-  results = reproduce.reproduce(args.experiment, args.workdir, args.overrides)
+  results = reproduce.reproduce(
+    args.experiment, args.workdir, args.overrides, force_unlock=args.force_unlock
+  )
   print(reproduce.markdown_table([results]))
   print(f"results: {os.path.join(args.workdir, reproduce.RESULTS_FILENAME)}")
 
@@ -203,7 +205,14 @@ def _cmd_sweep(args) -> None:
   if args.dry_run:
     print("\n".join(sweep.dry_run_commands(args.experiment, args.workdir, args.overrides)))
     return
-  statuses = sweep.run(args.experiment, args.workdir, args.overrides, args.parallel, args.trial)
+  statuses = sweep.run(
+    args.experiment,
+    args.workdir,
+    args.overrides,
+    args.parallel,
+    args.trial,
+    force_unlock=args.force_unlock,
+  )
   if args.trial is None:
     print(sweep.ranking_table(args.workdir, args.metric))
   else:
@@ -242,6 +251,19 @@ def _distributed_flags() -> argparse.ArgumentParser:
     "--multihost",
     action="store_true",
     help="let JAX detect another cluster it supports (e.g. Kubernetes)",
+  )
+  return flags
+
+
+def _force_unlock_flag() -> argparse.ArgumentParser:
+  """--force_unlock of the commands that write a run (see transformer_mt/workdir_lock.py)."""
+  flags = argparse.ArgumentParser(add_help=False)
+  flags.add_argument(
+    "--force_unlock",
+    action="store_true",
+    help="take over the workdir's writer lock (WORKDIR/writer.lock) left by a run on another "
+    "host that is known to be dead; a lock of a live run on this host is never taken, and "
+    "one of a dead run on this host is taken over without this flag",
   )
   return flags
 
@@ -302,6 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
   commands = parser.add_subparsers(dest="command", required=True)
   distributed_flags = _distributed_flags()
+  force_unlock_flag = _force_unlock_flag()
   mesh_flag = _mesh_flag()
   language_flags = _language_flags()
 
@@ -311,7 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.set_defaults(func=_cmd_list)
 
   p = commands.add_parser(
-    "train", help="train (or resume) an experiment in a workdir", parents=[distributed_flags]
+    "train",
+    help="train (or resume) an experiment in a workdir",
+    parents=[distributed_flags, force_unlock_flag],
   )
   p.add_argument("--experiment", default="demo", help="experiment name (see `list`)")
   p.add_argument("--workdir", required=True, help="checkpoints, metrics and tokenizer go here")
@@ -324,6 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
     "sweep",
     help="run an experiment's hyperparameter sweep, one workdir "
     "per trial (resumes; --dry-run prints the commands)",
+    parents=[force_unlock_flag],
   )
   p.add_argument("--experiment", required=True, help="experiment declaring get_sweep(), e.g. demo")
   p.add_argument("--workdir", required=True, help="sweep root: ROOT/trial_000, ROOT/trial_001...")
@@ -437,7 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.set_defaults(func=_cmd_attention)
 
   p = commands.add_parser(
-    "reproduce", help="train -> average -> evaluate a table row, writing WORKDIR/results.json"
+    "reproduce",
+    help="train -> average -> evaluate a table row, writing WORKDIR/results.json",
+    parents=[force_unlock_flag],
   )
   p.add_argument(
     "--experiment", required=True, help="experiment name, e.g. transformer_base_wmt14_ende"

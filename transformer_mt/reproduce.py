@@ -27,6 +27,7 @@ from transformer_mt import (
   registry,
   text_files,
   train,
+  workdir_lock,
 )
 from transformer_mt.model import count_parameters
 from transformer_mt.run_setup import model_config_for
@@ -75,8 +76,18 @@ def plan(name: str, workdir: str, overrides: Sequence[str] = ()) -> str:
   return "\n".join(lines)
 
 
-def reproduce(name: str, workdir: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
+def reproduce(
+  name: str, workdir: str, overrides: Sequence[str] = (), force_unlock: bool = False
+) -> dict[str, Any]:
+  """Train, average, evaluate and write results.json, holding the workdir's writer lock
+  throughout (workdir_lock.py; `train` inside shares it), so no second run writes into the
+  workdir between training and the results; `force_unlock` takes over another host's lock."""
   config = registry.load_experiment(name, overrides)
+  with workdir_lock.held_for_job(workdir, force_unlock):
+    return _reproduce(name, workdir, overrides, config)
+
+
+def _reproduce(name: str, workdir: str, overrides: Sequence[str], config) -> dict[str, Any]:
   start = time.perf_counter()
   if config.train.num_steps == 0 and finetune.source(config):
     # A published model evaluated as it is: nothing to train or average.

@@ -23,6 +23,7 @@ have none: they are ranked after those that do, shown as "–".
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -43,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from transformer_mt import distributed, metrics, registry, text_files
+from transformer_mt import distributed, metrics, registry, text_files, workdir_lock
 
 SWEEP_FILENAME = "sweep.json"
 TRIAL_FILENAME = "trial.json"
@@ -211,13 +212,23 @@ def _final_validation_score(workdir: str, step: int, name: str) -> float | None:
   return final[-1] if final else None
 
 
-def run_trial(name: str, base_overrides: Sequence[str], trial: dict[str, Any]) -> dict | None:
-  """Trains (or resumes) one trial and records its result; None if a signal stopped it."""
+def run_trial(
+  name: str, base_overrides: Sequence[str], trial: dict[str, Any], force_unlock: bool = False
+) -> dict | None:
+  """Trains (or resumes) one trial and records its result; None if a signal stopped it.
+
+  The trial's workdir lock (workdir_lock.py) is held from training to trial.json, so a
+  second process running the same trial (e.g. a doubly submitted array task) is refused."""
+  config = registry.load_experiment(name, list(base_overrides) + trial["overrides"])
+  with workdir_lock.held(trial["workdir"], force_unlock):
+    return _train_and_record(config, trial, force_unlock)
+
+
+def _train_and_record(config, trial: dict[str, Any], force_unlock: bool) -> dict | None:
   from transformer_mt import train
 
-  config = registry.load_experiment(name, list(base_overrides) + trial["overrides"])
   start = time.perf_counter()
-  result = train.train(config, trial["workdir"])
+  result = train.train(config, trial["workdir"], force_unlock=force_unlock)
   if result["preempted"]:
     return None
   losses = [r["loss"] for r in metrics.read_metrics(trial["workdir"]) if "loss" in r]
@@ -296,9 +307,29 @@ def run(
   overrides: Sequence[str] = (),
   parallel: int = 1,
   only_trial: int | None = None,
+  force_unlock: bool = False,
 ) -> list[dict[str, Any]]:
-  """Runs the sweep's unfinished trials (or only trial `only_trial`); returns every status."""
+  """Runs the sweep's unfinished trials (or only trial `only_trial`); returns every status.
+
+  A whole sweep holds the writer lock of ROOT (workdir_lock.py), so a second whole sweep
+  into it is refused at once; a `--trial i` run does not (the tasks of a job array share
+  the root), and each trial holds its own workdir's lock. `force_unlock` takes over locks
+  left by another host, the root's and the trials'."""
   trials, record = plan(name, root, overrides)
+  with workdir_lock.held(root, force_unlock) if only_trial is None else contextlib.nullcontext():
+    return _run_trials(name, root, overrides, trials, record, parallel, only_trial, force_unlock)
+
+
+def _run_trials(
+  name: str,
+  root: str,
+  overrides: Sequence[str],
+  trials: list[dict[str, Any]],
+  record: dict[str, Any],
+  parallel: int,
+  only_trial: int | None,
+  force_unlock: bool,
+) -> list[dict[str, Any]]:
   if only_trial is not None:
     if not 0 <= only_trial < len(trials):
       raise ValueError(
@@ -321,13 +352,13 @@ def run(
   if parallel == 1:
     for trial in todo:
       logging.info("Trial %s: %s", trial["name"], " ".join(trial["overrides"]))
-      if run_trial(name, overrides, trial) is None:
+      if run_trial(name, overrides, trial, force_unlock) is None:
         logging.warning(
           "Sweep stopped by a signal during %s; rerun the same command to resume.", trial["name"]
         )
         break
   else:
-    _run_parallel(name, root, overrides, trials, todo, parallel)
+    _run_parallel(name, root, overrides, trials, todo, parallel, force_unlock)
   return [
     trial_status(t["workdir"])
     or {"status": "unfinished", "trial": t["name"], "overrides": t["overrides"]}
@@ -342,6 +373,7 @@ def _run_parallel(
   trials: list[dict[str, Any]],
   todo: list[dict[str, Any]],
   parallel: int,
+  force_unlock: bool = False,
 ) -> None:
   """Runs trials K at a time, each in its own `run.py sweep --trial i` process on one device
   group; output goes to ROOT/logs/<trial>.log. SIGTERM/SIGINT is passed on to the running
@@ -377,6 +409,7 @@ def _run_parallel(
         *overrides,
         "--trial",
         str(index),
+        *(["--force_unlock"] if force_unlock else []),
       ]
       log_path = os.path.join(root, "logs", f"{trial['name']}.log")
       devices = (

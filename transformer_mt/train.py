@@ -33,13 +33,27 @@ from transformer_mt import (
   run_setup,
   sharding,
   train_step,
+  workdir_lock,
 )
 from transformer_mt.run_setup import decode_settings, model_config_for
 from transformer_mt.tokenizer import load_or_train
 from transformer_mt.translate import Translator
 
 
-def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True) -> dict[str, Any]:
+def train(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  progress: bool = True,
+  force_unlock: bool = False,
+) -> dict[str, Any]:
+  """`_train` holding the workdir's writer lock (workdir_lock.py): a second run into the same
+  workdir stops with one line naming this one before writing anything. Process 0 holds it
+  for a multi-process job; `force_unlock` takes over a lock left by another host."""
+  with workdir_lock.held_for_job(workdir, force_unlock):
+    return _train(config, workdir, progress)
+
+
+def _train(config: ml_collections.ConfigDict, workdir: str, progress: bool) -> dict[str, Any]:
   """Trains (or resumes) the experiment `config` in `workdir`, then evaluates on held-out pairs.
 
   Returns:
