@@ -138,6 +138,85 @@ def test_one_worker_sigkill_then_resume_matches_the_in_process_run(uninterrupted
   assert all(resumed[step] == expected[step] for step in resumed)
 
 
+def write_corpus_with_bad_pairs(folder):
+  """A local en-xx corpus of 1500 pairs in which every 13th target is empty and every 11th
+  source is longer than data.max_len tokens: both kinds of dropped pair occur in every batch
+  window."""
+  rng = np.random.default_rng(0)
+  words = ["".join(rng.choice(list("abcdefghijklmnop"), rng.integers(2, 7))) for _ in range(400)]
+  sources, targets = [], []
+  for i in range(1500):
+    sentence = list(rng.choice(words, rng.integers(3, 10)))
+    sources.append(" ".join(sentence * (12 if i % 11 == 0 else 1)))
+    targets.append("" if i % 13 == 0 else " ".join(reversed(sentence)))
+  folder.mkdir()
+  (folder / "train.en").write_text("".join(s + "\n" for s in sources), encoding="utf-8")
+  (folder / "train.xx").write_text("".join(t + "\n" for t in targets), encoding="utf-8")
+  return [
+    "data.source='local'",
+    f"data.root='{folder}'",
+    "data.source_lang='en'",
+    "data.target_lang='xx'",
+    "data.train_prefixes=['train']",
+    "data.test_prefixes=[]",
+    "train.log_every=1",
+  ]
+
+
+def logged_rows(workdir):
+  """metrics.jsonl's rows in file order, without the timing column (the one that may differ)."""
+  return [
+    {k: v for k, v in r.items() if k != "tokens_per_second"} for r in metrics.read_metrics(workdir)
+  ]
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_logs_each_step_once_and_continues_the_counts(tmp_path):
+  """Killed with SIGKILL after logging steps past its latest checkpoint, then resumed:
+  metrics.jsonl holds each step once, in order, row for row what the uninterrupted run wrote
+  (losses bit-identical), and the dropped-pair counters (data/dropped_empty,
+  data/dropped_too_long) continue from the checkpoint instead of restarting at zero."""
+  extra = write_corpus_with_bad_pairs(tmp_path / "data")
+
+  def command(workdir):  # the later checkpoint_every wins: overrides apply in order
+    return train_command(workdir, STEPS, extra + ["train.checkpoint_every=10"])
+
+  uninterrupted = tmp_path / "uninterrupted"
+  subprocess.run(
+    command(uninterrupted), cwd=ROOT, env=subprocess_env(), check=True, capture_output=True
+  )
+  expected = logged_rows(uninterrupted)
+  final = [r for r in expected if "data/dropped_empty" in r][-1]
+  assert final["data/dropped_empty"] > 0 and final["data/dropped_too_long"] > 0
+
+  workdir = tmp_path / "killed"
+  process = subprocess.Popen(
+    command(workdir), cwd=ROOT, env=subprocess_env(), stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+  )  # fmt: skip
+  wait_for_checkpoint(workdir, 10, process)
+
+  def logged_past_checkpoint():
+    steps = [r["step"] for r in metrics.read_metrics(workdir)]
+    return max(steps) > max(checkpointing.all_steps(str(workdir))) + 1
+
+  deadline = time.time() + 60
+  while not logged_past_checkpoint():
+    assert process.poll() is None and time.time() < deadline, "no step logged past a checkpoint"
+    time.sleep(0.02)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  assert logged_past_checkpoint()  # the resumed run repeats logged steps
+  subprocess.run(command(workdir), cwd=ROOT, env=subprocess_env(), check=True, capture_output=True)
+
+  resumed = logged_rows(workdir)
+  steps = [r["step"] for r in resumed]
+  assert steps == sorted(steps)  # in order; each step's rows (loss, then counts) together
+  assert sorted(r["step"] for r in resumed if "loss" in r) == list(range(1, STEPS + 1))
+  assert resumed == expected
+  assert_same_params(final_params(workdir, STEPS), final_params(uninterrupted, STEPS))
+
+
 @pytest.mark.slow
 def test_sigterm_saves_the_current_step_and_exits_0(uninterrupted, tmp_path):
   process = subprocess.Popen(

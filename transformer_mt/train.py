@@ -148,7 +148,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, progress: bool) -> d
   bleu_every = config.train.get("bleu_every", 0) if pairs.get("validation") else 0
   best_manager = checkpointing.make_best_manager(workdir) if bleu_every else None
 
-  writer = metrics.MetricWriter(workdir)
+  writer = metrics.MetricWriter(workdir, resumed_from=int(state.step))
   start = int(state.step)
   num_steps = config.train.num_steps
   bar = tqdm(
