@@ -361,20 +361,14 @@ def test_every_checkpoint_damaged_is_one_line_that_deletes_nothing(ten_steps, tm
 @pytest.mark.parametrize("policy", ["stop", "skip"])
 def test_nan_policy(tmp_path, capsys, policy):
   workdir = tmp_path / "run"
-  status = cli.main(
-    [
-      "train",
-      "--experiment",
-      "demo",
-      "--workdir",
-      str(workdir),
-      *TINY,
-      "train.num_steps=12",
-      "train.checkpoint_every=5",
-      "train.inject_nonfinite_at=7",
-      f"train.nonfinite='{policy}'",
-    ]
-  )
+  overrides = [
+    *TINY,
+    "train.checkpoint_every=5",
+    "train.inject_nonfinite_at=7",
+    f"train.nonfinite='{policy}'",
+    "train.num_steps=12",
+  ]
+  status = cli.main(["train", "--experiment", "demo", "--workdir", str(workdir), *overrides])
   err = capsys.readouterr().err
   steps = checkpointing.all_steps(str(workdir))
   if policy == "stop":
@@ -401,6 +395,13 @@ def test_nan_policy(tmp_path, capsys, policy):
     manager = checkpointing.make_manager(str(workdir), read_only=True)
     state, _ = checkpointing.restore_training(manager, 12, setup.abstract_state)
     assert int(state.step) == 12 and int(optimizer.updates_applied(state.opt_state)) == 11
+    # Resumed, the count of skipped steps continues (from the checkpoint's step and count).
+    longer = registry.load_experiment("demo", overrides[:-1] + ["train.num_steps=14"])
+    train.train(longer, str(workdir), progress=False)
+    records = metrics.read_metrics(str(workdir))
+    assert [
+      r["nonfinite_steps_skipped"] for r in records if r["step"] == 14 and "data/pairs_seen" in r
+    ] == [1]
   params = final_params(str(workdir), steps[-1])
   assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(params))
 

@@ -2,7 +2,10 @@
 
 Running `train` into a workdir that already holds checkpoints resumes from the
 latest one: parameters, optimizer state, step, dropout RNG and the data iterator
-all continue exactly where they stopped.
+all continue exactly where they stopped, and so do the logged counters (pairs read and
+dropped, saved with the iterator; non-finite steps skipped, the step minus the optimizer's
+count). Rows of metrics.jsonl logged after that checkpoint are dropped first (see
+metrics.py), so each step is logged once.
 
 With `init.from=DIR` the run starts from an imported model's parameters, tokenizer and
 model section instead (see `finetune`).
@@ -30,6 +33,7 @@ from transformer_mt import (
   finetune,
   input_pipeline,
   metrics,
+  optimizer,
   run_setup,
   sharding,
   train_step,
@@ -159,7 +163,10 @@ def _train(config: ml_collections.ConfigDict, workdir: str, progress: bool) -> d
     disable=not progress or jax.process_index() != 0,
   )
   pending, interval_start = [], time.perf_counter()
-  skipped, preempted = 0, False
+  # Non-finite steps skipped so far, this run's and those before a resume: a skipped step
+  # advances the step but not the optimizer's count (train_step.train_step).
+  skipped = start - int(optimizer.updates_applied(state.opt_state))
+  preempted = False
   with _StopOnSignal() as stop_signal:
     for step in range(start + 1, num_steps + 1):
       batch = next(batches)  # already on the mesh (DevicePrefetch)
