@@ -105,7 +105,10 @@ def base_config() -> ml_collections.ConfigDict:
   # Label smoothing epsilon: q(k) = (1 - eps) 1[k = y] + eps / |V|.
   config.train.label_smoothing = 0.1
   # On a NaN/Inf loss or gradient: "stop" (exit naming the step) or "skip" (drop the update,
-  # count it). Either way the update is never applied and the checkpoints stay clean.
+  # count it). Either way the update is never applied and the checkpoints stay clean. A
+  # skipped step is optax.apply_if_finite's: params, Adam state and the schedule's count
+  # stay as they were (the logged learning_rate is the schedule at that count); only the
+  # step number, the data and the dropout key move on.
   config.train.nonfinite = "stop"
   # Fault injection for tests and drills: poison this step's loss with NaN (0: never).
   config.train.inject_nonfinite_at = 0

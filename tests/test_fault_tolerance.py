@@ -1,6 +1,5 @@
 """Kill -9 and preemption with bit-exact resume, corrupt checkpoints, NaN policy, config faults."""
 
-import json
 import os
 import pathlib
 import shutil
@@ -13,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from transformer_mt import checkpointing, cli, metrics, registry, train
+from transformer_mt import checkpointing, cli, metrics, optimizer, registry, train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Long enough (a few seconds on 2 cores) that the signal lands mid-run.
@@ -137,6 +136,85 @@ def test_one_worker_sigkill_then_resume_matches_the_in_process_run(uninterrupted
   expected, resumed = losses_by_step(uninterrupted), losses_by_step(tmp_path)
   assert sorted(resumed) == list(range(1, STEPS + 1))
   assert all(resumed[step] == expected[step] for step in resumed)
+
+
+def write_corpus_with_bad_pairs(folder):
+  """A local en-xx corpus of 1500 pairs in which every 13th target is empty and every 11th
+  source is longer than data.max_len tokens: both kinds of dropped pair occur in every batch
+  window."""
+  rng = np.random.default_rng(0)
+  words = ["".join(rng.choice(list("abcdefghijklmnop"), rng.integers(2, 7))) for _ in range(400)]
+  sources, targets = [], []
+  for i in range(1500):
+    sentence = list(rng.choice(words, rng.integers(3, 10)))
+    sources.append(" ".join(sentence * (12 if i % 11 == 0 else 1)))
+    targets.append("" if i % 13 == 0 else " ".join(reversed(sentence)))
+  folder.mkdir()
+  (folder / "train.en").write_text("".join(s + "\n" for s in sources), encoding="utf-8")
+  (folder / "train.xx").write_text("".join(t + "\n" for t in targets), encoding="utf-8")
+  return [
+    "data.source='local'",
+    f"data.root='{folder}'",
+    "data.source_lang='en'",
+    "data.target_lang='xx'",
+    "data.train_prefixes=['train']",
+    "data.test_prefixes=[]",
+    "train.log_every=1",
+  ]
+
+
+def logged_rows(workdir):
+  """metrics.jsonl's rows in file order, without the timing column (the one that may differ)."""
+  return [
+    {k: v for k, v in r.items() if k != "tokens_per_second"} for r in metrics.read_metrics(workdir)
+  ]
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_logs_each_step_once_and_continues_the_counts(tmp_path):
+  """Killed with SIGKILL after logging steps past its latest checkpoint, then resumed:
+  metrics.jsonl holds each step once, in order, row for row what the uninterrupted run wrote
+  (losses bit-identical), and the dropped-pair counters (data/dropped_empty,
+  data/dropped_too_long) continue from the checkpoint instead of restarting at zero."""
+  extra = write_corpus_with_bad_pairs(tmp_path / "data")
+
+  def command(workdir):  # the later checkpoint_every wins: overrides apply in order
+    return train_command(workdir, STEPS, extra + ["train.checkpoint_every=10"])
+
+  uninterrupted = tmp_path / "uninterrupted"
+  subprocess.run(
+    command(uninterrupted), cwd=ROOT, env=subprocess_env(), check=True, capture_output=True
+  )
+  expected = logged_rows(uninterrupted)
+  final = [r for r in expected if "data/dropped_empty" in r][-1]
+  assert final["data/dropped_empty"] > 0 and final["data/dropped_too_long"] > 0
+
+  workdir = tmp_path / "killed"
+  process = subprocess.Popen(
+    command(workdir), cwd=ROOT, env=subprocess_env(), stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+  )  # fmt: skip
+  wait_for_checkpoint(workdir, 10, process)
+
+  def logged_past_checkpoint():
+    steps = [r["step"] for r in metrics.read_metrics(workdir)]
+    return max(steps) > max(checkpointing.all_steps(str(workdir))) + 1
+
+  deadline = time.time() + 60
+  while not logged_past_checkpoint():
+    assert process.poll() is None and time.time() < deadline, "no step logged past a checkpoint"
+    time.sleep(0.02)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  assert logged_past_checkpoint()  # the resumed run repeats logged steps
+  subprocess.run(command(workdir), cwd=ROOT, env=subprocess_env(), check=True, capture_output=True)
+
+  resumed = logged_rows(workdir)
+  steps = [r["step"] for r in resumed]
+  assert steps == sorted(steps)  # in order; each step's rows (loss, then counts) together
+  assert sorted(r["step"] for r in resumed if "loss" in r) == list(range(1, STEPS + 1))
+  assert resumed == expected
+  assert_same_params(final_params(workdir, STEPS), final_params(uninterrupted, STEPS))
 
 
 @pytest.mark.slow
@@ -283,20 +361,14 @@ def test_every_checkpoint_damaged_is_one_line_that_deletes_nothing(ten_steps, tm
 @pytest.mark.parametrize("policy", ["stop", "skip"])
 def test_nan_policy(tmp_path, capsys, policy):
   workdir = tmp_path / "run"
-  status = cli.main(
-    [
-      "train",
-      "--experiment",
-      "demo",
-      "--workdir",
-      str(workdir),
-      *TINY,
-      "train.num_steps=12",
-      "train.checkpoint_every=5",
-      "train.inject_nonfinite_at=7",
-      f"train.nonfinite='{policy}'",
-    ]
-  )
+  overrides = [
+    *TINY,
+    "train.checkpoint_every=5",
+    "train.inject_nonfinite_at=7",
+    f"train.nonfinite='{policy}'",
+    "train.num_steps=12",
+  ]
+  status = cli.main(["train", "--experiment", "demo", "--workdir", str(workdir), *overrides])
   err = capsys.readouterr().err
   steps = checkpointing.all_steps(str(workdir))
   if policy == "stop":
@@ -310,14 +382,107 @@ def test_nan_policy(tmp_path, capsys, policy):
     assert status == 0 and steps[-1] == 12
     records = metrics.read_metrics(str(workdir))
     assert [r["step"] for r in records if r.get("nonfinite")] == [7]
-    assert (
-      records[-1].get(
-        "nonfinite_steps_skipped", max(r.get("nonfinite_steps_skipped", 0) for r in records)
-      )
-      >= 1
-    )
+    skipped = [r["nonfinite_steps_skipped"] for r in records if "nonfinite_steps_skipped" in r]
+    assert skipped[-1] == 1
+    # The logged rate is the schedule at the optimizer's count, which stops at step 7: step 8
+    # applies (and logs) the rate of update 7, the one step 7 would have applied.
+    rates = {r["step"]: r["learning_rate"] for r in records if "learning_rate" in r}
+    assert rates[8] == rates[7] and rates[7] > rates[6]  # warmup: the rate rises each update
+    config, tokenizer, _ = checkpointing.read_config(str(workdir), 12)
+    from transformer_mt import run_setup, sharding
+
+    setup = run_setup.training_setup(config, tokenizer, sharding.make_mesh(config.mesh))
+    manager = checkpointing.make_manager(str(workdir), read_only=True)
+    state, _ = checkpointing.restore_training(manager, 12, setup.abstract_state)
+    assert int(state.step) == 12 and int(optimizer.updates_applied(state.opt_state)) == 11
+    # Resumed, the count of skipped steps continues (from the checkpoint's step and count).
+    longer = registry.load_experiment("demo", overrides[:-1] + ["train.num_steps=14"])
+    train.train(longer, str(workdir), progress=False)
+    records = metrics.read_metrics(str(workdir))
+    assert [
+      r["nonfinite_steps_skipped"] for r in records if r["step"] == 14 and "data/pairs_seen" in r
+    ] == [1]
   params = final_params(str(workdir), steps[-1])
   assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(params))
+
+
+def test_skipped_nonfinite_step_is_as_if_its_batch_was_never_seen():
+  """train.nonfinite='skip' has optax.apply_if_finite's semantics. The poisoned step leaves
+  params and the whole optimizer state (moments, Adam's and the schedule's counts)
+  bit-identical to before it; only `step` advances. So the run equals, bit for bit, one that
+  never saw that batch and only bumped the step (which keys dropout), and it logs the
+  learning rate and reaches the count of a run that never saw the batch at all."""
+
+  from experiments import _defaults
+  from transformer_mt import sharding, train_step
+  from transformer_mt.config import TransformerConfig
+  from transformer_mt.model import Transformer
+
+  model = Transformer(
+    TransformerConfig(
+      vocab_size=64, d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1,
+      num_decoder_layers=1, dropout_rate=0.1,
+    )
+  )  # fmt: skip
+  train_config = _defaults.base_config().train
+  train_config.update(warmup_steps=4, grad_clip_norm=1.0)
+  tx, schedule = optimizer.make_optimizer(train_config, 32)
+  mesh = sharding.make_mesh(_defaults.base_config().mesh, jax.devices()[:1])
+  shardings = train_step.state_shardings(model, tx, mesh)
+  poisoned_at = 3
+  step_with_poison, plain_step = (
+    train_step.jit_train_step(model, tx, schedule, 0.1, mesh, shardings, inject)
+    for inject in (poisoned_at, 0)
+  )
+  rng = np.random.default_rng(0)
+
+  def batch():
+    tokens = rng.integers(4, 64, size=(3, 1, 8, 10)).astype(np.int32)
+    host = {"inputs": tokens[0], "targets": tokens[1], "targets_in": tokens[2]}
+    return sharding.global_batch_from_local(host, mesh, batch_dim=1)
+
+  batches = [batch() for _ in range(6)]  # step s trains on batches[s - 1]
+  fresh = lambda: train_step.create_sharded_state(0, model, tx, mesh)  # noqa: E731
+
+  def run(step_fn, indices, bump_after=None):
+    """(host copy of the state after each step, each step's metrics)."""
+    state, states, logged = fresh(), [], []
+    for i in indices:
+      state, step_metrics = step_fn(state, batches[i])
+      states.append(jax.device_get(state))
+      logged.append(jax.device_get(step_metrics))
+      if i == bump_after:
+        state = state.replace(step=state.step + 1)  # a step taken without an update
+    return states, logged
+
+  skipping, skipping_logs = run(step_with_poison, range(6))
+  before, after = skipping[poisoned_at - 2], skipping[poisoned_at - 1]
+  assert skipping_logs[poisoned_at - 1]["nonfinite"] == 1
+  assert sum(m["nonfinite"] for m in skipping_logs) == 1
+  assert int(after.step) == int(before.step) + 1
+  assert_same_params(after.params, before.params)
+  assert_same_params(after.opt_state, before.opt_state)  # moments and both counts
+  assert int(optimizer.updates_applied(after.opt_state)) == poisoned_at - 1
+
+  # Never fed the poisoned batch, only the step number bumped in its place: bit-identical.
+  # (The same compiled step, whose poison then never fires: another program may round
+  # differently.)
+  never_saw = [i for i in range(6) if i != poisoned_at - 1]
+  bumped, bumped_logs = run(step_with_poison, never_saw, bump_after=poisoned_at - 2)
+  assert sum(m["nonfinite"] for m in bumped_logs) == 0
+  assert_same_params(bumped[-1].params, skipping[-1].params)
+  assert_same_params(bumped[-1].opt_state, skipping[-1].opt_state)
+  for ours, theirs in zip(skipping_logs[poisoned_at:], bumped_logs[poisoned_at - 1 :]):
+    assert ours["loss"] == theirs["loss"] and ours["learning_rate"] == theirs["learning_rate"]
+
+  # Never fed it at all (dropout keys differ from here on, so the parameters do too): the
+  # same counts, and after the skip the same learning rates, the schedule at the count.
+  unseen, unseen_logs = run(plain_step, never_saw)
+  assert int(optimizer.updates_applied(unseen[-1].opt_state)) == 5
+  assert int(optimizer.updates_applied(skipping[-1].opt_state)) == 5
+  rates = [float(m["learning_rate"]) for m in skipping_logs]
+  assert rates == [float(schedule(count)) for count in (0, 1, 2, 2, 3, 4)]
+  assert rates[poisoned_at:] == [float(m["learning_rate"]) for m in unseen_logs[poisoned_at - 1 :]]
 
 
 def test_model_config_that_does_not_fit_the_checkpoint(tmp_path, capsys):
@@ -370,7 +535,6 @@ def test_no_pickle_or_eval_in_the_package():
         if forbidden in line and "literal_eval" not in line and not line.strip().startswith("#")
       ]
       assert not hits, f"{path.name}: {hits}"
-  assert json.loads(json.dumps({"ok": True}))
 
 
 def test_debug_flag_shows_the_traceback(tmp_path):

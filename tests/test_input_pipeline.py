@@ -1,6 +1,7 @@
 """Packing, exact resume, evaluation batches and bad input of the real-text input path."""
 
 import hashlib
+import json
 import os
 import pathlib
 
@@ -341,25 +342,53 @@ def test_workers_batches_and_counts(news_pairs, news_tokenizer):
 
 
 @needs_shared
+def test_an_iterator_state_without_counts_restores_with_counts_from_zero(
+  news_pairs, news_tokenizer, caplog
+):
+  """A data_iter state written before the filter counts were saved (Grain's own state)
+  resumes the same batches, with the counts restarting at zero and a warning saying so."""
+  pairs = news_pairs[:3000]
+  first, first_counts = _worker_batches(pairs, news_tokenizer, 0)
+  _hashes(first, 3)
+  old_state = json.dumps(json.loads(first.get_state())["iterator"]).encode()
+  expected = _hashes(first, 2)
+  assert first_counts.seen > 0
+  resumed, resumed_counts = _worker_batches(pairs, news_tokenizer, 0)
+  _hashes(resumed, 1)  # counts something, so that the reset to zero is seen
+  resumed.set_state(old_state)
+  assert resumed_counts.seen == resumed_counts.empty == resumed_counts.too_long == 0
+  assert "count again from zero" in caplog.text
+  assert _hashes(resumed, 2) == expected
+
+
+@needs_shared
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_device_prefetch_resumes_exactly_with_workers(
   news_pairs, news_tokenizer, tmp_path, num_workers
 ):
   """Batches on the mesh, two ahead: the state saved after k batches (through Orbax) resumes
-  at batch k+1, not at the first batch prefetched but never used; a state saved with another
+  at batch k+1, not at the first batch prefetched but never used, and the filter counts
+  continue from the saved ones (equal to the uninterrupted run's); a state saved with another
   number of workers is refused."""
   from transformer_mt import sharding
 
   mesh_axes = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
   mesh = sharding.make_mesh(mesh_axes, jax.devices()[:4])  # 4 rows per micro-batch
   pairs = news_pairs[:3000]
-  make = lambda workers=num_workers: sharding.DevicePrefetch(  # noqa: E731
-    _worker_batches(pairs, news_tokenizer, workers)[0], mesh, batch_dim=1, size=2
-  )
+  counts = {}
+
+  def make(workers=num_workers):
+    batches, counts[id(batches)] = _worker_batches(pairs, news_tokenizer, workers)
+    prefetch = sharding.DevicePrefetch(batches, mesh, batch_dim=1, size=2)
+    prefetch.counts = counts[id(batches)]
+    return prefetch
+
   k = 5
   uninterrupted = make()
   hashes = _hashes(uninterrupted, k + 4)
+  expected_counts = uninterrupted.counts.totals()
   uninterrupted.close()
+  assert expected_counts[2] > 0  # news has pairs over 64 tokens
   first = make()
   _hashes(first, k)
   with ocp.CheckpointManager(str(tmp_path), item_names=("data_iter",)) as manager:
@@ -376,6 +405,7 @@ def test_device_prefetch_resumes_exactly_with_workers(
 
   restored = restore(num_workers)
   assert _hashes(restored, 4) == hashes[k:]
+  np.testing.assert_array_equal(restored.counts.totals(), expected_counts)
   restored.close()
   with pytest.raises(Exception, match=f"saved with data.num_workers={num_workers}"):
     restore(1)

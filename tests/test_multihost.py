@@ -8,9 +8,12 @@ followed by process 1's, built by the same input pipeline.
 
 import os
 import pathlib
+import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -62,9 +65,9 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def launch_two_processes(workdir, log_dir):
-  """Runs both processes to completion; returns their outputs (written to files, not pipes:
-  a full pipe buffer would block one process and so both, at their next collective)."""
+def start_two_processes(workdir, log_dir, overrides=OVERRIDES):
+  """Starts both processes; returns them and their log files (files, not pipes: a full pipe
+  buffer would block one process and so both, at their next collective)."""
   env = dict(
     os.environ,
     PYTHONUNBUFFERED="1",
@@ -92,7 +95,7 @@ def launch_two_processes(workdir, log_dir):
             "2",
             "--process_id",
             str(i),
-            *OVERRIDES,
+            *overrides,
           ],
           cwd=ROOT,
           env=env,
@@ -100,6 +103,11 @@ def launch_two_processes(workdir, log_dir):
           stderr=subprocess.STDOUT,
         )
       )
+  return processes, logs
+
+
+def finish_two_processes(processes, logs):
+  """Waits for both processes; returns their outputs, having checked that both exited 0."""
   try:
     for process in processes:
       process.wait(timeout=300)
@@ -111,6 +119,11 @@ def launch_two_processes(workdir, log_dir):
   for i, (process, output) in enumerate(zip(processes, outputs)):
     assert process.returncode == 0, f"process {i} failed:\n{output[-3000:]}"
   return outputs
+
+
+def launch_two_processes(workdir, log_dir, overrides=OVERRIDES):
+  """Runs both processes to completion; returns their outputs."""
+  return finish_two_processes(*start_two_processes(workdir, log_dir, overrides))
 
 
 def reference_run(workdir):
@@ -218,3 +231,58 @@ def test_launch_detection_and_flag_errors(monkeypatch):
     distributed.initialize("127.0.0.1:1234", 2, 2)
   with pytest.raises(ValueError, match="must be HOST:PORT"):
     distributed.initialize("127.0.0.1", 2, 0)
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path):
+  """SIGTERM to process 1 only, between log steps: both processes stop at the same step (JAX's
+  preemption sync point, asked at every step), save that step's checkpoint and exit 0; resumed,
+  the run ends with the parameters of an uninterrupted two-process run, bit for bit."""
+  stop_overrides = OVERRIDES + [
+    "train.eval_every=0",
+    "train.bleu_every=0",
+    "train.checkpoint_every=5",
+    "train.log_every=100000",  # no log step comes: the old agreement point
+    "data.num_eval=0",
+  ]
+  workdir = tmp_path / "run"
+  # Endless: it can only end by the signal, whatever the machine's speed.
+  processes, logs = start_two_processes(
+    workdir, tmp_path, stop_overrides + ["train.num_steps=1000000"]
+  )
+  first_checkpoint = workdir / "checkpoints" / "5" / "commit_success.txt"
+  deadline = time.time() + 300
+  while not first_checkpoint.exists():
+    assert all(p.poll() is None for p in processes), "a process exited before step 5"
+    assert time.time() < deadline, "no checkpoint of step 5 appeared in time"
+    time.sleep(0.05)
+  processes[1].send_signal(signal.SIGTERM)
+  outputs = finish_two_processes(processes, logs)  # both exit 0
+  stopped = [re.findall(r"Stopped by a preemption notice .* after step (\d+);", o) for o in outputs]
+  assert stopped[0] and stopped[0] == stopped[1], stopped
+  stop_step = int(stopped[0][0])
+  assert checkpointing.all_steps(str(workdir))[-1] == stop_step
+  data_iter = {p.name for p in (workdir / "checkpoints" / str(stop_step) / "data_iter").iterdir()}
+  assert {"process_0-of-2.json", "process_1-of-2.json"} <= data_iter, data_iter
+
+  final_step = stop_step + 2
+  finish = stop_overrides + [f"train.num_steps={final_step}"]
+  (tmp_path / "resumed").mkdir()
+  launch_two_processes(workdir, tmp_path / "resumed", finish)
+  reference = tmp_path / "uninterrupted"
+  (tmp_path / "reference").mkdir()
+  launch_two_processes(reference, tmp_path / "reference", finish)
+
+  config, tokenizer, _ = checkpointing.read_config(str(workdir))
+  mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+  target = model_setup(config, tokenizer, mesh).abstract_params
+  resumed, expected = (
+    jax.device_get(checkpointing.restore_params(str(w), final_step, target))
+    for w in (workdir, reference)
+  )
+  jax.tree.map(np.testing.assert_array_equal, resumed, expected)
+  losses = [
+    {r["step"]: r["loss"] for r in metrics.read_metrics(str(w)) if "loss" in r}
+    for w in (workdir, reference)
+  ]
+  assert losses[0] == losses[1] and sorted(losses[0]) == list(range(1, final_step + 1))

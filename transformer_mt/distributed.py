@@ -102,6 +102,27 @@ def barrier(name: str) -> None:
     multihost_utils.sync_global_devices(name)
 
 
+def preemption_sync_available() -> bool:
+  """True in a multi-process run whose JAX preemption service is on (the default, see
+  `multihost_utils.reached_preemption_sync_point`): `jax.distributed.initialize` then
+  created the preemption sync manager, which catches SIGTERM itself."""
+  if jax.process_count() == 1:
+    return False
+  from jax._src import distributed as jax_distributed  # the manager has no public accessor
+
+  state = jax_distributed.global_state
+  return getattr(state, "client", None) is not None and (
+    getattr(state, "preemption_sync_manager", None) is not None
+  )
+
+
+def reached_preemption_sync_point(step: int) -> bool:
+  """True on every process at the same step once any of them got SIGTERM: the step the
+  processes agreed on in the background (the furthest any had reached, plus one). Cheap (a
+  local check, no host sync); must be called at every step, by every process."""
+  return multihost_utils.reached_preemption_sync_point(step)
+
+
 def any_process(flag: bool) -> bool:
   """True on every process if `flag` is true on any (e.g. one host got SIGTERM)."""
   if jax.process_count() == 1:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import math
 import os
 import signal
@@ -46,25 +47,42 @@ from transformer_mt.tokenizer import BOS_ID, PAD_ID, AnyTokenizer
 
 @dataclasses.dataclass
 class FilterCounts:
-  """Training pairs seen and dropped by this process since it started (thread-safe).
+  """Training pairs seen and dropped by this process (thread-safe).
 
-  Pickles without its lock, so a filter holding one travels into a Grain worker (whose copy
-  then counts there; `_CountsInBatch` carries those counts back with each batch).
+  Where the filter runs, `count` also logs each pair's position in the shuffled stream and
+  its outcome, and `_CountsInBatch` carries that log back with each batch, so that the
+  training process's counts (`TrainingBatches`) count each position once: Grain re-reads
+  the pairs of a half-used packing window after a restore. Pickles without its lock or
+  log, so a filter holding one travels into a Grain worker (whose copy then counts there).
   """
 
   seen: int = 0
   empty: int = 0
   too_long: int = 0
   _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
+  _log: list = dataclasses.field(default_factory=list, repr=False)
 
-  def count(self, empty: bool, too_long: bool) -> None:
+  def count(self, empty: bool, too_long: bool, stream_index: int | None = None) -> None:
     self.add(1, int(empty), int(too_long))
+    if stream_index is not None:
+      with self._lock:
+        self._log.append((stream_index, int(empty), int(too_long)))
+
+  def drain_log(self) -> np.ndarray:
+    """int64 [n, 3]: (stream index, empty, too long) of the pairs counted since the last call."""
+    with self._lock:
+      log, self._log = self._log, []
+    return np.array(log, np.int64).reshape(-1, 3)
 
   def add(self, seen: int, empty: int, too_long: int) -> None:
     with self._lock:
       self.seen += seen
       self.empty += empty
       self.too_long += too_long
+
+  def set(self, seen: int, empty: int, too_long: int) -> None:
+    with self._lock:
+      self.seen, self.empty, self.too_long = seen, empty, too_long
 
   def totals(self) -> np.ndarray:
     """[seen, empty, too_long] as one int64 array."""
@@ -76,6 +94,12 @@ class FilterCounts:
 
   def __setstate__(self, state):
     self.__init__(**state)
+
+
+def _with_stream_index(index: int, example: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """Grain map_with_index: tags a tokenized pair with its position in this process's shuffled
+  stream (`KeepPair` logs it; packing drops the tag)."""
+  return dict(example, stream_index=np.int64(index))
 
 
 class TokenizePair:
@@ -121,7 +145,8 @@ class KeepPair:
     # Length 1 is the EOS alone: the line was empty or whitespace.
     empty = len(example["inputs"]) <= 1 or len(example["targets"]) <= 1
     too_long = not empty and max(len(example["inputs"]), len(example["targets"])) > self.max_len
-    self.counts.count(empty, too_long)
+    index = example.get("stream_index")
+    self.counts.count(empty, too_long, None if index is None else int(index))
     return not (empty or too_long)
 
 
@@ -201,6 +226,7 @@ def training_batches(
     .shuffle(seed=seed)
     .repeat(None)
     .map(TokenizePair(tokenizer))
+    .map_with_index(_with_stream_index)
     .filter(KeepPair(max_len, counted))
     # In this thread, without Grain's default 16 prefetch threads: tokenizing a pair takes
     # ~15 us, less than the threads cost in GIL hand-offs and in polling their 500-deep
@@ -229,17 +255,16 @@ def training_batches(
 
 
 class _CountsInBatch:
-  """Grain map: adds `filter_counts` [seen, empty, too_long], the pairs counted since the
-  previous batch, so that counts made in a worker process reach the training process."""
+  """Grain map: adds `filter_log`, int64 [1 + n, 3], the (stream index, empty, too long) of
+  the pairs filtered since the previous batch, so that counts made in a worker process reach
+  the training process. Row 0 is a (-1, 0, 0) placeholder: the array is never empty."""
 
   def __init__(self, counts: FilterCounts):
     self.counts = counts
-    self._reported = np.zeros(3, np.int64)
 
   def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    totals = self.counts.totals()
-    new, self._reported = totals - self._reported, totals
-    return dict(batch, filter_counts=new)
+    log = np.concatenate([np.array([[-1, 0, 0]], np.int64), self.counts.drain_log()])
+    return dict(batch, filter_log=log)
 
 
 def _worker_setup(worker_index: int, worker_count: int) -> None:
@@ -262,46 +287,86 @@ def _worker_setup(worker_index: int, worker_count: int) -> None:
 
 class TrainingBatches:
   """The training batch iterator: Grain's, with its filter counts moved into `counts` and a
-  checkpointable state that records the number of workers.
+  checkpointable state that records the number of workers and the counts.
 
   Orbax's Grain handler saves `get_state()` bytes as the process's JSON file and restores
-  them with `set_state`. With no workers the state is Grain's own (so checkpoints written
-  before workers existed still resume); with workers it is {"num_workers", "workers"}, and
-  a state of another worker count is refused, since it belongs to another batch stream.
+  them with `set_state`. The state is {"num_workers", "iterator": Grain's state,
+  "filter_counts": {"seen", "empty", "too_long"}}: the counts as of that iterator position,
+  so a resumed run's `data/dropped_*` continue from the checkpoint instead of restarting at
+  zero. A state of another worker count is refused, since it belongs to another batch
+  stream. Older states still restore, with counts from zero (logged): Grain's own state
+  (no workers) or {"num_workers", "workers"}.
   """
 
   def __init__(self, iterator: grain.DatasetIterator, counts: FilterCounts, num_workers: int):
     self._iterator = iterator
     self.counts = counts
     self.num_workers = num_workers
+    # The last stream position counted, per reader (worker w reads positions w mod workers):
+    # a position at or before it is a pair re-read after a restore, already counted.
+    self._counted_through = np.full(max(num_workers, 1), -1, np.int64)
 
   def __iter__(self) -> TrainingBatches:
     return self
 
   def __next__(self) -> dict[str, np.ndarray]:
     batch = dict(next(self._iterator))
-    self.counts.add(*(int(n) for n in batch.pop("filter_counts")))
+    self._count(batch.pop("filter_log")[1:])
     if self.num_workers:
       # Plain arrays, not views of Grain's shared memory (freed once the batch is dropped).
       batch = {k: np.array(v) for k, v in batch.items()}
     return batch
 
+  def _count(self, log: np.ndarray) -> None:
+    """Adds the pairs of `log` ([n, 3]: stream index, empty, too long) not counted before."""
+    if not len(log):
+      return
+    index, empty, too_long = log.T
+    reader = index % len(self._counted_through)
+    new = index > self._counted_through[reader]
+    self.counts.add(int(new.sum()), int(empty[new].sum()), int(too_long[new].sum()))
+    np.maximum.at(self._counted_through, reader, index)
+
   def get_state(self) -> bytes:
-    state = self._iterator.get_state()
-    if self.num_workers:
-      state = {"num_workers": self.num_workers, "workers": state}
+    seen, empty, too_long = (int(n) for n in self.counts.totals())
+    state = {
+      "num_workers": self.num_workers,
+      "iterator": self._iterator.get_state(),
+      "filter_counts": {
+        "seen": seen,
+        "empty": empty,
+        "too_long": too_long,
+        "counted_through": self._counted_through.tolist(),
+      },
+    }
     return json.dumps(state, indent=4).encode()
 
   def set_state(self, state: bytes) -> None:
     state = json.loads(state)
-    saved = state.get("num_workers", 0) if set(state) == {"num_workers", "workers"} else 0
+    if set(state) == {"num_workers", "iterator", "filter_counts"}:
+      saved, iterator_state = state["num_workers"], state["iterator"]
+      counts = state["filter_counts"]
+    elif set(state) == {"num_workers", "workers"}:
+      saved, iterator_state, counts = state["num_workers"], state["workers"], None
+    else:  # Grain's own state: written before workers and counts were saved
+      saved, iterator_state, counts = 0, state, None
     if saved != self.num_workers:
       raise ValueError(
         f"the data iterator was saved with data.num_workers={saved} and this run has "
         f"data.num_workers={self.num_workers}; resume with data.num_workers={saved} (the "
         "number of workers decides the batch order)"
       )
-    self._iterator.set_state(state["workers"] if self.num_workers else state)
+    self._iterator.set_state(iterator_state)
+    if counts is None:
+      logging.warning(
+        "This checkpoint's data-iterator state predates saved filter counts: "
+        "data/pairs_seen and data/dropped_* count again from zero."
+      )
+      self.counts.set(0, 0, 0)
+      self._counted_through[:] = -1
+    else:
+      self.counts.set(counts["seen"], counts["empty"], counts["too_long"])
+      self._counted_through[:] = counts["counted_through"]
 
   def start_prefetch(self) -> None:
     self._iterator.start_prefetch()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
@@ -34,3 +37,24 @@ def make_optimizer(
   if train_config.grad_clip_norm and train_config.grad_clip_norm > 0:
     return optax.chain(optax.clip_by_global_norm(train_config.grad_clip_norm), adam), schedule
   return adam, schedule
+
+
+def updates_applied(opt_state: Any) -> jax.Array:
+  """int32 []: the updates the optimizer has applied, i.e. the count its schedule is at.
+
+  It is the count of the schedule inside `make_optimizer`'s Adam (optax's
+  ScaleByScheduleState; Adam's bias-correction count advances with it). It equals the
+  train state's step unless a non-finite step was skipped (train.nonfinite='skip'): a skipped
+  step advances the step but not this count, so the learning rate applied, and logged, is
+  `schedule(updates_applied(opt_state))`.
+  """
+  found = [
+    leaf.count
+    for leaf in jax.tree.leaves(
+      opt_state, is_leaf=lambda node: isinstance(node, optax.ScaleByScheduleState)
+    )
+    if isinstance(leaf, optax.ScaleByScheduleState)
+  ]
+  if len(found) != 1:
+    raise ValueError(f"Expected one schedule count in the optimizer state, found {len(found)}.")
+  return found[0]

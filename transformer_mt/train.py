@@ -2,7 +2,10 @@
 
 Running `train` into a workdir that already holds checkpoints resumes from the
 latest one: parameters, optimizer state, step, dropout RNG and the data iterator
-all continue exactly where they stopped.
+all continue exactly where they stopped, and so do the logged counters (pairs read and
+dropped, saved with the iterator; non-finite steps skipped, the step minus the optimizer's
+count). Rows of metrics.jsonl logged after that checkpoint are dropped first (see
+metrics.py), so each step is logged once.
 
 With `init.from=DIR` the run starts from an imported model's parameters, tokenizer and
 model section instead (see `finetune`).
@@ -30,6 +33,7 @@ from transformer_mt import (
   finetune,
   input_pipeline,
   metrics,
+  optimizer,
   run_setup,
   sharding,
   train_step,
@@ -148,7 +152,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, progress: bool) -> d
   bleu_every = config.train.get("bleu_every", 0) if pairs.get("validation") else 0
   best_manager = checkpointing.make_best_manager(workdir) if bleu_every else None
 
-  writer = metrics.MetricWriter(workdir)
+  writer = metrics.MetricWriter(workdir, resumed_from=int(state.step))
   start = int(state.step)
   num_steps = config.train.num_steps
   bar = tqdm(
@@ -159,7 +163,10 @@ def _train(config: ml_collections.ConfigDict, workdir: str, progress: bool) -> d
     disable=not progress or jax.process_index() != 0,
   )
   pending, interval_start = [], time.perf_counter()
-  skipped, preempted = 0, False
+  # Non-finite steps skipped so far, this run's and those before a resume: a skipped step
+  # advances the step but not the optimizer's count (train_step.train_step).
+  skipped = start - int(optimizer.updates_applied(state.opt_state))
+  preempted = False
   with _StopOnSignal() as stop_signal:
     for step in range(start + 1, num_steps + 1):
       batch = next(batches)  # already on the mesh (DevicePrefetch)
@@ -168,12 +175,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, progress: bool) -> d
       profiler.after(step, step_metrics)
       pending.append((step, step_metrics))
       log_step = step % config.train.log_every == 0
-      # With several processes, all must stop at the same step: they agree at log steps.
-      preempted = (
-        stop_signal.received
-        if jax.process_count() == 1
-        else log_step and distributed.any_process(stop_signal.received)
-      )
+      preempted = stop_signal.stop_after(step, log_step)
       last_step = step == num_steps or preempted
       # Metrics are fetched (one host sync) at log steps and before every checkpoint, so a
       # non-finite step is seen before any checkpoint after it is written.
@@ -238,7 +240,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, progress: bool) -> d
         logging.warning(
           "Stopped by %s after step %d; its checkpoint is saved. Run the same "
           "command again to resume.",
-          stop_signal.name,
+          stop_signal.describe(),
           step,
         )
         break
@@ -361,20 +363,59 @@ class _StepTrace:
 
 
 class _StopOnSignal:
-  """Turns SIGTERM/SIGINT (preemption, Ctrl-C) into a flag the loop checks after each step,
-  so the current step finishes and is checkpointed before the process exits with status 0."""
+  """Turns SIGTERM/SIGINT (preemption, Ctrl-C) into a stop after a step, which is then
+  checkpointed before the process exits with status 0 (`stop_after`, asked after each step).
+
+  One process: a Python handler sets a flag, and the loop stops after the current step.
+
+  Several processes must all stop at the same step (each saves its shards of that step's
+  checkpoint), and soon: SLURM sends SIGKILL ~120 s after SIGTERM, often to one task only,
+  while a log step may be 100 steps away. They agree through JAX's preemption sync point
+  (`multihost_utils.reached_preemption_sync_point`): `jax.distributed.initialize` starts a
+  notifier that catches SIGTERM itself (a C handler), the coordination service tells every
+  process, and they settle in the background on the furthest step any has reached, plus
+  one. The loop asks it at every step, and asking is a local check, not a host sync: an
+  all-gather of the flag at every step would stall JAX's asynchronous dispatch once per step
+  (it is what the processes fell back to at log steps only, before). So in that case no
+  Python SIGTERM handler is installed (it would replace JAX's), and SIGINT is re-raised as
+  SIGTERM for JAX's notifier. After the loop JAX's handler stays: a SIGTERM during the final
+  evaluation is ignored (SIGKILL follows). With the preemption service off
+  (`jax_enable_preemption_service=False`) the processes agree at log steps, by an
+  all-gather of their flags.
+  """
 
   def __init__(self):
     self.received, self.name, self._previous = False, None, {}
+    self._jax_sync = distributed.preemption_sync_available()
 
   def _handle(self, signum, frame):
     self.received, self.name = True, signal.Signals(signum).name
 
+  def _forward_to_jax(self, signum, frame):
+    self._handle(signum, frame)
+    signal.raise_signal(signal.SIGTERM)  # caught by JAX's preemption notifier
+
   def __enter__(self):
     if threading.current_thread() is threading.main_thread():
-      for signum in (signal.SIGTERM, signal.SIGINT):
-        self._previous[signum] = signal.signal(signum, self._handle)
+      if self._jax_sync:
+        self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._forward_to_jax)
+      else:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+          self._previous[signum] = signal.signal(signum, self._handle)
     return self
+
+  def stop_after(self, step: int, log_step: bool) -> bool:
+    """Whether to checkpoint `step` and stop; the same answer on every process."""
+    if jax.process_count() == 1:
+      return self.received
+    if self._jax_sync:
+      return distributed.reached_preemption_sync_point(step)
+    return log_step and distributed.any_process(self.received)
+
+  def describe(self) -> str:
+    if self._jax_sync:
+      return "a preemption notice (SIGTERM or SIGINT to one of the processes)"
+    return self.name or "a signal to another process"
 
   def __exit__(self, *exc):
     for signum, handler in self._previous.items():

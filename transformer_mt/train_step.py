@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from transformer_mt import losses, sharding
+from transformer_mt import losses, optimizer, sharding
 from transformer_mt.model import Transformer
 
 
@@ -29,7 +29,7 @@ class NonFiniteError(RuntimeError):
 
 @flax.struct.dataclass
 class TrainState:
-  step: jax.Array  # int32 []: optimizer updates applied so far.
+  step: jax.Array  # int32 []: steps taken, skipped non-finite ones included (see train_step).
   params: Any  # the model's parameters (unboxed).
   opt_state: Any  # optax state, sharded like the params.
   rng: jax.Array  # uint32 [2]: raw key data; step k's dropout key is fold_in(rng, k).
@@ -157,11 +157,16 @@ def train_step(
   `lax.scan` and divided once by the batch's total number of target tokens, so
   k micro-batches give exactly the gradient of one k-times larger batch.
 
-  A non-finite loss or gradient never reaches the parameters: the update is skipped
-  (params and optimizer state kept, the step counter still advances so the data and
-  dropout keys move on) and `metrics["nonfinite"]` is 1. The host then applies the
-  policy (skip and count, or stop). `inject_nonfinite_at` (> 0) poisons that step's
-  loss with NaN: a fault-injection hook for tests and drills.
+  A non-finite loss or gradient never reaches the parameters, with the semantics of
+  `optax.apply_if_finite`: the step is as if its batch had never been seen by the optimizer.
+  Params and the whole optimizer state (Adam's moments, and its and the schedule's counts)
+  stay bit-identical, and `metrics["nonfinite"]` is 1; only `state.step` advances, since it
+  numbers the batches (checkpoints, logs, the data iterator) and keys the dropout RNG. The
+  host then applies the policy (skip and count, or stop). So after k skipped steps the
+  optimizer has applied `state.step - k` updates, and the learning rate, both applied and
+  logged, is the schedule at that count (`optimizer.updates_applied`), not at `state.step`.
+  `inject_nonfinite_at` (> 0) poisons that step's loss with NaN: a fault-injection hook
+  for tests and drills.
   """
   step_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
   grad_fn = jax.grad(_micro_batch_sums, has_aux=True)
@@ -202,7 +207,9 @@ def train_step(
     "num_tokens": sums["num_tokens"],
     "grad_norm": grad_norm,
     "param_norm": optax.global_norm(params),
-    "learning_rate": schedule(state.step),
+    # The rate this update used (the schedule at the optimizer's own count), which is not
+    # schedule(state.step) once a non-finite step has been skipped.
+    "learning_rate": schedule(optimizer.updates_applied(state.opt_state)),
     "nonfinite": 1.0 - finite.astype(jnp.float32),
   }
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
