@@ -21,6 +21,7 @@ import jax
 from transformer_mt import (
   averaging,
   checkpointing,
+  errors,
   estimates,
   evaluate,
   finetune,
@@ -96,7 +97,7 @@ def _reproduce(name: str, workdir: str, overrides: Sequence[str], config) -> dic
   else:
     trained = train.train(config, workdir)
     if trained.get("preempted"):
-      raise RuntimeError("Training was stopped by a signal; rerun the same command to resume.")
+      raise errors.Stopped("Training was stopped by a signal; rerun the same command to resume.")
     last_n = config.evaluate.get("average_last", 0)
     eval_dir, averaged = (
       _averaged_dir(workdir, last_n)
@@ -142,7 +143,7 @@ def load_results(workdirs: Sequence[str]) -> list[dict[str, Any]]:
   for workdir in workdirs:
     path = os.path.join(workdir, RESULTS_FILENAME)
     if not os.path.exists(path):
-      raise FileNotFoundError(
+      raise errors.MissingFile(
         f"{path} does not exist; run `run.py reproduce NAME --workdir {workdir}` first."
       )
     with open(path, encoding="utf-8") as f:

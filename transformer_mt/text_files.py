@@ -21,6 +21,8 @@ import glob
 import os
 from collections.abc import Sequence
 
+from transformer_mt import errors
+
 _BOM = "\ufeff"
 _GLOB_CHARS = frozenset("*?[")
 _MAX_SUGGESTIONS = 10
@@ -37,7 +39,7 @@ def write_atomically(path: str | os.PathLike, data: str | bytes) -> None:
   os.replace(tmp, path)
 
 
-class DataError(ValueError):
+class DataError(errors.BadValue):
   """A problem with the user's data files: the message says what, where and what to do."""
 
 

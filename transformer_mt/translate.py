@@ -29,7 +29,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from transformer_mt import beam_search, checkpointing, decode, run_setup, sampling, sharding
+from transformer_mt import beam_search, checkpointing, decode, errors, run_setup, sampling, sharding
 from transformer_mt import tokenizer as tokenizers
 from transformer_mt.config import TransformerConfig
 from transformer_mt.input_pipeline import bucket_length
@@ -105,7 +105,7 @@ class Translator:
     the batch size or the mesh: a row's draws depend on (seed, line index, sample index).
     `settings` default: temperature 1, no top-k, no top-p (the model's own distribution)."""
     if num_samples < 1:
-      raise ValueError(f"--num_samples {num_samples}: must be at least 1.")
+      raise errors.BadValue(f"--num_samples {num_samples}: must be at least 1.")
     settings = (settings or sampling.SamplingSettings()).check()
     seed = sampling.check_seed(seed)
     outputs = [[""] * num_samples for _ in lines]
@@ -170,7 +170,7 @@ class Translator:
       ValueError: k < 1 or k > beam_size.
     """
     if not 1 <= k <= self.beam_size:
-      raise ValueError(
+      raise errors.BadValue(
         f"--nbest {k}: must be between 1 and the beam size ({self.beam_size}); pass "
         f"--beam {max(k, 1)} or more, or a smaller --nbest."
       )
@@ -320,7 +320,7 @@ def load_translator(
   """
   workdirs = [workdir] if isinstance(workdir, str) else list(workdir)
   if not workdirs:
-    raise ValueError("No --workdir given.")
+    raise errors.BadValue("No --workdir given.")
   mesh = mesh or sharding.make_mesh(sharding.inference_mesh_config())
   # Every member's config and tokenizer are read and checked before any parameters are.
   prepared = [_prepare(w, step, mesh, beam_size, alpha, source_lang, target_lang) for w in workdirs]
@@ -344,7 +344,7 @@ def _check_same_vocabulary(first: Translator, first_dir: str, other: Translator,
   same ids, so they must have one tokenizer (byte-identical files), the same special ids and
   the same forced first token (language tag)."""
   if tokenizers.to_files(first.tokenizer) != tokenizers.to_files(other.tokenizer):
-    raise ValueError(
+    raise errors.BadValue(
       f"--workdir {other_dir} has a different tokenizer from --workdir {first_dir}: an ensemble's "
       "models must share one tokenizer (ensemble checkpoints trained or fine-tuned from the "
       "same tokenizer), or translate with each separately."
@@ -354,7 +354,7 @@ def _check_same_vocabulary(first: Translator, first_dir: str, other: Translator,
   ids.append(("forced first token", first.forced_first_id, other.forced_first_id))
   for name, a, b in ids:
     if a != b:
-      raise ValueError(
+      raise errors.BadValue(
         f"--workdir {other_dir} has {name} {b}, --workdir {first_dir} has {a}: an ensemble's "
         "models must share their ids and language tags; import or train them alike."
       )
@@ -408,7 +408,7 @@ def with_languages(
   if not hasattr(tokenizer, "languages"):
     given = [f for f, v in (("--src_lang", source_lang), ("--tgt_lang", target_lang)) if v]
     if given:
-      raise ValueError(
+      raise errors.BadValue(
         f"{' and '.join(given)}: the model in {workdir} has no language tags (only imported "
         "mBART and NLLB models do); drop the flag."
       )
@@ -417,7 +417,7 @@ def with_languages(
   target = target_lang or config.data.get("target_code") or None
   missing = [f for f, v in (("--src_lang", source), ("--tgt_lang", target)) if not v]
   if missing:
-    raise ValueError(
+    raise errors.BadValue(
       f"{workdir} holds a multilingual {tokenizer.kind} model imported without a source and "
       f"target language: pass {' and '.join(missing)} (codes such as "
       f"{', '.join(tokenizer.languages[:3])}), or import it with them."
