@@ -103,6 +103,16 @@ def model_setup(
   )
 
 
+def check_learned_positions(config: ml_collections.ConfigDict, model_config: TransformerConfig):
+  """Raises if training rows (data.max_len tokens) would reach past the learned position table
+  (model.max_len rows): those positions have no embedding to learn or to use."""
+  if model_config.position_encoding == "learned" and config.data.max_len > model_config.max_len:
+    raise errors.BadValue(
+      f"data.max_len={config.data.max_len} exceeds model.max_len={model_config.max_len}, the "
+      "rows of the learned position table: lower data.max_len or raise model.max_len."
+    )
+
+
 def check_parameter_layout(config: ml_collections.ConfigDict, model: Transformer, mesh: Mesh):
   """Raises a one-line error naming each parameter dimension `mesh` cannot shard evenly (e.g.
   6 heads over tensor=4), unless the config opts in to replicating those dimensions with

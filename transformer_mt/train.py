@@ -75,7 +75,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, progress: bool) -> d
     imported = finetune.read_import(finetune.import_into_workdir(config, workdir))
     config = finetune.merged_config(config, imported)
     imported, forced_first_id = finetune.with_languages(imported, config)
-  model_config_for(config)
+  run_setup.check_learned_positions(config, model_config_for(config))
   data_shards, fsdp_shards, _ = sharding.mesh_shape(config.mesh, jax.device_count())
   profiler = _StepTrace(config.train.get("profile_steps", []), workdir)
   input_pipeline.check_num_workers(config.data.get("num_workers", 0))  # before writing anything

@@ -75,6 +75,20 @@ class Translator:
   # ids (PAD, EOS, decoder start) and tokenizer every member shares. None: one model.
   members: tuple[TransformerConfig, ...] | None = None
 
+  def __post_init__(self):
+    # Learned position tables end at max_len: no source token and no generated token may sit
+    # at a position past it (longer lines are truncated, with a warning; see encode_sources).
+    limit = self.position_limit
+    if limit is not None:
+      self.max_source_len = min(self.max_source_len, limit)
+      self.max_target_len = min(self.max_target_len, limit)
+
+  @property
+  def position_limit(self) -> int | None:
+    """Positions the models can address (the smallest learned table), None if unbounded."""
+    learned = [c.max_len for c in self.configs if c.position_encoding == "learned"]
+    return min(learned) if learned else None
+
   @property
   def decoder_config(self) -> decode.ModelConfig:
     """The static config of the jitted decoders: the model's, or the ensemble's tuple."""
@@ -235,6 +249,8 @@ class Translator:
     the source length to a bucket, so a few shapes cover every batch.
     """
     src_len = bucket_length(max(len(s) for s in sources))
+    if self.position_limit is not None:  # the bucket's padding stays inside the table too
+      src_len = max(min(src_len, self.position_limit), max(len(s) for s in sources))
     rows = bucket_length(self.batch_size, self.mesh.devices.size)
     pad_id = self.model_config.pad_id
     inputs = np.full((rows, src_len), pad_id, np.int32)
