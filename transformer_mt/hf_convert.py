@@ -15,7 +15,6 @@ Two PyTorch weights are left out, each because it cannot change the output:
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 import flax
 import numpy as np
 
-from transformer_mt import errors
+from transformer_mt import errors, text_files
 from transformer_mt.attention import sinusoidal_encoding
 from transformer_mt.config import TransformerConfig
 from transformer_mt.model import parameter_shapes
@@ -354,8 +353,7 @@ def _weight_files(directory: str, single_name: str) -> list[str]:
   when neither exists."""
   index = os.path.join(directory, f"{single_name}.index.json")
   if os.path.exists(index):
-    with open(index) as f:
-      shards = sorted(set(json.load(f)["weight_map"].values()))
+    shards = sorted(set(text_files.read_json(index)["weight_map"].values()))
     return [os.path.join(directory, name) for name in shards]
   single = os.path.join(directory, single_name)
   return [single] if os.path.exists(single) else []
@@ -366,6 +364,5 @@ def load_pretrained(directory: str) -> tuple[TransformerConfig, dict]:
   config_path = os.path.join(directory, "config.json")
   if not os.path.exists(config_path):
     raise errors.BadValue(f"No config.json in {directory}.")
-  with open(config_path) as f:
-    hf_config = json.load(f)
+  hf_config = text_files.read_json(config_path)
   return config_from_hf(hf_config), params_from_hf(read_state_dict(directory), hf_config)

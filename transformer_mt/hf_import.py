@@ -36,6 +36,7 @@ from transformer_mt import (
   hf_convert,
   hf_tokenizers,
   registry,
+  text_files,
 )
 from transformer_mt.config import TransformerConfig
 from transformer_mt.tokenizer import (
@@ -128,8 +129,7 @@ def hub_patterns(repo_files: Sequence[str]) -> list[str]:
 
 
 def _read_json(path: str) -> dict:
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  return text_files.read_json(path)
 
 
 def read_hf_config(directory: str) -> dict:

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 
 import tokenizers
 
-from transformer_mt import errors
+from transformer_mt import errors, text_files
 
 # Our kinds, by the transformers tokenizer class that writes them (`tokenizer_class` in
 # tokenizer_config.json; "...Fast" names are older saves of the same tokenizer).
@@ -189,8 +189,7 @@ def clean_up_tokenization(text: str) -> str:
 
 
 def _read_json(path: str) -> dict:
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  return text_files.read_json(path)
 
 
 def tokenizer_kind(directory: str, model_type: str) -> tuple[str, str]:

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_mt import decode, errors, metrics, sharding
+from transformer_mt import decode, errors, metrics, sharding, text_files
 from transformer_mt.config import TransformerConfig
 from transformer_mt.model import Transformer
 
@@ -116,7 +116,10 @@ def _save(figure, path: str | os.PathLike) -> str:
   directory = os.path.dirname(path)
   if directory:
     os.makedirs(directory, exist_ok=True)
-  figure.savefig(path, dpi=120)
+  try:
+    figure.savefig(path, dpi=120)
+  except OSError as e:
+    raise text_files.DataError(text_files.cannot_write(path, e)) from e
   return path
 
 

@@ -146,8 +146,7 @@ def load_results(workdirs: Sequence[str]) -> list[dict[str, Any]]:
       raise errors.MissingFile(
         f"{path} does not exist; run `run.py reproduce NAME --workdir {workdir}` first."
       )
-    with open(path, encoding="utf-8") as f:
-      rows.append(dict(json.load(f), workdir=workdir))
+    rows.append(dict(text_files.read_json(path), workdir=workdir))
   return rows
 
 
@@ -207,7 +206,10 @@ def bar_chart(rows: Sequence[dict[str, Any]], path: str) -> None:
   axes.set_ylabel("BLEU")
   axes.legend()
   figure.tight_layout()
-  figure.savefig(path, dpi=120)
+  try:
+    figure.savefig(path, dpi=120)
+  except OSError as e:
+    raise text_files.DataError(text_files.cannot_write(path, e)) from e
 
 
 def report(workdirs: Sequence[str], chart_path: str | None = None) -> str:

@@ -188,8 +188,7 @@ def plan(
   }
   path = os.path.join(root, SWEEP_FILENAME)
   if os.path.exists(path):
-    with open(path, encoding="utf-8") as f:
-      previous = json.load(f)
+    previous = text_files.read_json(path)
     if previous != record:
       raise errors.BadValue(
         f"{path} records a different sweep (experiment, overrides or trials "
@@ -203,8 +202,7 @@ def trial_status(workdir: str) -> dict[str, Any] | None:
   path = os.path.join(workdir, TRIAL_FILENAME)
   if not os.path.exists(path):
     return None
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  return text_files.read_json(path)
 
 
 def _final_validation_score(workdir: str, step: int, name: str) -> float | None:
@@ -477,8 +475,7 @@ def ranking_table(root: str, metric: str = "bleu") -> str:
   logged) is ranked after every trial with one."""
   check_metric(metric)
   _, field, label = RANKING_METRICS[metric]
-  with open(os.path.join(root, SWEEP_FILENAME), encoding="utf-8") as f:
-    record = json.load(f)
+  record = text_files.read_json(os.path.join(root, SWEEP_FILENAME))
   rows = [
     trial_status(os.path.join(root, t["name"]))
     or {"status": "unfinished", "trial": t["name"], "overrides": t["overrides"]}
