@@ -20,7 +20,7 @@ import os
 import sys
 import traceback
 
-from transformer_mt import translate_command
+from transformer_mt import errors, translate_command
 
 # Path resolution lives in command_paths; these names are the command line's too.
 from transformer_mt.command_paths import (  # noqa: F401
@@ -120,19 +120,21 @@ def _cmd_evaluate(args) -> None:
   if args.hypotheses:
     given = [f"--{name}" for name in _DECODE_FLAGS if getattr(args, name) is not None]
     if given:
-      raise ValueError(
+      raise errors.BadValue(
         f"--hypotheses scores the given translations, so {', '.join(given)} (which choose "
         "or run a model) cannot go with it: drop them, or drop --hypotheses to translate."
       )
     if not args.reference:
-      raise ValueError("--hypotheses needs --reference, the file to score the translations on.")
+      raise errors.BadValue(
+        "--hypotheses needs --reference, the file to score the translations on."
+      )
     report = evaluate.score_translations(
       args.hypotheses, args.reference, args.tgt_lang, args.source
     )
     print(f"{report['split']}: {report['num_sentences']} given translations")
   else:
     if not args.workdir:
-      raise ValueError(
+      raise errors.BadValue(
         "evaluate needs --workdir (a model to translate with) or --hypotheses (translations "
         "to score)."
       )
@@ -525,7 +527,7 @@ def main(argv=None) -> int:
   # tensorstore's failed reads of a damaged checkpoint surface as unretrieved asyncio futures;
   # the damage is reported once, by name, where the checkpoint is skipped.
   logging.getLogger("asyncio").setLevel(logging.CRITICAL)
-  from transformer_mt import compile_cache, errors
+  from transformer_mt import compile_cache
 
   compile_cache.enable()  # before anything compiles
   try:

@@ -130,7 +130,7 @@ def score_translations(
   one with a line lost, would otherwise score garbage without a word).
   """
   if not target_lang:
-    raise ValueError(
+    raise errors.BadValue(
       "--hypotheses needs --tgt_lang (e.g. de): the paper-comparable BLEU tokenizes with that "
       "language's Moses rules."
     )
