@@ -134,6 +134,9 @@ def base_config() -> ml_collections.ConfigDict:
   config.mesh.data = -1
   config.mesh.fsdp = 1
   config.mesh.tensor = 1
+  # Replicate a parameter dimension its mesh axis does not divide (e.g. 6 heads on tensor=4)
+  # instead of stopping at startup with an error that names it.
+  config.mesh.allow_replicated_fallback = False
 
   config.evaluate = ml_collections.ConfigDict()
   # Final models average the last N checkpoints (`run.py average --last N`; 0: no averaging).

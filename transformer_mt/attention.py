@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer_mt import errors
 from transformer_mt.config import TransformerConfig
 
 
@@ -284,7 +285,7 @@ class MultiHeadAttention(nn.Module):
       )(context)
     else:
       if cfg.num_heads * cfg.per_head_dim != cfg.d_model:
-        raise ValueError(
+        raise errors.BadValue(
           "attention_output_projection=False needs num_heads * head_dim == d_model, "
           f"got {cfg.num_heads} * {cfg.per_head_dim} != {cfg.d_model}"
         )

@@ -11,7 +11,7 @@ import os
 import jax
 import jax.numpy as jnp
 
-from transformer_mt import checkpointing, run_setup, sharding
+from transformer_mt import checkpointing, errors, run_setup, sharding
 
 
 def average_last(workdir: str, last_n: int, output_dir: str | None = None) -> tuple[str, list[int]]:
@@ -27,7 +27,7 @@ def average_last(workdir: str, last_n: int, output_dir: str | None = None) -> tu
   """
   steps = checkpointing.all_steps(workdir)
   if last_n < 1 or len(steps) < last_n:
-    raise ValueError(
+    raise errors.BadValue(
       f"{workdir} holds {len(steps)} checkpoint(s) {steps}; cannot average the last "
       f"{last_n}. Train with train.keep_checkpoints >= {max(last_n, 1)} to keep enough."
     )
@@ -36,7 +36,7 @@ def average_last(workdir: str, last_n: int, output_dir: str | None = None) -> tu
     checkpointing.resolve_workdir(workdir), f"averaged_last{last_n}"
   )
   if os.path.exists(checkpointing.checkpoint_dir(output_dir)):
-    raise FileExistsError(
+    raise errors.AlreadyExists(
       f"{output_dir} already holds checkpoints; remove it or pass another --output directory."
     )
   config, tokenizer, _ = checkpointing.read_config(workdir, chosen[-1])

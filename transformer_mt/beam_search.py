@@ -72,7 +72,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from transformer_mt import decode
+from transformer_mt import decode, errors
 from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 # tokens int32 [batch * beam], position int32 [], cache -> (logits [batch * beam, vocab], cache).
@@ -208,9 +208,9 @@ def beam_search(
     BeamSearchOutput: the best hypothesis per sentence and all `beam_size` of them.
   """
   if length_penalty not in LENGTH_PENALTIES:
-    raise ValueError(f"length_penalty {length_penalty!r}: expected one of {LENGTH_PENALTIES}.")
+    raise errors.BadValue(f"length_penalty {length_penalty!r}: expected one of {LENGTH_PENALTIES}.")
   if candidate_pool not in CANDIDATE_POOLS:
-    raise ValueError(f"candidate_pool {candidate_pool!r}: expected one of {CANDIDATE_POOLS}.")
+    raise errors.BadValue(f"candidate_pool {candidate_pool!r}: expected one of {CANDIDATE_POOLS}.")
   lp = functools.partial(penalty, alpha=alpha, kind=length_penalty)
   # Extensions ranked per step: beam_size for "beam", 2 * beam_size for "2beam" and "hf".
   num_candidates = beam_size if candidate_pool == "beam" else 2 * beam_size

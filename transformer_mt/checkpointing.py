@@ -35,6 +35,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 from etils import epath
 
+from transformer_mt import errors
 from transformer_mt import tokenizer as tokenizers
 from transformer_mt.tokenizer import KIND_FILENAME, AnyTokenizer
 
@@ -54,7 +55,7 @@ class TokenizerCheckpointHandler(ocp.CheckpointHandler):
     names = tokenizer_files(directory)
     missing = [name for name in names if not (directory / name).exists()]
     if missing:
-      raise FileNotFoundError(f"Checkpoint has no tokenizer: {directory / missing[0]} is missing.")
+      raise errors.MissingFile(f"Checkpoint has no tokenizer: {directory / missing[0]} is missing.")
     return tokenizers.from_files({name: (directory / name).read_bytes() for name in names})
 
   def metadata(self, directory: epath.Path):
@@ -301,7 +302,7 @@ def shape_mismatches(workdir: str, step: int, abstract_params: Any) -> list[str]
   return sorted(problems)
 
 
-class ModelMismatch(ValueError):
+class ModelMismatch(errors.BadValue):
   """The model config's parameter shapes differ from a checkpoint's."""
 
 
@@ -318,7 +319,7 @@ def check_compatible(workdir: str, step: int, abstract_params: Any) -> None:
     )
 
 
-class OldCheckpointFormat(ValueError):
+class OldCheckpointFormat(errors.BadValue):
   """A checkpoint written before parameters and optimizer state were separate items."""
 
 
@@ -364,13 +365,15 @@ def read_config(
   manager = make_manager(resolve_workdir(workdir), read_only=True)
   steps = manager.all_steps()
   if not steps:
-    raise FileNotFoundError(
+    raise errors.MissingFile(
       f"No checkpoint found under {checkpoint_dir(resolve_workdir(workdir))}. "
       "Train first, or pass the workdir of a finished run."
     )
   step = max(steps) if step is None else step
   if step not in steps:
-    raise ValueError(f"No checkpoint of step {step} in {workdir}; available steps: {sorted(steps)}")
+    raise errors.BadValue(
+      f"No checkpoint of step {step} in {workdir}; available steps: {sorted(steps)}"
+    )
   check_format(workdir, step)
   restored = manager.restore(
     step, args=ocp.args.Composite(config=ocp.args.JsonRestore(), tokenizer=TokenizerRestore())
@@ -393,7 +396,7 @@ def resolve_workdir(path: str) -> str:
   """Accepts either a workdir or its `checkpoints/` subdirectory."""
   p = epath.Path(path)
   if not p.exists():
-    raise FileNotFoundError(f"{path} does not exist.")
+    raise errors.MissingFile(f"{path} does not exist.")
   return str(p.parent) if p.name == "checkpoints" else str(p)
 
 

@@ -3,8 +3,9 @@ attention | plot | reproduce | report`.
 
 Also installed as the `transformer-mt` console script.
 
-User errors (unknown experiment or key, missing checkpoint, bad value) print one
-line and exit with status 2; `--debug` shows the traceback instead.
+User errors (unknown experiment or key, missing checkpoint, bad value: the errors.UserError
+the project raises on purpose) print one line and exit with status 2; `--debug` shows the
+traceback instead. Any other exception is a bug: its traceback, what to report, exit status 1.
 
 Every path a user gives (flags, and the path-valued config keys in `key=value` overrides)
 is made absolute (command_paths.py), relative to the current directory and with `~`
@@ -17,8 +18,9 @@ import argparse
 import logging
 import os
 import sys
+import traceback
 
-from transformer_mt import translate_command
+from transformer_mt import errors, translate_command
 
 # Path resolution lives in command_paths; these names are the command line's too.
 from transformer_mt.command_paths import (  # noqa: F401
@@ -62,7 +64,11 @@ def _initialize_distributed(args) -> None:
   from transformer_mt import distributed
 
   distributed.initialize(
-    args.coordinator_address, args.num_processes, args.process_id, args.multihost
+    args.coordinator_address,
+    args.num_processes,
+    args.process_id,
+    args.multihost,
+    args.no_multihost,
   )
 
 
@@ -114,19 +120,21 @@ def _cmd_evaluate(args) -> None:
   if args.hypotheses:
     given = [f"--{name}" for name in _DECODE_FLAGS if getattr(args, name) is not None]
     if given:
-      raise ValueError(
+      raise errors.BadValue(
         f"--hypotheses scores the given translations, so {', '.join(given)} (which choose "
         "or run a model) cannot go with it: drop them, or drop --hypotheses to translate."
       )
     if not args.reference:
-      raise ValueError("--hypotheses needs --reference, the file to score the translations on.")
+      raise errors.BadValue(
+        "--hypotheses needs --reference, the file to score the translations on."
+      )
     report = evaluate.score_translations(
       args.hypotheses, args.reference, args.tgt_lang, args.source
     )
     print(f"{report['split']}: {report['num_sentences']} given translations")
   else:
     if not args.workdir:
-      raise ValueError(
+      raise errors.BadValue(
         "evaluate needs --workdir (a model to translate with) or --hypotheses (translations "
         "to score)."
       )
@@ -251,6 +259,11 @@ def _distributed_flags() -> argparse.ArgumentParser:
     "--multihost",
     action="store_true",
     help="let JAX detect another cluster it supports (e.g. Kubernetes)",
+  )
+  group.add_argument(
+    "--no_multihost",
+    action="store_true",
+    help="run as one process even where SLURM, Open MPI or a TPU VM is detected",
   )
   return flags
 
@@ -497,6 +510,13 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
+# After the traceback of an exception transformer_mt did not raise on purpose.
+BUG_REPORT = (
+  "This is a bug in transformer_mt (or a fault of the machine: a full disk, a lost device or "
+  "connection); please report it with the command, the traceback above and `pip freeze` output."
+)
+
+
 def main(argv=None) -> int:
   args = build_parser().parse_args(argv)
   logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
@@ -508,17 +528,20 @@ def main(argv=None) -> int:
   # the damage is reported once, by name, where the checkpoint is skipped.
   logging.getLogger("asyncio").setLevel(logging.CRITICAL)
   from transformer_mt import compile_cache
-  from transformer_mt.train_step import NonFiniteError
 
   compile_cache.enable()  # before anything compiles
   try:
     resolve_paths(args)
     args.func(args)
-  except (ValueError, FileNotFoundError, FileExistsError, KeyError, NonFiniteError) as e:
+  except errors.UserError as e:
     if args.debug:
       raise
     print(f"error: {e}", file=sys.stderr)
     return 2
+  except Exception:  # Not raised on purpose: never shorten it to a line that looks like ours.
+    traceback.print_exc()
+    print(BUG_REPORT, file=sys.stderr)
+    return 1
   return 0
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from transformer_mt import errors
+
 # Flags that name files or directories, and config keys whose values are paths.
 PATH_FLAGS = (
   "workdir",
@@ -45,7 +47,7 @@ def absolute_override(override: str) -> str:
     return override
   value = registry.parse_value(text, "")
   if not isinstance(value, str):
-    raise ValueError(f"Override {key}={text}: expected a path, got {type(value).__name__}.")
+    raise errors.BadValue(f"Override {key}={text}: expected a path, got {type(value).__name__}.")
   # init.from=hf:NAME_OR_DIR (a registry row of a published model): only a local DIR moves.
   resolved = absolute_source(value) if value.startswith("hf:") else absolute_path(value)
   return f"{key}={resolved!r}"

@@ -14,6 +14,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from transformer_mt import errors
+
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 # Platforms whose matrix units run bfloat16 at (at least) twice the float32 rate: "auto"
 # computes in bfloat16 there. On CPU bfloat16 buys nothing (XLA:CPU upcasts most of it) and
@@ -107,43 +109,43 @@ class TransformerConfig:
   def __post_init__(self):
     if self.dtype == "auto":  # Frozen: the one place the resolved value is written.
       object.__setattr__(self, "dtype", auto_dtype())
-    errors = []
+    problems = []
     if self.head_dim is None and self.d_model % self.num_heads:
-      errors.append(
+      problems.append(
         f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
         "set head_dim explicitly"
       )
     if self.layer_norm_position not in ("pre", "post"):
-      errors.append(f"layer_norm_position={self.layer_norm_position!r} must be 'pre' or 'post'")
+      problems.append(f"layer_norm_position={self.layer_norm_position!r} must be 'pre' or 'post'")
     if self.position_encoding not in POSITION_ENCODINGS:
-      errors.append(
+      problems.append(
         f"position_encoding={self.position_encoding!r} must be one of {list(POSITION_ENCODINGS)}"
       )
     if self.activation not in ACTIVATIONS:
-      errors.append(f"activation={self.activation!r} must be one of {list(ACTIVATIONS)}")
+      problems.append(f"activation={self.activation!r} must be one of {list(ACTIVATIONS)}")
     if self.position_offset < 0:
-      errors.append(f"position_offset={self.position_offset} must be >= 0")
+      problems.append(f"position_offset={self.position_offset} must be >= 0")
     if self.share_embeddings and self.target_vocab_size not in (None, self.vocab_size):
-      errors.append(
+      problems.append(
         "share_embeddings=True needs one shared vocabulary; "
         f"got vocab_size={self.vocab_size}, target_vocab_size={self.target_vocab_size}"
       )
     if self.attention_implementation not in ("auto", "xla", "cudnn"):
-      errors.append(
+      problems.append(
         f"attention_implementation={self.attention_implementation!r} must be 'auto', "
         "'xla' or 'cudnn'"
       )
     elif self.attention_implementation == "cudnn" and self.dtype == "float32":
-      errors.append("attention_implementation='cudnn' needs dtype='bfloat16' or 'float16'")
+      problems.append("attention_implementation='cudnn' needs dtype='bfloat16' or 'float16'")
     for name in ("dtype", "param_dtype"):
       if getattr(self, name) not in _DTYPES:
         allowed = sorted(_DTYPES) + (["auto"] if name == "dtype" else [])
-        errors.append(f"{name}={getattr(self, name)!r} must be one of {allowed}")
+        problems.append(f"{name}={getattr(self, name)!r} must be one of {allowed}")
     for name in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate"):
       if not 0.0 <= getattr(self, name) < 1.0:
-        errors.append(f"{name}={getattr(self, name)} must be in [0, 1)")
-    if errors:
-      raise ValueError("Invalid model config: " + "; ".join(errors))
+        problems.append(f"{name}={getattr(self, name)} must be in [0, 1)")
+    if problems:
+      raise errors.BadValue("Invalid model config: " + "; ".join(problems))
 
   def replace(self, **changes) -> TransformerConfig:
     return dataclasses.replace(self, **changes)
@@ -178,7 +180,7 @@ class TransformerConfig:
     values = dict(values, **overrides)
     unknown = sorted(set(values) - fields)
     if unknown:
-      raise ValueError(f"Unknown model config keys {unknown}; valid keys: {sorted(fields)}")
+      raise errors.BadValue(f"Unknown model config keys {unknown}; valid keys: {sorted(fields)}")
     return cls(**values)
 
   def to_dict(self) -> dict[str, Any]:

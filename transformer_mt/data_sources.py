@@ -21,6 +21,8 @@ from collections.abc import Sequence
 
 import ml_collections
 
+from transformer_mt import errors
+
 SOURCES = ("synthetic", "tfds", "local")
 SPLITS = ("train", "validation", "test")
 
@@ -51,7 +53,7 @@ def local_root(data_config: ml_collections.ConfigDict) -> str:
       + list(data_config.get("test_prefixes") or [])
     )
     where = f"data.root={root}" if given else f"The default data folder {root}"
-    raise FileNotFoundError(
+    raise errors.MissingFile(
       f"{where} does not exist. This experiment reads line-aligned text files "
       f"PREFIX.{data_config.source_lang} / PREFIX.{data_config.target_lang} under data.root "
       f"({wanted}, ...): put them in a folder DIR and pass data.root=DIR. {HOW_TO_GET_NEWS}"
@@ -99,7 +101,7 @@ def load_pairs(
     split_prefixes = list(data_config.get("split_prefixes") or [])
     given = [f"{split}_prefixes" for split in SPLITS if data_config.get(f"{split}_prefixes")]
     if split_prefixes and given:
-      raise ValueError(
+      raise errors.BadValue(
         f"data.split_prefixes cuts train, validation and test from one corpus, so "
         f"{', '.join('data.' + key for key in given)} cannot be given with it: pass "
         f"{' '.join(f'data.{key}=[]' for key in given)} or leave data.split_prefixes empty."
@@ -117,13 +119,13 @@ def load_pairs(
         data_config.get("split_seed", 0),
       )
     if require_train and "train" not in splits:
-      raise ValueError(
+      raise errors.BadValue(
         "data.source='local' needs data.train_prefixes (file prefixes such as "
         "'news/en-de/newstest2012', read as PREFIX.<source_lang> / PREFIX.<target_lang>) "
         "or data.split_prefixes (one corpus to cut into test, validation and train)."
       )
     return splits
-  raise ValueError(f"data.source={source!r} is not one of {list(SOURCES)}.")
+  raise errors.BadValue(f"data.source={source!r} is not one of {list(SOURCES)}.")
 
 
 def _read_local(text_files, prefixes, data_config, root) -> list[tuple[str, str]]:
@@ -174,7 +176,7 @@ def split_indices(
       with whole groups.
   """
   if test_size < 0 or validation_size < 0:
-    raise ValueError(
+    raise errors.BadValue(
       f"data.test_size={test_size} and data.validation_size={validation_size} must be >= 0."
     )
   groups: dict[str, list[int]] = {}
@@ -191,7 +193,7 @@ def split_indices(
     chosen[split].extend(group)
   short = [f"data.{name}_size={size}" for name, size in wanted.items() if len(chosen[name]) < size]
   if short or not chosen["train"]:
-    raise ValueError(
+    raise errors.BadValue(
       f"Cannot hold out data.test_size={test_size} and data.validation_size="
       f"{validation_size} of a {len(sources)}-pair corpus ({len(groups)} distinct "
       "sources) and keep pairs for training"

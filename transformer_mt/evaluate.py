@@ -18,7 +18,7 @@ from typing import Any
 
 from jax.sharding import Mesh
 
-from transformer_mt import checkpointing, data_sources, evaluation, text_files
+from transformer_mt import checkpointing, data_sources, errors, evaluation, text_files
 from transformer_mt.translate import load_translator
 
 
@@ -58,20 +58,20 @@ def evaluate(
   config, _, step = checkpointing.read_config(workdirs[0], step)
   if source_file or reference_file:
     if not (source_file and reference_file):
-      raise ValueError(
+      raise errors.BadValue(
         "Pass both --source and --reference, or neither (to use the config's split)."
       )
     pairs = text_files.read_parallel(source_file, reference_file)
     name = os.path.basename(source_file)
   else:
     if config.data.get("source") == "none":  # an imported model (run.py import)
-      raise ValueError(
+      raise errors.BadValue(
         f"{workdir} holds an imported model, with no data splits of its own: pass --source "
         "and --reference."
       )
     splits = data_sources.load_pairs(config.data, require_train=False)
     if split not in splits:
-      raise ValueError(
+      raise errors.BadValue(
         f"The experiment's data has no {split!r} split (it has {sorted(splits)}); "
         "pass --split or --source/--reference."
       )
@@ -130,7 +130,7 @@ def score_translations(
   one with a line lost, would otherwise score garbage without a word).
   """
   if not target_lang:
-    raise ValueError(
+    raise errors.BadValue(
       "--hypotheses needs --tgt_lang (e.g. de): the paper-comparable BLEU tokenizes with that "
       "language's Moses rules."
     )

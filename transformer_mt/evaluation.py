@@ -28,11 +28,13 @@ from collections.abc import Sequence
 import sacrebleu
 import sacremoses
 
+from transformer_mt import errors
+
 
 def _check_aligned(hypotheses: Sequence[str], references: Sequence[str]) -> None:
   """BLEU silently pairs line i with line i, so an off-by-one file would score garbage."""
   if len(hypotheses) != len(references):
-    raise ValueError(
+    raise errors.BadValue(
       f"{len(hypotheses)} hypotheses but {len(references)} references: "
       "translations must be line-aligned with the references."
     )

@@ -29,7 +29,7 @@ from typing import Any
 import ml_collections
 from etils import epath
 
-from transformer_mt import checkpointing
+from transformer_mt import checkpointing, errors
 from transformer_mt.tokenizer import AnyTokenizer
 
 # Model settings the experiment keeps when its model section is the import's.
@@ -81,12 +81,12 @@ def read_import(directory: str) -> Import:
     ValueError: a workdir not written by `run.py import` (e.g. a training run's).
   """
   if not os.path.isdir(directory):
-    raise FileNotFoundError(f"init.from={directory}: no such directory.")
+    raise errors.MissingFile(f"init.from={directory}: no such directory.")
   config, tokenizer, step = checkpointing.read_config(directory)
   step_dir = epath.Path(checkpointing.checkpoint_dir(directory)) / str(step)
   imported = "source" in (config.get("init") or {}) and "vocab_size" in config.model
   if (step_dir / "train_state").exists() or not imported:
-    raise ValueError(
+    raise errors.BadValue(
       f"init.from={directory} is not a workdir written by `run.py import` (its checkpoint "
       f"of step {step} is a training run's); to continue a run, train into its own --workdir."
     )
@@ -103,7 +103,7 @@ def merged_config(config: ml_collections.ConfigDict, imported: Import) -> ml_col
   merged.model = model
   merged.tokenizer = imported.config.tokenizer.copy_and_resolve_references()
   if merged.data.max_len > model.max_len:
-    raise ValueError(
+    raise errors.BadValue(
       f"data.max_len={merged.data.max_len} exceeds the imported model's max_len={model.max_len} "
       "(its learned positions); lower data.max_len."
     )
@@ -128,7 +128,7 @@ def with_languages(
     return imported, None
   source, target = config.data.get("source_code"), config.data.get("target_code")
   if not (source and target):
-    raise ValueError(
+    raise errors.BadValue(
       f"init.from={imported.directory} is a multilingual {tokenizer.kind} model: set "
       "data.source_code and data.target_code to its language codes (e.g. "
       f"{', '.join(tokenizer.languages[:3])})."
@@ -157,7 +157,7 @@ def check_resume_source(workdir: str, config: ml_collections.ConfigDict) -> None
       continue
     started_from = source(saved)
     if started_from != wanted:
-      raise ValueError(
+      raise errors.BadValue(
         f"{workdir} holds checkpoints of a run with init.from={started_from or '(none)'}, "
         f"and this one has init.from={wanted or '(none)'}; resume with the same init.from, "
         "or train into a new --workdir."

@@ -34,6 +34,8 @@ from collections.abc import Iterable, Sequence
 import sacremoses
 import tokenizers
 
+from transformer_mt import errors
+
 KIND = "fsmt"
 # The files of a `save_pretrained` directory, as FSMTTokenizer names them.
 SOURCE_VOCAB, TARGET_VOCAB, MERGES = "vocab-src.json", "vocab-tgt.json", "merges.txt"
@@ -97,7 +99,7 @@ class FsmtTokenizer:
     special_tokens: dict[str, str] | None = None,
   ):
     if len(langs) != 2 or not all(isinstance(lang, str) and lang for lang in langs):
-      raise ValueError(f"langs must be two language codes (source, target), got {langs!r}.")
+      raise errors.BadValue(f"langs must be two language codes (source, target), got {langs!r}.")
     self.source_vocab, self.target_vocab = dict(source_vocab), dict(target_vocab)
     self.merges = merges
     self.source_lang, self.target_lang = langs
@@ -107,7 +109,7 @@ class FsmtTokenizer:
     for kind, piece in self.special_tokens.items():
       ids = {self.source_vocab.get(piece), self.target_vocab.get(piece)}
       if None in ids or len(ids) != 1:
-        raise ValueError(
+        raise errors.BadValue(
           f"The {kind} token {piece!r} must have one id in both vocabularies; it has "
           f"{self.source_vocab.get(piece)} (source) and {self.target_vocab.get(piece)} (target)."
         )
@@ -254,7 +256,7 @@ def _read_json(path: str):
     with open(path, encoding="utf-8") as f:
       return json.load(f)
   except ValueError as e:  # bad JSON or bad UTF-8
-    raise ValueError(f"{path} is not valid JSON ({e}); save the tokenizer again.") from e
+    raise errors.BadValue(f"{path} is not valid JSON ({e}); save the tokenizer again.") from e
 
 
 def read_fsmt_tokenizer(directory: str) -> tuple[FsmtTokenizer, dict]:
@@ -268,19 +270,19 @@ def read_fsmt_tokenizer(directory: str) -> tuple[FsmtTokenizer, dict]:
     n for n in (*HF_FILES, TOKENIZER_CONFIG) if not os.path.exists(os.path.join(directory, n))
   ]
   if missing:
-    raise FileNotFoundError(
+    raise errors.MissingFile(
       f"{directory} lacks the FSMT tokenizer files {missing} (save the tokenizer into the "
       "same directory with tokenizer.save_pretrained)."
     )
   config = _read_json(os.path.join(directory, TOKENIZER_CONFIG))
   langs = config.get("langs")
   if not (isinstance(langs, list) and len(langs) == 2):
-    raise ValueError(
+    raise errors.BadValue(
       f"{directory}/{TOKENIZER_CONFIG}: 'langs' must list the source and target language "
       f'(e.g. ["en", "de"]), got {langs!r}.'
     )
   if config.get("clean_up_tokenization_spaces"):
-    raise ValueError(
+    raise errors.BadValue(
       f"{directory}/{TOKENIZER_CONFIG} sets clean_up_tokenization_spaces, which is not "
       "supported; set it to false (FSMTTokenizer's default: Moses already detokenizes)."
     )
@@ -303,7 +305,7 @@ def read_fsmt_tokenizer(directory: str) -> tuple[FsmtTokenizer, dict]:
       special_tokens,
     )
   except ValueError as e:
-    raise ValueError(f"{directory}: {e}") from e
+    raise errors.BadValue(f"{directory}: {e}") from e
   # transformers lists the special tokens as added tokens at their vocabulary ids. Others,
   # added with add_tokens, are matched in the text before Moses runs: not reproduced.
   source_pieces = {i: piece for piece, i in tokenizer.source_vocab.items()}
@@ -314,7 +316,7 @@ def read_fsmt_tokenizer(directory: str) -> tuple[FsmtTokenizer, dict]:
     if piece not in tokenizer.special_tokens.values() or source_pieces.get(i) != piece
   )
   if unsupported:
-    raise ValueError(
+    raise errors.BadValue(
       f"{directory}/{TOKENIZER_CONFIG} adds the tokens {unsupported}; tokens added to FSMT's "
       "vocabularies are not supported. Import the tokenizer as the model was trained."
     )

@@ -15,7 +15,6 @@ Two PyTorch weights are left out, each because it cannot change the output:
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import flax
 import numpy as np
 
+from transformer_mt import errors, text_files
 from transformer_mt.attention import sinusoidal_encoding
 from transformer_mt.config import TransformerConfig
 from transformer_mt.model import parameter_shapes
@@ -72,7 +72,7 @@ def _field(hf_config: Any, name: str, default: Any = None) -> Any:
 def _model_type(hf_config: Any) -> str:
   model_type = _field(hf_config, "model_type")
   if model_type not in SUPPORTED_MODEL_TYPES:
-    raise ValueError(
+    raise errors.BadValue(
       f"Unsupported Hugging Face model_type {model_type!r}; "
       f"supported: {list(SUPPORTED_MODEL_TYPES)}"
     )
@@ -82,7 +82,7 @@ def _model_type(hf_config: Any) -> str:
 def _token_id(hf_config: Any, name: str) -> int:
   value = _field(hf_config, name)
   if not isinstance(value, int):
-    raise ValueError(f"Hugging Face config {name}={value!r}: a single token id is needed.")
+    raise errors.BadValue(f"Hugging Face config {name}={value!r}: a single token id is needed.")
   return value
 
 
@@ -90,7 +90,7 @@ def _same(hf_config: Any, encoder_name: str, decoder_name: str) -> int:
   """The value encoder and decoder must share in our model (one `num_heads`, one `d_ff`)."""
   encoder, decoder = _field(hf_config, encoder_name), _field(hf_config, decoder_name)
   if encoder != decoder:
-    raise ValueError(
+    raise errors.BadValue(
       f"Unsupported Hugging Face config: {encoder_name}={encoder} != {decoder_name}={decoder}; "
       "our encoder and decoder share one value."
     )
@@ -118,13 +118,13 @@ def config_from_hf(hf_config: Any) -> TransformerConfig:
   model_type = _model_type(hf_config)
   activation = _field(hf_config, "activation_function", "relu")
   if activation not in _ACTIVATIONS:
-    raise ValueError(
+    raise errors.BadValue(
       f"Unsupported activation_function {activation!r}; supported: {sorted(_ACTIVATIONS)}"
     )
   d_model = _field(hf_config, "d_model")
   num_heads = _same(hf_config, "encoder_attention_heads", "decoder_attention_heads")
   if d_model % num_heads:
-    raise ValueError(f"d_model={d_model} is not divisible by {num_heads} attention heads.")
+    raise errors.BadValue(f"d_model={d_model} is not divisible by {num_heads} attention heads.")
   shared = _shares_token_embeddings(hf_config, model_type)
   if model_type == "fsmt":
     vocab_size = _field(hf_config, "src_vocab_size")
@@ -202,7 +202,7 @@ def _pop_first(sd: dict, *names: str) -> np.ndarray:
       for other in names:  # the other copies of a tied weight are the same array
         sd.pop(other, None)
       return value
-  raise ValueError(f"Hugging Face checkpoint lacks {names[0]!r}.")
+  raise errors.BadValue(f"Hugging Face checkpoint lacks {names[0]!r}.")
 
 
 def _to_numpy(value: Any) -> np.ndarray:
@@ -257,7 +257,7 @@ def params_from_hf(state_dict: Mapping[str, Any], hf_config: Any) -> dict:
     )
     lm_head = sd.pop("lm_head.weight", None)
     if lm_head is not None and not np.array_equal(lm_head, embedding):
-      raise ValueError("Unsupported: an lm_head that is not tied to the shared embeddings.")
+      raise errors.BadValue("Unsupported: an lm_head that is not tied to the shared embeddings.")
     params["source_embedder"] = {"embedding": {"embedding": embedding}}
     if config.logits_bias:
       params["logits_bias"] = final_logits_bias.reshape(-1)
@@ -286,7 +286,7 @@ def params_from_hf(state_dict: Mapping[str, Any], hf_config: Any) -> dict:
         sd, f"{side}.layernorm_embedding"
       )
   if sd:
-    raise ValueError(
+    raise errors.BadValue(
       f"Unsupported {model_type} checkpoint: weights our model has no place for: {sorted(sd)[:8]}"
     )
   return _checked_against_model(params, config)
@@ -300,7 +300,7 @@ def _check_sinusoid(table: np.ndarray | None, config: TransformerConfig, side: s
   ours = np.asarray(sinusoidal_encoding(positions, config.d_model, config.position_encoding))[0]
   difference = np.abs(table[config.position_offset :] - ours).max(initial=0.0)
   if difference > 1e-4:
-    raise ValueError(
+    raise errors.BadValue(
       f"Unsupported checkpoint: {side}.embed_positions is not the {config.position_encoding} "
       f"encoding (max difference {difference:.3g})."
     )
@@ -318,7 +318,7 @@ def _checked_against_model(params: dict, config: TransformerConfig) -> dict:
     if flat[name].shape != expected[name].shape
   ]
   if problems:
-    raise ValueError("Converted weights do not fit the model: " + "; ".join(problems[:8]))
+    raise errors.BadValue("Converted weights do not fit the model: " + "; ".join(problems[:8]))
   dtype = config.weight_dtype
   return flax.traverse_util.unflatten_dict(
     {name: np.asarray(x, dtype) for name, x in flat.items()}, sep="/"
@@ -343,7 +343,9 @@ def read_state_dict(directory: str) -> dict[str, np.ndarray]:
       for name in binary_files
       for key, x in torch.load(name, map_location="cpu", weights_only=True).items()
     }
-  raise ValueError(f"No model.safetensors or pytorch_model.bin (or their shards) in {directory}.")
+  raise errors.BadValue(
+    f"No model.safetensors or pytorch_model.bin (or their shards) in {directory}."
+  )
 
 
 def _weight_files(directory: str, single_name: str) -> list[str]:
@@ -351,8 +353,7 @@ def _weight_files(directory: str, single_name: str) -> list[str]:
   when neither exists."""
   index = os.path.join(directory, f"{single_name}.index.json")
   if os.path.exists(index):
-    with open(index) as f:
-      shards = sorted(set(json.load(f)["weight_map"].values()))
+    shards = sorted(set(text_files.read_json(index)["weight_map"].values()))
     return [os.path.join(directory, name) for name in shards]
   single = os.path.join(directory, single_name)
   return [single] if os.path.exists(single) else []
@@ -362,7 +363,6 @@ def load_pretrained(directory: str) -> tuple[TransformerConfig, dict]:
   """(config, params) of the Hugging Face model saved in `directory` by `save_pretrained`."""
   config_path = os.path.join(directory, "config.json")
   if not os.path.exists(config_path):
-    raise ValueError(f"No config.json in {directory}.")
-  with open(config_path) as f:
-    hf_config = json.load(f)
+    raise errors.BadValue(f"No config.json in {directory}.")
+  hf_config = text_files.read_json(config_path)
   return config_from_hf(hf_config), params_from_hf(read_state_dict(directory), hf_config)

@@ -29,7 +29,15 @@ from collections.abc import Sequence
 
 import ml_collections
 
-from transformer_mt import checkpointing, fsmt_tokenizer, hf_convert, hf_tokenizers, registry
+from transformer_mt import (
+  checkpointing,
+  errors,
+  fsmt_tokenizer,
+  hf_convert,
+  hf_tokenizers,
+  registry,
+  text_files,
+)
 from transformer_mt.config import TransformerConfig
 from transformer_mt.tokenizer import (
   SOURCE_SPM,
@@ -83,7 +91,7 @@ def resolve_source(source: str) -> tuple[str, str, bool]:
     FileNotFoundError: a path that is no directory and no hub name.
   """
   if not source.startswith(PREFIX) or not source[len(PREFIX) :]:
-    raise ValueError(
+    raise errors.BadValue(
       f"--from {source!r}: expected hf:DIR (a save_pretrained directory) or hf:OWNER/NAME "
       "(a Hugging Face hub repository)."
     )
@@ -91,9 +99,9 @@ def resolve_source(source: str) -> tuple[str, str, bool]:
   if os.path.isdir(name):
     return name, os.path.basename(os.path.normpath(name)), False
   if os.path.exists(name):
-    raise FileNotFoundError(f"--from {source}: {name} is a file; pass its directory.")
+    raise errors.MissingFile(f"--from {source}: {name} is a file; pass its directory.")
   if os.path.isabs(name) or not _HUB_NAME.match(name):
-    raise FileNotFoundError(f"--from {source}: no such directory {name}.")
+    raise errors.MissingFile(f"--from {source}: no such directory {name}.")
   return _download(name), name, True
 
 
@@ -105,7 +113,7 @@ def _download(name: str) -> str:
     patterns = hub_patterns(list_repo_files(name))
     return snapshot_download(repo_id=name, allow_patterns=patterns)
   except Exception as e:  # noqa: BLE001 - whatever stops the download, the user gets one line
-    raise ValueError(
+    raise errors.BadValue(
       f"No local directory {name!r}, and downloading it from the Hugging Face hub failed "
       f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). Pass a directory "
       "written by save_pretrained, or check the name and the internet connection."
@@ -121,15 +129,14 @@ def hub_patterns(repo_files: Sequence[str]) -> list[str]:
 
 
 def _read_json(path: str) -> dict:
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  return text_files.read_json(path)
 
 
 def read_hf_config(directory: str) -> dict:
   """config.json of `directory`, checked to be a model type we can import."""
   path = os.path.join(directory, "config.json")
   if not os.path.exists(path):
-    raise FileNotFoundError(f"No config.json in {directory}: not a save_pretrained directory.")
+    raise errors.MissingFile(f"No config.json in {directory}: not a save_pretrained directory.")
   hf_config = _read_json(path)
   model_type = hf_config.get("model_type")
   if model_type not in IMPORTABLE_MODEL_TYPES:
@@ -138,7 +145,7 @@ def read_hf_config(directory: str) -> dict:
       if model_type in hf_convert.SUPPORTED_MODEL_TYPES
       else ""
     )
-    raise ValueError(
+    raise errors.BadValue(
       f"Cannot import Hugging Face model_type {model_type!r}{weights_only}; "
       f"importable: {list(IMPORTABLE_MODEL_TYPES)}."
     )
@@ -158,14 +165,14 @@ def read_marian_tokenizer(directory: str) -> tuple[VocabTokenizer, dict]:
     if not os.path.exists(os.path.join(directory, n))
   ]
   if missing:
-    raise FileNotFoundError(
+    raise errors.MissingFile(
       f"{directory} lacks the Marian tokenizer files {missing} (save the tokenizer into the "
       "same directory with tokenizer.save_pretrained)."
     )
   config_path = os.path.join(directory, "tokenizer_config.json")
   tokenizer_config = _read_json(config_path) if os.path.exists(config_path) else {}
   if tokenizer_config.get("separate_vocabs"):
-    raise ValueError(
+    raise errors.BadValue(
       f"{directory}: Marian tokenizers with separate source and target vocabularies are not "
       "supported yet."
     )
@@ -218,7 +225,7 @@ def _check_tokenizer_fits(tokenizer: ImportedTokenizer, model_config: Transforme
       f"the target vocabulary has {target_size} ids, the model {model_config.output_vocab_size}"
     )
   if problems:
-    raise ValueError("The tokenizer does not fit the model: " + "; ".join(problems) + ".")
+    raise errors.BadValue("The tokenizer does not fit the model: " + "; ".join(problems) + ".")
 
 
 def run_config(
@@ -285,7 +292,7 @@ def _apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str]
   for override in overrides:
     section = override.partition("=")[0].split(".")[0]
     if section not in OVERRIDABLE_SECTIONS:
-      raise ValueError(
+      raise errors.BadValue(
         f"Override {override!r}: an import takes only {list(OVERRIDABLE_SECTIONS)} keys; "
         "the model is the checkpoint's own."
       )
@@ -295,7 +302,7 @@ def _apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str]
 def _refuse_existing_checkpoints(workdir: str) -> None:
   directory = checkpointing.checkpoint_dir(workdir)
   if os.path.isdir(directory) and os.listdir(directory):
-    raise FileExistsError(
+    raise errors.AlreadyExists(
       f"{workdir} already holds checkpoints ({directory}); import into a new --workdir."
     )
 
@@ -315,7 +322,7 @@ def _set_languages(
   if not hasattr(tokenizer, "languages"):
     given = [f for f, v in (("--src_lang", source_code), ("--tgt_lang", target_code)) if v]
     if given:
-      raise ValueError(
+      raise errors.BadValue(
         f"{' and '.join(given)}: this model has no language tags (only mBART and NLLB "
         "models do); set data.source_lang/data.target_lang instead to name the languages."
       )
@@ -354,7 +361,7 @@ def import_pretrained(
   """
   workdir = checkpointing.absolute(workdir)
   if "://" in workdir:
-    raise ValueError(f"--workdir {workdir}: an import is written to a local directory.")
+    raise errors.BadValue(f"--workdir {workdir}: an import is written to a local directory.")
   _refuse_existing_checkpoints(workdir)
   directory, name, from_hub = resolve_source(source)
   hf_config = read_hf_config(directory)

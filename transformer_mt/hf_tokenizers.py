@@ -31,6 +31,8 @@ from collections.abc import Iterable, Sequence
 
 import tokenizers
 
+from transformer_mt import errors, text_files
+
 # Our kinds, by the transformers tokenizer class that writes them (`tokenizer_class` in
 # tokenizer_config.json; "...Fast" names are older saves of the same tokenizer).
 KIND_OF_CLASS = {
@@ -77,7 +79,7 @@ class LanguageTagTokenizer:
     target_lang: str | None = None,
   ):
     if kind not in KINDS:
-      raise ValueError(f"Unknown language-tag tokenizer kind {kind!r}; known: {list(KINDS)}.")
+      raise errors.BadValue(f"Unknown language-tag tokenizer kind {kind!r}; known: {list(KINDS)}.")
     self.kind, self.tokenizer_json, self.settings = kind, tokenizer_json, dict(settings)
     self._tokenizer = tokenizers.Tokenizer.from_str(tokenizer_json)
     # Sentences are tagged here; transformers turns padding and truncation off per call too.
@@ -89,7 +91,7 @@ class LanguageTagTokenizer:
     missing = [settings[name] for name, i in ids.items() if i is None]
     missing += [code for code in self.languages if self._tokenizer.token_to_id(code) is None]
     if missing:
-      raise ValueError(f"The {kind} tokenizer lacks the tokens {missing}.")
+      raise errors.BadValue(f"The {kind} tokenizer lacks the tokens {missing}.")
     self.eos_id, self.pad_id, self.unk_id = ids["eos"], ids["pad"], ids["unk"]
     self.source_lang, self.target_lang = source_lang, target_lang
     for flag, code in (("--src_lang", source_lang), ("--tgt_lang", target_lang)):
@@ -106,7 +108,7 @@ class LanguageTagTokenizer:
       return self._tokenizer.token_to_id(code)
     close = difflib.get_close_matches(code, self.languages, n=5, cutoff=0.5)
     hint = f"closest: {', '.join(close)}" if close else f"e.g. {', '.join(self.languages[:5])}"
-    raise ValueError(
+    raise errors.BadValue(
       f"{flag} {code!r} is not a language code of this {self.kind} model ({hint}; "
       f"{len(self.languages)} codes in all)."
     )
@@ -121,13 +123,13 @@ class LanguageTagTokenizer:
     """(decoder start id or None to keep the model's, forced first token or None) of the
     target language: mBART-cc25 starts from the code, the others force it after </s>."""
     if self.target_lang is None:
-      raise ValueError(f"No target language set for this {self.kind} model: pass --tgt_lang.")
+      raise errors.BadValue(f"No target language set for this {self.kind} model: pass --tgt_lang.")
     target = self.language_id(self.target_lang, "--tgt_lang")
     return (target, None) if self.kind == "mbart" else (None, target)
 
   def encode(self, texts: Sequence[str]) -> list[list[int]]:
     if self.source_lang is None:
-      raise ValueError(f"No source language set for this {self.kind} model: pass --src_lang.")
+      raise errors.BadValue(f"No source language set for this {self.kind} model: pass --src_lang.")
     code = self.language_id(self.source_lang, "--src_lang")
     encoded = self._tokenizer.encode_batch(list(texts), add_special_tokens=False)
     if self.settings["source_tag"] == "suffix":
@@ -187,8 +189,7 @@ def clean_up_tokenization(text: str) -> str:
 
 
 def _read_json(path: str) -> dict:
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  return text_files.read_json(path)
 
 
 def tokenizer_kind(directory: str, model_type: str) -> tuple[str, str]:
@@ -205,13 +206,13 @@ def tokenizer_kind(directory: str, model_type: str) -> tuple[str, str]:
   elif os.path.exists(os.path.join(directory, "vocab.json")):  # M2M100Tokenizer's files
     tokenizer_class = "M2M100Tokenizer"
   if tokenizer_class is None:
-    raise FileNotFoundError(
+    raise errors.MissingFile(
       f"{directory} lacks tokenizer_config.json (with its tokenizer_class): save the tokenizer "
       "into the same directory with tokenizer.save_pretrained."
     )
   name = tokenizer_class.removesuffix("Fast")
   if name == "M2M100Tokenizer":
-    raise ValueError(
+    raise errors.BadValue(
       f"{directory} holds an M2M100Tokenizer: of the m2m_100 models only NLLB-200 (with its "
       "NllbTokenizer) can be imported."
     )
@@ -219,7 +220,7 @@ def tokenizer_kind(directory: str, model_type: str) -> tuple[str, str]:
   allowed = KINDS_OF_MODEL_TYPE.get(model_type, ())
   if kind not in allowed:
     expected = [c for c, k in KIND_OF_CLASS.items() if k in allowed]
-    raise ValueError(
+    raise errors.BadValue(
       f"{directory}: a {model_type} model with the tokenizer {tokenizer_class!r} cannot be "
       f"imported; supported: {expected}."
     )
@@ -231,14 +232,14 @@ def read_tokenizer(directory: str, model_type: str) -> LanguageTagTokenizer:
   (the interop extra) so that its pipeline is the one transformers runs."""
   kind, class_name = tokenizer_kind(directory, model_type)
   if not os.path.exists(os.path.join(directory, TOKENIZER_JSON)):
-    raise FileNotFoundError(
+    raise errors.MissingFile(
       f"{directory} lacks {TOKENIZER_JSON}: save the tokenizer with transformers >= 5 "
       "(tokenizer.save_pretrained writes it)."
     )
   try:
     import transformers
   except ImportError as e:
-    raise ValueError(
+    raise errors.BadValue(
       f"Importing a {model_type} model reads its tokenizer with transformers: "
       "pip install -e '.[interop]'."
     ) from e
@@ -249,7 +250,7 @@ def read_tokenizer(directory: str, model_type: str) -> LanguageTagTokenizer:
     key=backend.token_to_id,
   )
   if not special:
-    raise ValueError(f"{directory}: the {class_name} has no language codes.")
+    raise errors.BadValue(f"{directory}: the {class_name} has no language codes.")
   source_tag = _SOURCE_TAG[kind]
   if kind == "nllb" and getattr(hf_tokenizer, "legacy_behaviour", False):
     source_tag = "suffix"

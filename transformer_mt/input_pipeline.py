@@ -41,6 +41,7 @@ import grain
 import numpy as np
 from absl import flags
 
+from transformer_mt import errors
 from transformer_mt import tokenizer as tokenizers
 from transformer_mt.tokenizer import BOS_ID, PAD_ID, AnyTokenizer
 
@@ -176,7 +177,7 @@ def rows_per_batch(
   rows = batch_tokens // max_len
   unit = math.lcm(grad_accum_steps * batch_shards, grad_accum_steps * process_count)
   if rows < 1 or rows % unit:
-    raise ValueError(
+    raise errors.BadValue(
       f"train.batch_tokens={batch_tokens} gives {rows} rows of data.max_len={max_len} tokens; "
       f"the rows must be a positive multiple of {unit} (grad_accum_steps={grad_accum_steps} x "
       f"data-parallel shards={batch_shards}, and processes={process_count}); "
@@ -188,7 +189,7 @@ def rows_per_batch(
 def check_num_workers(num_workers: int) -> None:
   """`data.num_workers` must be 0 (tokenize and pack in this process) or a worker count."""
   if num_workers < 0:
-    raise ValueError(f"data.num_workers={num_workers} must be 0 (no workers) or more.")
+    raise errors.BadValue(f"data.num_workers={num_workers} must be 0 (no workers) or more.")
 
 
 def training_batches(
@@ -351,7 +352,7 @@ class TrainingBatches:
     else:  # Grain's own state: written before workers and counts were saved
       saved, iterator_state, counts = 0, state, None
     if saved != self.num_workers:
-      raise ValueError(
+      raise errors.BadValue(
         f"the data iterator was saved with data.num_workers={saved} and this run has "
         f"data.num_workers={self.num_workers}; resume with data.num_workers={saved} (the "
         "number of workers decides the batch order)"

@@ -172,7 +172,12 @@ class Embedder(nn.Module):
       x = x * jnp.sqrt(cfg.d_model).astype(x.dtype)
     positions = positions + cfg.position_offset if cfg.position_offset else positions
     if cfg.position_encoding == "learned":
-      x = x + self.position_embedding(positions)
+      # Only padding may sit past the table (a batch padded to a bucket longer than max_len):
+      # training refuses data.max_len > max_len and translation truncates longer lines. JAX's
+      # out-of-range gather would give those rows NaN, which masked attention (0 * NaN) would
+      # spread; the last row is as good as any for a padding position.
+      table_rows = cfg.max_len + cfg.position_offset
+      x = x + self.position_embedding(jnp.minimum(positions, table_rows - 1))
     else:
       x = x + sinusoidal_encoding(positions, cfg.d_model, cfg.position_encoding).astype(x.dtype)
     if cfg.embedding_layer_norm:

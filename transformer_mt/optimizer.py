@@ -9,6 +9,8 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from transformer_mt import errors
+
 
 def paper_learning_rate(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax.Schedule:
   """lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), step counted from 1.
@@ -17,7 +19,7 @@ def paper_learning_rate(d_model: int, warmup_steps: int, scale: float = 1.0) -> 
   the schedule evaluates the formula at count + 1: the first update uses step 1.
   """
   if warmup_steps <= 0:
-    raise ValueError(f"warmup_steps must be positive, got {warmup_steps}")
+    raise errors.BadValue(f"warmup_steps must be positive, got {warmup_steps}")
 
   def schedule(count):
     step = jnp.asarray(count, jnp.float32) + 1.0

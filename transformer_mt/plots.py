@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_mt import decode, metrics, sharding
+from transformer_mt import decode, errors, metrics, sharding, text_files
 from transformer_mt.config import TransformerConfig
 from transformer_mt.model import Transformer
 
@@ -82,7 +82,7 @@ def _check_index(name: str, value: Any, count: int, allowed: str) -> None:
   is_int = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
   if is_int and -count <= value < count:
     return
-  raise ValueError(
+  raise errors.BadValue(
     f"{name}={value!r} is out of range: the model has {count} {allowed}, so "
     f"{name} must be an int in [0, {count - 1}] (or [-{count}, -1] counting from "
     f"the end), 'mean', or None"
@@ -116,7 +116,10 @@ def _save(figure, path: str | os.PathLike) -> str:
   directory = os.path.dirname(path)
   if directory:
     os.makedirs(directory, exist_ok=True)
-  figure.savefig(path, dpi=120)
+  try:
+    figure.savefig(path, dpi=120)
+  except OSError as e:
+    raise text_files.DataError(text_files.cannot_write(path, e)) from e
   return path
 
 
@@ -153,14 +156,14 @@ def attention_heatmap(
   _check_index("layer", layer, config.num_decoder_layers, "decoder layers")
   _check_index("head", head, config.num_heads, "attention heads")
   if not source_text.strip():
-    raise ValueError("source_text is empty: there is nothing to translate or plot.")
+    raise errors.BadValue("source_text is empty: there is nothing to translate or plot.")
   source_ids = tokenizer.encode([source_text.strip()])[0]
   if len(source_ids) > translator.max_source_len:  # as translate() does, without dropping it
     source_ids = source_ids[: translator.max_source_len - 1] + [config.eos_id]
   if max_len is None:
     max_len = min(translator.max_target_len, len(source_ids) + translator.extra_len)
   if max_len < 1:
-    raise ValueError(f"max_len={max_len} must be at least 1")
+    raise errors.BadValue(f"max_len={max_len} must be at least 1")
 
   inputs = np.asarray([source_ids], np.int32)
   with jax.set_mesh(translator.mesh):
@@ -239,7 +242,7 @@ def training_curves(workdir: str | os.PathLike, path: str | os.PathLike) -> list
   workdir = os.fspath(workdir)
   metrics_path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.exists(metrics_path):
-    raise FileNotFoundError(
+    raise errors.MissingFile(
       f"No metrics.jsonl in {workdir!r}: is it a training workdir, and "
       "has the run logged a step yet?"
     )
@@ -258,7 +261,7 @@ def training_curves(workdir: str | os.PathLike, path: str | os.PathLike) -> list
     known = [
       key for series in (_LOSS_SERIES, _LEARNING_RATE_SERIES, _BLEU_SERIES) for key, _ in series
     ]
-    raise ValueError(f"{metrics_path} has none of the series {known} to plot.")
+    raise errors.BadValue(f"{metrics_path} has none of the series {known} to plot.")
 
   figure = _new_figure(width=6.5, height=2.4 * len(panels) + 0.6)
   axes_list = figure.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import ml_collections
 
 import experiments
+from transformer_mt import errors
 
 
 def experiment_names() -> list[str]:
@@ -29,7 +30,9 @@ def _suggest(name: str, valid: Sequence[str]) -> str:
 def experiment_module(name: str):
   names = experiment_names()
   if name not in names:
-    raise ValueError(f"Unknown experiment {name!r}. Valid experiments: {_suggest(name, names)}")
+    raise errors.BadValue(
+      f"Unknown experiment {name!r}. Valid experiments: {_suggest(name, names)}"
+    )
   return importlib.import_module(f"experiments.{name}")
 
 
@@ -58,7 +61,7 @@ def parse_value(text: str, current):
   except (ValueError, SyntaxError):
     if isinstance(current, str) and "(" not in text:
       return text
-    raise ValueError(
+    raise errors.BadValue(
       f"Cannot parse {text!r}: override values must be Python literals "
       "(numbers, True/False/None, 'quoted strings', lists)."
     ) from None
@@ -69,11 +72,11 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str])
   for override in overrides:
     key, sep, text = override.partition("=")
     if not sep or not key:
-      raise ValueError(
+      raise errors.BadValue(
         f"Override {override!r} is not of the form key=value (e.g. train.num_steps=100)."
       )
     if key not in valid:
-      raise ValueError(f"Unknown config key {key!r}. Valid keys: {_suggest(key, valid)}")
+      raise errors.BadValue(f"Unknown config key {key!r}. Valid keys: {_suggest(key, valid)}")
     *parents, leaf = key.split(".")
     section = config
     for parent in parents:
@@ -85,7 +88,7 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str])
     try:
       section[leaf] = value
     except TypeError as e:
-      raise ValueError(
+      raise errors.BadValue(
         f"Override {key}={text}: expected a value of type "
         f"{type(current).__name__}, got {type(value).__name__}."
       ) from e

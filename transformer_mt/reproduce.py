@@ -21,6 +21,7 @@ import jax
 from transformer_mt import (
   averaging,
   checkpointing,
+  errors,
   estimates,
   evaluate,
   finetune,
@@ -96,7 +97,7 @@ def _reproduce(name: str, workdir: str, overrides: Sequence[str], config) -> dic
   else:
     trained = train.train(config, workdir)
     if trained.get("preempted"):
-      raise RuntimeError("Training was stopped by a signal; rerun the same command to resume.")
+      raise errors.Stopped("Training was stopped by a signal; rerun the same command to resume.")
     last_n = config.evaluate.get("average_last", 0)
     eval_dir, averaged = (
       _averaged_dir(workdir, last_n)
@@ -142,11 +143,10 @@ def load_results(workdirs: Sequence[str]) -> list[dict[str, Any]]:
   for workdir in workdirs:
     path = os.path.join(workdir, RESULTS_FILENAME)
     if not os.path.exists(path):
-      raise FileNotFoundError(
+      raise errors.MissingFile(
         f"{path} does not exist; run `run.py reproduce NAME --workdir {workdir}` first."
       )
-    with open(path, encoding="utf-8") as f:
-      rows.append(dict(json.load(f), workdir=workdir))
+    rows.append(dict(text_files.read_json(path), workdir=workdir))
   return rows
 
 
@@ -206,7 +206,10 @@ def bar_chart(rows: Sequence[dict[str, Any]], path: str) -> None:
   axes.set_ylabel("BLEU")
   axes.legend()
   figure.tight_layout()
-  figure.savefig(path, dpi=120)
+  try:
+    figure.savefig(path, dpi=120)
+  except OSError as e:
+    raise text_files.DataError(text_files.cannot_write(path, e)) from e
 
 
 def report(workdirs: Sequence[str], chart_path: str | None = None) -> str:

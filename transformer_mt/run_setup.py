@@ -15,7 +15,7 @@ import ml_collections
 import optax
 from jax.sharding import Mesh
 
-from transformer_mt import beam_search, optimizer, train_step
+from transformer_mt import beam_search, errors, optimizer, sharding, train_step
 from transformer_mt.config import TransformerConfig
 from transformer_mt.model import Transformer
 from transformer_mt.tokenizer import AnyTokenizer
@@ -60,7 +60,7 @@ def decode_settings(config, beam_size: int | None = None, alpha: float | None = 
     ("candidate_pool", beam_search.CANDIDATE_POOLS),
   ):
     if settings[key] not in allowed:
-      raise ValueError(
+      raise errors.BadValue(
         f"decode.{key}={settings[key]!r} in the experiment config: expected one of "
         f"{', '.join(allowed)}; fix the config (or the override that set it)."
       )
@@ -103,6 +103,35 @@ def model_setup(
   )
 
 
+def check_learned_positions(config: ml_collections.ConfigDict, model_config: TransformerConfig):
+  """Raises if training rows (data.max_len tokens) would reach past the learned position table
+  (model.max_len rows): those positions have no embedding to learn or to use."""
+  if model_config.position_encoding == "learned" and config.data.max_len > model_config.max_len:
+    raise errors.BadValue(
+      f"data.max_len={config.data.max_len} exceeds model.max_len={model_config.max_len}, the "
+      "rows of the learned position table: lower data.max_len or raise model.max_len."
+    )
+
+
+def check_parameter_layout(config: ml_collections.ConfigDict, model: Transformer, mesh: Mesh):
+  """Raises a one-line error naming each parameter dimension `mesh` cannot shard evenly (e.g.
+  6 heads over tensor=4), unless the config opts in to replicating those dimensions with
+  mesh.allow_replicated_fallback=True. A replicated dimension costs memory and speed that a
+  larger mesh axis was asked to save; training should not quietly pay for it."""
+  if config.mesh.get("allow_replicated_fallback", False):
+    return
+  problems = sharding.undivided_dimensions(train_step.logical_params(model), mesh)
+  if problems:
+    shown = "; ".join(problems[:4]) + (
+      f"; ... ({len(problems)} in all)" if len(problems) > 4 else ""
+    )
+    raise errors.BadValue(
+      f"mesh {dict(mesh.shape)} cannot shard these parameters evenly: {shown}. Choose mesh "
+      "sizes that divide them (or model sizes the mesh divides), or set "
+      "mesh.allow_replicated_fallback=True to replicate those dimensions instead."
+    )
+
+
 def training_setup(
   config: ml_collections.ConfigDict,
   tokenizer: AnyTokenizer | None,
@@ -116,6 +145,7 @@ def training_setup(
   """
   model_config = model_config or model_config_for(config, tokenizer)
   model = Transformer(model_config)
+  check_parameter_layout(config, model, mesh)
   tx, schedule = optimizer.make_optimizer(config.train, model_config.d_model)
   abstract_state = train_step.abstract_state(model, tx, mesh)
   state_shardings = train_step.state_shardings(model, tx, mesh)

@@ -31,7 +31,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from transformer_mt import decode
+from transformer_mt import decode, errors
 from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 # Seeds are folded into a threefry key as uint32.
@@ -53,20 +53,20 @@ class SamplingSettings:
   def check(self) -> SamplingSettings:
     """Returns self; raises ValueError naming the flag for a value sampling cannot use."""
     if not self.temperature > 0 or self.temperature == float("inf"):
-      raise ValueError(
+      raise errors.BadValue(
         f"--temperature {self.temperature}: must be a positive number "
         "(1 samples the model's distribution; for argmax decoding drop --sample)."
       )
     if self.top_k < 0:
-      raise ValueError(f"--top_k {self.top_k}: must be >= 0 (0 keeps every token).")
+      raise errors.BadValue(f"--top_k {self.top_k}: must be >= 0 (0 keeps every token).")
     if not 0 < self.top_p <= 1:
-      raise ValueError(f"--top_p {self.top_p}: must be in (0, 1] (1 keeps every token).")
+      raise errors.BadValue(f"--top_p {self.top_p}: must be in (0, 1] (1 keeps every token).")
     return self
 
 
 def check_seed(seed: int) -> int:
   if not 0 <= seed <= MAX_SEED:
-    raise ValueError(f"--seed {seed}: must be an integer in [0, {MAX_SEED}].")
+    raise errors.BadValue(f"--seed {seed}: must be an integer in [0, {MAX_SEED}].")
   return seed
 
 

@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_mt import beam_search, decode, sharding
+from transformer_mt import beam_search, decode, errors, sharding
 from transformer_mt.input_pipeline import bucket_length
 from transformer_mt.model import Transformer
 from transformer_mt.translate import Translator
@@ -104,7 +104,7 @@ def score_ids(
   (or as beam search returns a hypothesis: PAD removed; EOS absent if it stopped at its
   maximum length). Every source must be non-empty."""
   if len(sources) != len(targets):
-    raise ValueError(f"{len(sources)} sources but {len(targets)} targets.")
+    raise errors.BadValue(f"{len(sources)} sources but {len(targets)} targets.")
   order = sorted(range(len(sources)), key=lambda i: max(len(sources[i]), len(targets[i])))
   results: list[PairScore | None] = [None] * len(sources)
   for start in range(0, len(order), translator.batch_size):
@@ -127,7 +127,7 @@ def score_lines(
       learned position table reaches.
   """
   if len(sources) != len(targets):
-    raise ValueError(
+    raise errors.BadValue(
       f"{len(sources)} source lines but {len(targets)} target lines: the files must be "
       "line-aligned."
     )
@@ -138,7 +138,7 @@ def score_lines(
   if learned:
     for i, ids in zip(kept, target_ids):
       if len(ids) > min(learned):
-        raise ValueError(
+        raise errors.BadValue(
           f"Target line {i + 1} has {len(ids)} tokens; the model's learned positions reach "
           f"{min(learned)}: shorten or split that line."
         )

@@ -22,6 +22,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from transformer_mt import errors
+
 MESH_AXES = ("data", "fsdp", "tensor")
 
 # Logical axis -> mesh axes. Flax uses the first rule whose mesh axes are still free,
@@ -43,20 +45,20 @@ def mesh_shape(mesh_config: ml_collections.ConfigDict, num_devices: int) -> tupl
   sizes = [int(mesh_config[axis]) for axis in MESH_AXES]
   free = [i for i, s in enumerate(sizes) if s == -1]
   if len(free) > 1 or any(s == 0 or s < -1 for s in sizes):
-    raise ValueError(
+    raise errors.BadValue(
       f"mesh {dict(zip(MESH_AXES, sizes))}: each size must be positive, "
       "and at most one may be -1 (fill with the remaining devices)"
     )
   fixed = math.prod(s for s in sizes if s != -1)
   if free:
     if num_devices % fixed:
-      raise ValueError(
+      raise errors.BadValue(
         f"mesh {dict(zip(MESH_AXES, sizes))}: {num_devices} devices are not "
         f"divisible by the fixed axes' product {fixed}"
       )
     sizes[free[0]] = num_devices // fixed
   if math.prod(sizes) != num_devices:
-    raise ValueError(
+    raise errors.BadValue(
       f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices "
       f"but {num_devices} are available; set mesh.data=-1 to use them all"
     )
@@ -76,7 +78,7 @@ def inference_mesh_config(spec: str | None = None) -> ml_collections.ConfigDict:
       continue
     axis, sep, size = (text.strip() for text in part.partition("="))
     if not sep or axis not in sizes or not size.lstrip("-").isdigit():
-      raise ValueError(
+      raise errors.BadValue(
         f"--mesh {spec!r}: expected comma-separated AXIS=SIZE with AXIS one of "
         f"{', '.join(MESH_AXES)} and SIZE an integer (-1: the remaining devices), "
         "e.g. --mesh data=1,fsdp=1,tensor=1"
@@ -99,8 +101,42 @@ def make_mesh(
   )
 
 
+def _spec_per_dimension(spec: PartitionSpec, ndim: int) -> list[tuple[str, ...]]:
+  """The mesh axes of each of `ndim` dimensions (() for a replicated one)."""
+  padded = tuple(spec) + (None,) * (ndim - len(spec))
+  return [(axes,) if isinstance(axes, str) else tuple(axes or ()) for axes in padded]
+
+
+def undivided_dimensions(
+  abstract_tree: Any, mesh: Mesh, rules: Sequence[tuple[str, Any]] = LOGICAL_AXIS_RULES
+) -> list[str]:
+  """Each parameter dimension its mesh axes do not divide, in words ("path: shape (...),
+  dimension i (size d) over mesh axis 'tensor' of size 4"), for a tree of boxed abstract
+  arrays as `logical_shardings` takes. `logical_shardings` would replicate those dimensions."""
+  specs = nn.logical_to_mesh(nn.get_partition_spec(abstract_tree), rules)
+  shapes = nn.unbox(abstract_tree)
+  problems = []
+  is_spec = lambda x: isinstance(x, PartitionSpec) or x is None  # noqa: E731
+  for (path, spec), leaf in zip(
+    jax.tree_util.tree_leaves_with_path(specs, is_leaf=is_spec), jax.tree.leaves(shapes)
+  ):
+    spec = spec if isinstance(spec, PartitionSpec) else PartitionSpec()
+    for i, (dim, names) in enumerate(zip(leaf.shape, _spec_per_dimension(spec, leaf.ndim))):
+      size = math.prod(mesh.shape[name] for name in names)
+      if size > 1 and dim % size:
+        axes = " x ".join(f"{name!r}" for name in names)
+        problems.append(
+          f"{jax.tree_util.keystr(path, simple=True, separator='/')}: shape {tuple(leaf.shape)}, "
+          f"dimension {i} (size {dim}) over mesh axis {axes} of size {size}"
+        )
+  return problems
+
+
 def _fit_spec_to_shape(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
-  """Drops the sharding of dimensions the mesh axes do not divide (e.g. an odd vocab)."""
+  """Drops the sharding of dimensions the mesh axes do not divide (e.g. an odd vocab).
+
+  Training refuses such a layout unless mesh.allow_replicated_fallback is set (see
+  run_setup.check_parameter_layout); inference, on whatever devices it runs, accepts it."""
   fitted = []
   for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
     names = (axes,) if isinstance(axes, str) else (axes or ())

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from transformer_mt import distributed, metrics, registry, text_files, workdir_lock
+from transformer_mt import distributed, errors, metrics, registry, text_files, workdir_lock
 
 SWEEP_FILENAME = "sweep.json"
 TRIAL_FILENAME = "trial.json"
@@ -58,7 +58,7 @@ RANKING_METRICS = {
 def check_metric(metric: str) -> None:
   """Fails before any work (a sweep may run for hours before it ranks) on an unknown name."""
   if metric not in RANKING_METRICS:
-    raise ValueError(
+    raise errors.BadValue(
       f"--metric {metric!r} is not a ranking metric: use one of {', '.join(RANKING_METRICS)}."
     )
 
@@ -81,7 +81,7 @@ class Distribution:
       return int(rng.integers(self.low, self.high + 1))
     if self.kind == "choice":
       return self.choices[int(rng.integers(len(self.choices)))]
-    raise ValueError(
+    raise errors.BadValue(
       f"Unknown distribution {self.kind!r}: use uniform, log_uniform, int or choice."
     )
 
@@ -92,7 +92,7 @@ def uniform(low: float, high: float) -> Distribution:
 
 def log_uniform(low: float, high: float) -> Distribution:
   if low <= 0:
-    raise ValueError(f"log_uniform({low}, {high}) needs low > 0.")
+    raise errors.BadValue(f"log_uniform({low}, {high}) needs low > 0.")
   return Distribution("log_uniform", low, high)
 
 
@@ -117,7 +117,7 @@ class Sweep:
   def trials(self) -> list[dict[str, Any]]:
     """Each trial's {key: value}, in a fixed order: grid points, each with its random draws."""
     if self.random and self.num_random < 1:
-      raise ValueError("A sweep with random keys needs num_random >= 1 draws.")
+      raise errors.BadValue("A sweep with random keys needs num_random >= 1 draws.")
     keys = list(self.grid)
     points = [dict(zip(keys, values)) for values in itertools.product(*self.grid.values())]
     rng = np.random.default_rng(self.seed)
@@ -143,7 +143,7 @@ def load_sweep(name: str) -> Sweep:
     with_sweeps = [
       n for n in registry.experiment_names() if hasattr(registry.experiment_module(n), "get_sweep")
     ]
-    raise ValueError(
+    raise errors.BadValue(
       f"Experiment {name!r} declares no sweep (a get_sweep() function in "
       f"experiments/{name}.py). Experiments with sweeps: {', '.join(with_sweeps)}"
     )
@@ -162,7 +162,7 @@ def plan(
   swept = set(sweep.grid) | set(sweep.random)
   for override in overrides:
     if override.partition("=")[0] in swept:
-      raise ValueError(
+      raise errors.BadValue(
         f"{override!r} sets a key the sweep varies; change the sweep in "
         f"experiments/{name}.py instead."
       )
@@ -171,7 +171,9 @@ def plan(
     trial_name = f"trial_{index:03d}"
     config = registry.load_experiment(name, list(overrides) + trial_overrides(values))
     if not config.train.get("bleu_every"):
-      raise ValueError("Sweeps rank trials by validation BLEU or chrF: set train.bleu_every > 0.")
+      raise errors.BadValue(
+        "Sweeps rank trials by validation BLEU or chrF: set train.bleu_every > 0."
+      )
     trials.append(
       {
         "name": trial_name,
@@ -186,10 +188,9 @@ def plan(
   }
   path = os.path.join(root, SWEEP_FILENAME)
   if os.path.exists(path):
-    with open(path, encoding="utf-8") as f:
-      previous = json.load(f)
+    previous = text_files.read_json(path)
     if previous != record:
-      raise ValueError(
+      raise errors.BadValue(
         f"{path} records a different sweep (experiment, overrides or trials "
         f"changed since it started): {previous}. Use a new --workdir, or rerun with "
         "the same experiment and overrides."
@@ -201,8 +202,7 @@ def trial_status(workdir: str) -> dict[str, Any] | None:
   path = os.path.join(workdir, TRIAL_FILENAME)
   if not os.path.exists(path):
     return None
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  return text_files.read_json(path)
 
 
 def _final_validation_score(workdir: str, step: int, name: str) -> float | None:
@@ -259,7 +259,7 @@ def device_groups(parallel: int) -> tuple[str, list[list[str]]]:
   GPUs from CUDA_VISIBLE_DEVICES or nvidia-smi; otherwise CPU devices from XLA_FLAGS.
   """
   if distributed.on_tpu_host():
-    raise ValueError(
+    raise errors.BadValue(
       "--parallel is not supported on TPU hosts: run one trial per job with "
       "--trial i (see --dry-run and launch/slurm_sweep.sbatch)."
     )
@@ -282,7 +282,7 @@ def device_groups(parallel: int) -> tuple[str, list[list[str]]]:
       if variable == "CUDA_VISIBLE_DEVICES"
       else "; on CPU, simulate devices with XLA_FLAGS=--xla_force_host_platform_device_count=N"
     )
-    raise ValueError(
+    raise errors.BadValue(
       f"--parallel {parallel} must divide the {len(devices)} devices of this host "
       f"({variable}) into equal groups{hint}."
     )
@@ -332,7 +332,7 @@ def _run_trials(
 ) -> list[dict[str, Any]]:
   if only_trial is not None:
     if not 0 <= only_trial < len(trials):
-      raise ValueError(
+      raise errors.BadValue(
         f"--trial {only_trial} is out of range: the sweep has {len(trials)} "
         f"trials (0..{len(trials) - 1})."
       )
@@ -454,7 +454,7 @@ def _run_parallel(
   if stopping.is_set():
     logging.warning("Sweep stopped by a signal; rerun the same command to resume.")
   if failed:
-    raise ValueError(
+    raise errors.BadValue(
       "Some trials failed (the others went on; rerun to retry): " + "; ".join(failed)
     )
 
@@ -475,8 +475,7 @@ def ranking_table(root: str, metric: str = "bleu") -> str:
   logged) is ranked after every trial with one."""
   check_metric(metric)
   _, field, label = RANKING_METRICS[metric]
-  with open(os.path.join(root, SWEEP_FILENAME), encoding="utf-8") as f:
-    record = json.load(f)
+  record = text_files.read_json(os.path.join(root, SWEEP_FILENAME))
   rows = [
     trial_status(os.path.join(root, t["name"]))
     or {"status": "unfinished", "trial": t["name"], "overrides": t["overrides"]}

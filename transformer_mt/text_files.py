@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import difflib
 import glob
+import json
 import os
 from collections.abc import Sequence
+from typing import Any
+
+from transformer_mt import errors
 
 _BOM = "\ufeff"
 _GLOB_CHARS = frozenset("*?[")
@@ -30,14 +34,43 @@ PathLike = str | os.PathLike
 
 def write_atomically(path: str | os.PathLike, data: str | bytes) -> None:
   """Writes `data` (UTF-8 text or bytes) so a crash leaves either the old file or the new
-  one, never half of it: write a temporary file beside it, then rename."""
+  one, never half of it: write a temporary file beside it, then rename. A path that cannot be
+  written (no such directory, no permission, a full disk) is one DataError naming it."""
   tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "wb") as f:
-    f.write(data.encode("utf-8") if isinstance(data, str) else data)
-  os.replace(tmp, path)
+  try:
+    with open(tmp, "wb") as f:
+      f.write(data.encode("utf-8") if isinstance(data, str) else data)
+    os.replace(tmp, path)
+  except OSError as e:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise DataError(cannot_write(path, e)) from e
 
 
-class DataError(ValueError):
+def cannot_write(path: str | os.PathLike, error: OSError) -> str:
+  """The message of a file the command cannot write, with what to check."""
+  return (
+    f"Cannot write {os.fspath(path)}: {error.strerror or error}; check that its directory "
+    "exists and is writable, and that the disk has space."
+  )
+
+
+def read_json(path: str | os.PathLike) -> Any:
+  """The JSON value in `path`. A missing file is errors.MissingFile, one that is not JSON (or
+  not UTF-8) a DataError, each naming the path."""
+  path = os.fspath(path)
+  if not os.path.isfile(path):
+    raise errors.MissingFile(f"{path} does not exist (or is not a file).")
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+    raise DataError(f"{path} is not valid JSON ({e}); restore or recreate it.") from e
+  except OSError as e:
+    raise DataError(f"Cannot read {path}: {e.strerror or e}.") from e
+
+
+class DataError(errors.BadValue):
   """A problem with the user's data files: the message says what, where and what to do."""
 
 

@@ -36,7 +36,8 @@ statmt.org (about 1.7 GB for wmt14 de-en) and writes array_record files under th
 data directory; later calls reuse them. Where that cannot happen (no network,
 missing files or Python modules, a copy prepared as TFRecord), the
 `DataUnavailableError` says which dataset, what must be downloaded, and how to
-point `data.tfds_data_dir` / `data.tfds_manual_dir` at a local copy.
+point `data.tfds_data_dir` / `data.tfds_manual_dir` at a local copy. In a multi-process
+run only process 0 prepares; the others wait for it at a barrier and then only read.
 """
 
 from __future__ import annotations
@@ -47,8 +48,10 @@ import operator
 import re
 from typing import Any
 
+import jax
 import tensorflow_datasets as tfds
 
+from transformer_mt import distributed, errors
 from transformer_mt.text_files import DataError
 
 # TFDS builder -> configs we support, each named after its pair in TFDS order.
@@ -96,7 +99,7 @@ class TranslationPairs(collections.abc.Sequence):
 
   def __init__(self, records: collections.abc.Sequence[Any], source_lang: str, target_lang: str):
     if source_lang == target_lang:
-      raise ValueError(f"source_lang and target_lang are both {source_lang!r}.")
+      raise errors.BadValue(f"source_lang and target_lang are both {source_lang!r}.")
     self.records = records
     self.source_lang = source_lang
     self.target_lang = target_lang
@@ -135,7 +138,7 @@ class TranslationPairs(collections.abc.Sequence):
     try:
       return _text(record[self.source_lang]), _text(record[self.target_lang])
     except KeyError:
-      raise KeyError(
+      raise errors.UnknownName(
         f"{self.source_lang}->{self.target_lang}: the record has languages "
         f"{sorted(record)}, not both of these."
       ) from None
@@ -167,14 +170,14 @@ def supported_choices() -> str:
 def tfds_config(dataset: str, source_lang: str, target_lang: str) -> str:
   """The TFDS config serving `source_lang` -> `target_lang` ("de-en" for en->de and de->en)."""
   if dataset not in SUPPORTED:
-    raise ValueError(
+    raise errors.BadValue(
       f"Unsupported TFDS dataset {dataset!r} (data.tfds_name). Supported datasets "
       f"and translation directions:\n{supported_choices()}"
     )
   for config in SUPPORTED[dataset]:
     if source_lang != target_lang and set(config.split("-")) == {source_lang, target_lang}:
       return config
-  raise ValueError(
+  raise errors.BadValue(
     f"{dataset} has no supported config for {source_lang}->{target_lang} "
     f"(data.source_lang / data.target_lang). Supported datasets and translation "
     f"directions:\n{supported_choices()}"
@@ -189,7 +192,7 @@ def _check_split(split: str) -> None:
   for part in re.split(r"\s*\+\s*", split.strip()):
     name = re.match(r"[\w-]*", part).group(0)
     if name not in SPLITS + ("all",):
-      raise ValueError(
+      raise errors.BadValue(
         f"Unknown split {split!r}: split names are {list(SPLITS)} (TFDS slicing "
         f"such as 'train[:1%]' or 'validation+test' is allowed)."
       )
@@ -228,16 +231,35 @@ def load_tfds_pairs(
     kwargs["download_and_prepare_kwargs"] = {
       "download_config": tfds.download.DownloadConfig(manual_dir=manual_dir)
     }
+  name = f"{dataset}/{config}"
+  if download and jax.process_count() > 1:
+    # Several processes preparing one data_dir at once would download the archives N times
+    # and write over each other's files: process 0 prepares, the others wait, then all read.
+    failure = None
+    if distributed.is_primary():
+      try:
+        _open_records(name, kwargs, dataset, config, split, data_dir, manual_dir)
+      except Exception as e:  # Raised after the barrier, so that the others do not hang.
+        failure = e
+    distributed.barrier(f"tfds_prepared:{name}:{split}")
+    if failure is not None:
+      raise failure
+    kwargs["download"] = False
+  records = _open_records(name, kwargs, dataset, config, split, data_dir, manual_dir)
+  return TranslationPairs(records, source_lang, target_lang)
+
+
+def _open_records(name, kwargs, dataset, config, split, data_dir, manual_dir):
+  """`tfds.data_source(name, **kwargs)`, its failures turned into DataUnavailableError."""
   try:
     importlib.import_module(_BUILDER_MODULES[dataset])
-    records = tfds.data_source(f"{dataset}/{config}", **kwargs)
+    return tfds.data_source(name, **kwargs)
   except _PROGRAMMING_ERRORS:
     raise
   except Exception as e:  # Network, files, missing modules: see _reason.
     raise DataUnavailableError(
-      _unavailable_message(dataset, config, split, data_dir, manual_dir, download, e)
+      _unavailable_message(dataset, config, split, data_dir, manual_dir, kwargs["download"], e)
     ) from e
-  return TranslationPairs(records, source_lang, target_lang)
 
 
 def _reason(error: Exception, download: bool, manual_dir: str | None) -> str:

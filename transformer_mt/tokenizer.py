@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 
-from transformer_mt import hf_tokenizers
+from transformer_mt import errors, hf_tokenizers
 from transformer_mt.fsmt_tokenizer import FsmtTokenizer
 from transformer_mt.hf_tokenizers import LanguageTagTokenizer
 from transformer_mt.text_files import write_atomically
@@ -56,7 +56,7 @@ class Tokenizer:
     self.model_proto = model_proto
     self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
     if (self._sp.pad_id(), self._sp.eos_id(), self._sp.bos_id()) != (PAD_ID, EOS_ID, BOS_ID):
-      raise ValueError(
+      raise errors.BadValue(
         "SentencePiece model has ids pad/eos/bos = "
         f"{self._sp.pad_id()}/{self._sp.eos_id()}/{self._sp.bos_id()}; "
         f"expected {PAD_ID}/{EOS_ID}/{BOS_ID}. Retrain it with transformer_mt."
@@ -128,7 +128,7 @@ class VocabTokenizer:
     self.special_tokens = dict(DEFAULT_SPECIAL_TOKENS, **(special_tokens or {}))
     missing = [p for p in self.special_tokens.values() if p not in self.vocab]
     if missing:
-      raise ValueError(f"The vocabulary lacks the special tokens {missing}.")
+      raise errors.BadValue(f"The vocabulary lacks the special tokens {missing}.")
     self._source = spm.SentencePieceProcessor(model_proto=source_proto)
     self._target = spm.SentencePieceProcessor(model_proto=target_proto)
     self._pieces = {i: piece for piece, i in self.vocab.items()}
@@ -205,7 +205,7 @@ def kind_named(marker: bytes, where: str = "the tokenizer") -> str:
   """The kind a marker file names, checked to be one this version reads."""
   kind = json.loads(marker).get("kind")
   if kind not in TOKENIZER_KINDS:
-    raise ValueError(
+    raise errors.BadValue(
       f"{where} names the tokenizer kind {kind!r}, which this version cannot read (known: "
       f"{sorted(TOKENIZER_KINDS)})."
     )
@@ -252,7 +252,7 @@ def train_tokenizer(
 ) -> Tokenizer:
   """Trains a joint vocabulary on up to `sample_size` sentences drawn from both sides."""
   if model_type not in ("unigram", "bpe"):
-    raise ValueError(f"tokenizer.model_type={model_type!r} must be 'unigram' or 'bpe'")
+    raise errors.BadValue(f"tokenizer.model_type={model_type!r} must be 'unigram' or 'bpe'")
   rng = np.random.default_rng(seed)
   num_pairs = min(len(pairs), max(1, sample_size // 2))
   chosen = rng.choice(len(pairs), size=num_pairs, replace=False)
@@ -281,7 +281,7 @@ def train_tokenizer(
       minloglevel=2,
     )
   except RuntimeError as e:
-    raise ValueError(
+    raise errors.BadValue(
       f"Could not train a SentencePiece vocabulary of size {vocab_size} on "
       f"{len(sentences)} sentences; change tokenizer.vocab_size as SentencePiece "
       f"says: {e}"

@@ -29,6 +29,7 @@ from transformer_mt import (
   checkpointing,
   data_sources,
   distributed,
+  errors,
   evaluation,
   finetune,
   input_pipeline,
@@ -39,6 +40,7 @@ from transformer_mt import (
   train_step,
   workdir_lock,
 )
+from transformer_mt.model import Transformer
 from transformer_mt.run_setup import decode_settings, model_config_for
 from transformer_mt.tokenizer import load_or_train
 from transformer_mt.translate import Translator
@@ -73,19 +75,24 @@ def _train(config: ml_collections.ConfigDict, workdir: str, progress: bool) -> d
     imported = finetune.read_import(finetune.import_into_workdir(config, workdir))
     config = finetune.merged_config(config, imported)
     imported, forced_first_id = finetune.with_languages(imported, config)
-  model_config_for(config)
+  run_setup.check_learned_positions(config, model_config_for(config))
   data_shards, fsdp_shards, _ = sharding.mesh_shape(config.mesh, jax.device_count())
   profiler = _StepTrace(config.train.get("profile_steps", []), workdir)
   input_pipeline.check_num_workers(config.data.get("num_workers", 0))  # before writing anything
   policy = config.train.get("nonfinite", "stop")
   if policy not in ("stop", "skip"):
-    raise ValueError(f"train.nonfinite={policy!r} must be 'stop' or 'skip'.")
+    raise errors.BadValue(f"train.nonfinite={policy!r} must be 'stop' or 'skip'.")
   batch_rows = input_pipeline.rows_per_batch(
     config.train.batch_tokens,
     config.data.max_len,
     config.train.grad_accum_steps,
     jax.process_count(),
     batch_shards=data_shards * fsdp_shards,
+  )
+  # The configured vocabulary size stands in for the tokenizer's, not trained yet; training_setup
+  # checks again with the real one.
+  run_setup.check_parameter_layout(
+    config, Transformer(model_config_for(config)), sharding.make_mesh(config.mesh)
   )
   pairs = data_sources.load_pairs(config.data)
   os.makedirs(workdir, exist_ok=True)
@@ -335,7 +342,7 @@ class _StepTrace:
       or not all(isinstance(s, int) and s >= 1 for s in steps)
       or steps[0] > steps[1]
     ):
-      raise ValueError(
+      raise errors.BadValue(
         f"train.profile_steps={steps!r} must be [] or [first, last] with 1 <= first <= last, "
         "e.g. train.profile_steps=[10,12]."
       )
@@ -448,7 +455,7 @@ def _restore_latest_readable(manager, workdir, abstract_state, make_batches, num
       logging.debug("Metadata of step %d unreadable: %s", step, e)
     written_by = checkpointing.saved_process_count(workdir, step)
     if written_by not in (None, jax.process_count()) and not finished:
-      raise ValueError(
+      raise errors.BadValue(
         f"The checkpoint of step {step} in {workdir} was written by {written_by} "
         f"processes, and this run has {jax.process_count()}. Resume with "
         f"{written_by} processes: the data order depends on the process count."
@@ -462,7 +469,7 @@ def _restore_latest_readable(manager, workdir, abstract_state, make_batches, num
     except Exception as e:  # noqa: BLE001 - sorted into damage and real errors just below
       damage = checkpointing.find_damage(workdir, step, items, e)
       if damage is None:
-        raise ValueError(checkpointing.restore_failure(workdir, step, e)) from e
+        raise errors.BadValue(checkpointing.restore_failure(workdir, step, e)) from e
       logging.warning(
         "Checkpoint %d in %s is damaged (%s); falling back to the previous one.",
         step,
@@ -474,7 +481,7 @@ def _restore_latest_readable(manager, workdir, abstract_state, make_batches, num
     logging.info("Resumed from the checkpoint of step %d in %s.", step, workdir)
     return step, state, batches, counts
   if steps:
-    raise ValueError(
+    raise errors.BadValue(
       f"Every checkpoint in {checkpointing.checkpoint_dir(workdir)} is damaged (steps "
       f"{sorted(damaged)}; see the warnings above) and nothing was changed. Train into a new "
       "--workdir to start afresh."

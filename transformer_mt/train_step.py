@@ -19,11 +19,11 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from transformer_mt import losses, optimizer, sharding
+from transformer_mt import errors, losses, optimizer, sharding
 from transformer_mt.model import Transformer
 
 
-class NonFiniteError(RuntimeError):
+class NonFiniteError(errors.UserError, RuntimeError):
   """Training stopped on a NaN/Inf loss or gradient (policy train.nonfinite='stop')."""
 
 
@@ -38,6 +38,11 @@ class TrainState:
 def _init_params(key: jax.Array, model: Transformer) -> Any:
   dummy = jnp.ones((1, 2), jnp.int32)
   return model.init(key, dummy, dummy)["params"]  # boxed with logical axis names
+
+
+def logical_params(model: Transformer) -> Any:
+  """The parameters' abstract arrays, boxed with their logical axis names (nothing computed)."""
+  return jax.eval_shape(functools.partial(_init_params, model=model), jax.random.key(0))
 
 
 def _create_state(

@@ -29,7 +29,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from transformer_mt import beam_search, checkpointing, decode, run_setup, sampling, sharding
+from transformer_mt import beam_search, checkpointing, decode, errors, run_setup, sampling, sharding
 from transformer_mt import tokenizer as tokenizers
 from transformer_mt.config import TransformerConfig
 from transformer_mt.input_pipeline import bucket_length
@@ -75,6 +75,20 @@ class Translator:
   # ids (PAD, EOS, decoder start) and tokenizer every member shares. None: one model.
   members: tuple[TransformerConfig, ...] | None = None
 
+  def __post_init__(self):
+    # Learned position tables end at max_len: no source token and no generated token may sit
+    # at a position past it (longer lines are truncated, with a warning; see encode_sources).
+    limit = self.position_limit
+    if limit is not None:
+      self.max_source_len = min(self.max_source_len, limit)
+      self.max_target_len = min(self.max_target_len, limit)
+
+  @property
+  def position_limit(self) -> int | None:
+    """Positions the models can address (the smallest learned table), None if unbounded."""
+    learned = [c.max_len for c in self.configs if c.position_encoding == "learned"]
+    return min(learned) if learned else None
+
   @property
   def decoder_config(self) -> decode.ModelConfig:
     """The static config of the jitted decoders: the model's, or the ensemble's tuple."""
@@ -105,7 +119,7 @@ class Translator:
     the batch size or the mesh: a row's draws depend on (seed, line index, sample index).
     `settings` default: temperature 1, no top-k, no top-p (the model's own distribution)."""
     if num_samples < 1:
-      raise ValueError(f"--num_samples {num_samples}: must be at least 1.")
+      raise errors.BadValue(f"--num_samples {num_samples}: must be at least 1.")
     settings = (settings or sampling.SamplingSettings()).check()
     seed = sampling.check_seed(seed)
     outputs = [[""] * num_samples for _ in lines]
@@ -170,7 +184,7 @@ class Translator:
       ValueError: k < 1 or k > beam_size.
     """
     if not 1 <= k <= self.beam_size:
-      raise ValueError(
+      raise errors.BadValue(
         f"--nbest {k}: must be between 1 and the beam size ({self.beam_size}); pass "
         f"--beam {max(k, 1)} or more, or a smaller --nbest."
       )
@@ -235,6 +249,8 @@ class Translator:
     the source length to a bucket, so a few shapes cover every batch.
     """
     src_len = bucket_length(max(len(s) for s in sources))
+    if self.position_limit is not None:  # the bucket's padding stays inside the table too
+      src_len = max(min(src_len, self.position_limit), max(len(s) for s in sources))
     rows = bucket_length(self.batch_size, self.mesh.devices.size)
     pad_id = self.model_config.pad_id
     inputs = np.full((rows, src_len), pad_id, np.int32)
@@ -320,7 +336,7 @@ def load_translator(
   """
   workdirs = [workdir] if isinstance(workdir, str) else list(workdir)
   if not workdirs:
-    raise ValueError("No --workdir given.")
+    raise errors.BadValue("No --workdir given.")
   mesh = mesh or sharding.make_mesh(sharding.inference_mesh_config())
   # Every member's config and tokenizer are read and checked before any parameters are.
   prepared = [_prepare(w, step, mesh, beam_size, alpha, source_lang, target_lang) for w in workdirs]
@@ -344,7 +360,7 @@ def _check_same_vocabulary(first: Translator, first_dir: str, other: Translator,
   same ids, so they must have one tokenizer (byte-identical files), the same special ids and
   the same forced first token (language tag)."""
   if tokenizers.to_files(first.tokenizer) != tokenizers.to_files(other.tokenizer):
-    raise ValueError(
+    raise errors.BadValue(
       f"--workdir {other_dir} has a different tokenizer from --workdir {first_dir}: an ensemble's "
       "models must share one tokenizer (ensemble checkpoints trained or fine-tuned from the "
       "same tokenizer), or translate with each separately."
@@ -354,7 +370,7 @@ def _check_same_vocabulary(first: Translator, first_dir: str, other: Translator,
   ids.append(("forced first token", first.forced_first_id, other.forced_first_id))
   for name, a, b in ids:
     if a != b:
-      raise ValueError(
+      raise errors.BadValue(
         f"--workdir {other_dir} has {name} {b}, --workdir {first_dir} has {a}: an ensemble's "
         "models must share their ids and language tags; import or train them alike."
       )
@@ -408,7 +424,7 @@ def with_languages(
   if not hasattr(tokenizer, "languages"):
     given = [f for f, v in (("--src_lang", source_lang), ("--tgt_lang", target_lang)) if v]
     if given:
-      raise ValueError(
+      raise errors.BadValue(
         f"{' and '.join(given)}: the model in {workdir} has no language tags (only imported "
         "mBART and NLLB models do); drop the flag."
       )
@@ -417,7 +433,7 @@ def with_languages(
   target = target_lang or config.data.get("target_code") or None
   missing = [f for f, v in (("--src_lang", source), ("--tgt_lang", target)) if not v]
   if missing:
-    raise ValueError(
+    raise errors.BadValue(
       f"{workdir} holds a multilingual {tokenizer.kind} model imported without a source and "
       f"target language: pass {' and '.join(missing)} (codes such as "
       f"{', '.join(tokenizer.languages[:3])}), or import it with them."

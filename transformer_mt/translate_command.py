@@ -12,6 +12,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from transformer_mt import errors
+
 
 def inference_mesh(args):
   """The mesh of `--mesh` over this machine's devices (see sharding.inference_mesh_config)."""
@@ -122,7 +124,7 @@ def run(args) -> None:
   if nbest is not None:
     check_nbest(nbest, args.beam)
     if args.sample:
-      raise ValueError("--nbest with --sample: n-best lists come from beam search; use one.")
+      raise errors.BadValue("--nbest with --sample: n-best lists come from beam search; use one.")
   options = sampling_options(args)
   translator = load_from_flags(args, beam_size=args.beam)
   if nbest is not None and args.beam is None:  # the config's beam, widened to hold K
@@ -131,7 +133,7 @@ def run(args) -> None:
     lines = translate.read_lines(sys.stdin.buffer)
   else:
     if not os.path.exists(args.input):
-      raise FileNotFoundError(f"Input file {args.input} does not exist.")
+      raise errors.MissingFile(f"Input file {args.input} does not exist.")
     with open(args.input, "rb") as f:
       lines = translate.read_lines(f)
   if nbest is not None:
@@ -149,9 +151,9 @@ def run(args) -> None:
 def check_nbest(nbest: int, beam: int | None) -> None:
   """--nbest K needs K >= 1 and, with an explicit --beam, K <= beam."""
   if nbest < 1:
-    raise ValueError(f"--nbest {nbest}: must be at least 1.")
+    raise errors.BadValue(f"--nbest {nbest}: must be at least 1.")
   if beam is not None and nbest > beam:
-    raise ValueError(
+    raise errors.BadValue(
       f"--nbest {nbest} is larger than --beam {beam}: beam search keeps only {beam} "
       f"hypotheses; pass --beam {nbest} or more (or leave --beam out)."
     )
@@ -168,10 +170,12 @@ def sampling_options(args):
   if not args.sample:
     given = [f"--{name}" for name in SAMPLING_FLAGS if getattr(args, name) is not None]
     if given:
-      raise ValueError(f"{', '.join(given)} only apply to sampling: add --sample, or drop them.")
+      raise errors.BadValue(
+        f"{', '.join(given)} only apply to sampling: add --sample, or drop them."
+      )
     return None
   if args.beam not in (None, 1):
-    raise ValueError(
+    raise errors.BadValue(
       f"--beam {args.beam} with --sample: sampling draws one token at a time; drop --beam."
     )
   settings = sampling.SamplingSettings(
@@ -181,7 +185,7 @@ def sampling_options(args):
   ).check()
   num_samples = 1 if args.num_samples is None else args.num_samples
   if num_samples < 1:
-    raise ValueError(f"--num_samples {num_samples}: must be at least 1.")
+    raise errors.BadValue(f"--num_samples {num_samples}: must be at least 1.")
   return settings, num_samples, sampling.check_seed(args.seed or 0)
 
 

@@ -51,15 +51,15 @@ from typing import Any
 
 import jax
 
-from transformer_mt import distributed
+from transformer_mt import distributed, errors
 
 LOCK_FILENAME = "writer.lock"
 # A takeover guard older than this was left by a process that died mid-takeover.
 _STALE_GUARD_SECONDS = 60.0
 
 
-class WorkdirBusy(ValueError):
-  """Another writer holds the workdir (a ValueError: the CLI prints it as one error line)."""
+class WorkdirBusy(errors.BadValue):
+  """Another writer holds the workdir (an errors.UserError: the CLI prints it as one line)."""
 
 
 @dataclasses.dataclass
