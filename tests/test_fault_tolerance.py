@@ -358,6 +358,25 @@ def test_every_checkpoint_damaged_is_one_line_that_deletes_nothing(ten_steps, tm
   assert _snapshot(workdir / "checkpoints") == before
 
 
+def test_translate_from_a_damaged_checkpoint_is_one_line(ten_steps, tmp_path, capsys):
+  """Reading a damaged checkpoint is a file problem, not a bug: one error line naming the
+  step and the damage, exit 2, and a readable step still translates."""
+  workdir = tmp_path / "run"
+  shutil.copytree(ten_steps, workdir)
+  _truncate_arrays(workdir / "checkpoints" / "10")
+  source = tmp_path / "in.txt"
+  source.write_text("the old dog\n")
+  command = ["translate", "--workdir", str(workdir), "--input", str(source)]
+  assert cli.main([*command, "--output", str(tmp_path / "out10.txt")]) == 2
+  err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+  assert len(err) == 1, err
+  assert "checkpoint 10" in err[0] and "damaged (OUT_OF_RANGE reading" in err[0], err
+  assert not (tmp_path / "out10.txt").exists()
+  command += ["--step", "5", "--output", str(tmp_path / "out5.txt")]
+  assert cli.main(command) == 0
+  assert len((tmp_path / "out5.txt").read_text().splitlines()) == 1
+
+
 @pytest.mark.parametrize("policy", ["stop", "skip"])
 def test_nan_policy(tmp_path, capsys, policy):
   workdir = tmp_path / "run"

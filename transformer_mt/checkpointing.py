@@ -385,10 +385,20 @@ def restore_params(workdir: str, step: int, abstract_params: Any) -> Any:
   """Only the parameters of a checkpoint (translation, averaging), into the given shardings;
   the optimizer state is never read."""
   check_format(workdir, step)
-  manager = make_manager(resolve_workdir(workdir), read_only=True)
-  restored = manager.restore(
-    step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params))
-  )
+  workdir = resolve_workdir(workdir)
+  manager = make_manager(workdir, read_only=True)
+  try:
+    restored = manager.restore(
+      step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params))
+    )
+  except Exception as e:  # noqa: BLE001 - damage is the user's file problem, anything else a bug
+    damage = find_damage(workdir, step, ("params",), e)
+    if damage is None:
+      raise
+    raise errors.BadValue(
+      f"The parameters of checkpoint {step} in {workdir} are damaged ({damage}). Use another "
+      "step (--step) or another checkpoint."
+    ) from e
   return restored["params"]
 
 
