@@ -292,8 +292,10 @@ MUTANTS = (
 class Outcome:
   result: str  # "caught", "survived", "error"
   seconds: float
-  failed: list[str]  # node ids (file::name[params]) that failed or errored
-  log: str  # the tail of pytest's output
+  failed: list[str] = dataclasses.field(default_factory=list)  # node ids: file::name[params]
+  skipped: list[str] = dataclasses.field(default_factory=list)
+  durations: list[tuple[float, str]] = dataclasses.field(default_factory=list)  # slowest first
+  log: str = ""  # the tail of pytest's output
 
 
 def source_files(root: pathlib.Path) -> list[str]:
@@ -368,23 +370,28 @@ def run_pytest(repo: pathlib.Path, tests, env, timeout: float, stop_at_first: bo
     output = timed_out.stdout or ""
     output = output.decode(errors="replace") if isinstance(output, bytes) else output
     return Outcome(
-      "error", time.perf_counter() - start, [], f"timed out after {timeout} s\n{output}"
+      "error", time.perf_counter() - start, log=f"timed out after {timeout} s\n{output}"
     )
   seconds = time.perf_counter() - start
   log = (process.stdout + process.stderr)[-4000:]
   cases = junit_cases(report)
-  failed = [name for name, status in cases if status in ("failure", "error")]
-  if process.returncode == 0:
-    skipped = [name for name, status in cases if status == "skipped"]
-    result = "survived" if cases else "error"
-    return Outcome(result, seconds, skipped, log)  # `failed` holds the skipped ones here
-  if process.returncode == 1 and failed:
-    return Outcome("caught", seconds, failed, log)
-  return Outcome("error", seconds, failed, log)
+  outcome = Outcome(
+    "error",
+    seconds,
+    failed=[name for name, status, _ in cases if status in ("failure", "error")],
+    skipped=[name for name, status, _ in cases if status == "skipped"],
+    durations=sorted(((t, name) for name, _, t in cases), reverse=True),
+    log=log,
+  )
+  if process.returncode == 0 and cases:
+    outcome.result = "survived"
+  elif process.returncode == 1 and outcome.failed:
+    outcome.result = "caught"
+  return outcome
 
 
-def junit_cases(report: pathlib.Path) -> list[tuple[str, str]]:
-  """(node id, "passed" | "failure" | "error" | "skipped") of every test case in the report."""
+def junit_cases(report: pathlib.Path) -> list[tuple[str, str, float]]:
+  """(node id, "passed" | "failure" | "error" | "skipped", seconds) of every test case."""
   if not report.is_file():
     return []
   cases = []
@@ -395,7 +402,7 @@ def junit_cases(report: pathlib.Path) -> list[tuple[str, str]]:
     for child in case:
       if child.tag in ("failure", "error", "skipped"):
         status = child.tag
-    cases.append((name, status))
+    cases.append((name, status, float(case.get("time") or 0.0)))
   return cases
 
 
@@ -410,14 +417,14 @@ def run_mutant(repo: pathlib.Path, mutant: Mutant, env, timeout: float) -> Outco
     try:
       py_compile.compile(str(path), doraise=True, cfile=str(repo.parent / "compiled.pyc"))
     except py_compile.PyCompileError as error:
-      return Outcome("error", 0.0, [], f"the mutated file does not compile: {error}")
+      return Outcome("error", 0.0, log=f"the mutated file does not compile: {error}")
     return run_pytest(repo, mutant.tests, env, timeout, stop_at_first=True)
   finally:
     path.write_text(original_text)
 
 
 def print_table(rows) -> None:
-  headers = ("mutant", "file", "tests run", "result", "caught by", "time")
+  headers = ("mutant", "file", "tests listed", "result", "caught by (first failure)", "time")
   widths = [max(len(h), *(len(str(r[i])) for r in rows)) for i, h in enumerate(headers)]
   print("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |")
   print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
@@ -463,11 +470,12 @@ def main(argv=None) -> int:
     tests = list(dict.fromkeys(t for m in mutants for t in m.tests))
     print(f"baseline: {len(tests)} test selections on the unmutated copy ...", flush=True)
     baseline = run_pytest(repo, tests, env, args.timeout, stop_at_first=False)
-    if baseline.result != "survived" or baseline.failed:
+    if baseline.result != "survived" or baseline.skipped:
       print(baseline.log, file=sys.stderr)
-      problem = "skipped: " + ", ".join(baseline.failed) if baseline.failed else baseline.result
+      problem = f"skipped: {', '.join(baseline.skipped)}" if baseline.skipped else "see above"
       sys.exit(f"mutants.py: the unmutated tests must all pass, none skipped ({problem}).")
-    print(f"baseline passed in {baseline.seconds:.0f} s", flush=True)
+    slowest = ", ".join(f"{short_test(n)} {t:.0f} s" for t, n in baseline.durations[:3])
+    print(f"baseline passed in {baseline.seconds:.0f} s (slowest: {slowest})", flush=True)
 
     rows, counts = [], {"caught": 0, "survived": 0, "error": 0}
     for number, mutant in enumerate(mutants, start=1):
