@@ -21,6 +21,11 @@ skipped test can catch nothing), or the script stops. Then, per mutant:
             catch, since a mutant that only breaks an import proves nothing about the tests.
 The last line is "N mutants, C caught, S survived" (plus errors, if any); exit status 0 only
 when every mutant was caught.
+
+A mutant's tests run in the order listed, the existing ones before any in
+test_mutant_guards.py, so the table shows whether the older tests already catch it. A test
+renamed or removed elsewhere makes the baseline fail (pytest finds no such test): update the
+list. Measured: 25 mutants in ~34 min on 2 cores shared with a load of ~7 (baseline 894 s).
 """
 
 from __future__ import annotations
