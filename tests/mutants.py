@@ -1,0 +1,524 @@
+"""Proves the tests can fail: applies deliberate one-line bugs (mutants) and runs the tests
+that should catch each one. Not part of the test suite (pytest collects test_*.py only) and
+not run in CI: it takes minutes.
+
+    python tests/mutants.py            # every mutant, then the table and the summary line
+    python tests/mutants.py --list     # the mutants and their tests, nothing run
+    python tests/mutants.py --only gnmt-penalty --only causal-mask-off-by-one
+
+The working tree is never touched. Its git-tracked and untracked-but-not-ignored files are
+copied into a temporary directory (with ../shared beside it, linked, so the tests find the
+shared data); each mutant is written into that copy, its tests run there, and the file is
+restored before the next one. Every original line must occur exactly once in its file, or
+the script stops before running anything, so the list cannot silently drift from the code.
+
+First the unmutated copy runs every selected test: they must all pass, none skipped (a
+skipped test can catch nothing), or the script stops. Then, per mutant:
+  caught:   pytest exits 1: at least one selected test failed (or errored in its setup, e.g.
+            a fixture that builds a model); the table names the first failing test (-x).
+  survived: every selected test passed.
+  error:    anything else (the tests could not be collected, or the run timed out): not a
+            catch, since a mutant that only breaks an import proves nothing about the tests.
+The last line is "N mutants, C caught, S survived" (plus errors, if any); exit status 0 only
+when every mutant was caught.
+
+A mutant's tests run in the order listed, the existing ones before any in
+test_mutant_guards.py, so the table shows whether the older tests already catch it. A test
+renamed or removed elsewhere makes the baseline fail (pytest finds no such test): update the
+list. Measured on 2 cores: 25 mutants in ~10 min (baseline 202 s) at a load average of ~2;
+~34 min (baseline 894 s) shared with a load of ~7.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import pathlib
+import py_compile
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+  """One deliberate bug: the line `original` of `file` (matched exactly, indentation
+  included) replaced by `mutated`; `tests` are expected to fail on it."""
+
+  id: str
+  description: str
+  file: str  # relative to the repository root
+  original: str  # one line, exactly as in the file (without its newline)
+  mutated: str
+  tests: tuple[str, ...]  # pytest node ids, run in this order with -x
+
+
+MUTANTS = (
+  Mutant(
+    "attention-scale-d-model",
+    "fused attention scaled by 1/sqrt(d_model) instead of 1/sqrt(head_dim)",
+    "transformer_mt/attention.py",
+    "    **masking,",
+    "    **masking, scale=1.0 / math.sqrt(query.shape[-2] * query.shape[-1]),",
+    (
+      "tests/test_model.py::test_fused_attention_matches_explicit_path",
+      "tests/test_mutant_guards.py::test_multi_head_attention_matches_numpy",
+    ),
+  ),
+  Mutant(
+    "explicit-attention-scale-d-model",
+    "attention that sows its weights (plots, attention dropout) scaled by 1/sqrt(d_model)",
+    "transformer_mt/attention.py",
+    "    query = query / jnp.sqrt(query.shape[-1]).astype(query.dtype)",
+    "    query = query / jnp.sqrt(query.shape[-1] * query.shape[-2]).astype(query.dtype)",
+    (
+      "tests/test_model.py::test_fused_attention_matches_explicit_path",
+      "tests/test_mutant_guards.py::test_multi_head_attention_matches_numpy",
+    ),
+  ),
+  Mutant(
+    "decode-attention-scale-d-model",
+    "cached decoding attention scaled by 1/sqrt(d_model)",
+    "transformer_mt/attention.py",
+    "  logits = logits * jnp.float32(1.0 / math.sqrt(depth))",
+    "  logits = logits * jnp.float32(1.0 / math.sqrt(depth * heads))",
+    (
+      "tests/test_decode.py::test_decode_attention_equals_dot_product_attention",
+      "tests/test_decode.py::test_cached_step_logits_equal_full_forward",
+    ),
+  ),
+  Mutant(
+    "causal-mask-off-by-one",
+    "causal mask lets position i see position i+1",
+    "transformer_mt/attention.py",
+    "  return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]",
+    "  return jnp.tril(jnp.ones((length, length), dtype=bool), k=1)[None, None]",
+    ("tests/test_model.py::test_causal_mask_hides_future_targets",),
+  ),
+  Mutant(
+    "decode-step-mask-off-by-one",
+    "a decoding step also sees the next, not yet written, cache slot",
+    "transformer_mt/attention.py",
+    "    step_mask = (jnp.arange(total) <= index)[None, None, None, :]  # [1, 1, 1, cache_len]",
+    "    step_mask = (jnp.arange(total) <= index + 1)[None, None, None, :]",
+    ("tests/test_decode.py::test_cached_step_logits_equal_full_forward",),
+  ),
+  Mutant(
+    "padding-mask-or",
+    "padding mask ORs query and key validity (valid queries attend to padded keys)",
+    "transformer_mt/attention.py",
+    "  return query_valid[:, None, :, None] & key_valid[:, None, None, :]",
+    "  return query_valid[:, None, :, None] | key_valid[:, None, None, :]",
+    ("tests/test_model.py::test_padding_is_ignored",),
+  ),
+  Mutant(
+    "segment-mask-ignores-ids",
+    "segment mask only checks non-padding, not that query and key share a segment id",
+    "transformer_mt/attention.py",
+    "  return query_segments[:, None, :, None] == key_segments[:, None, None, :]",
+    "  return (query_segments[:, None, :, None] > 0) & (key_segments[:, None, None, :] > 0)",
+    ("tests/test_model.py::test_packed_sentences_match_unpacked",),
+  ),
+  Mutant(
+    "sinusoid-sin-cos-swapped",
+    "sinusoidal positions: cos in the even dims, sin in the odd ones",
+    "transformer_mt/attention.py",
+    "    encoding = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # [b, l, ceil(d/2), 2]",
+    "    encoding = jnp.stack([jnp.cos(angles), jnp.sin(angles)], axis=-1)",
+    ("tests/test_model.py::test_seed_minimal_matches_numpy_equations",),
+  ),
+  Mutant(
+    "embedding-not-scaled",
+    "token embeddings not multiplied by sqrt(d_model)",
+    "transformer_mt/model.py",
+    "      x = x * jnp.sqrt(cfg.d_model).astype(x.dtype)",
+    "      x = x * 1.0",
+    ("tests/test_mutant_guards.py::test_embedder_scales_tokens_and_adds_sinusoids",),
+  ),
+  Mutant(
+    "residual-dropped",
+    "sub-layer output replaces its input instead of being added to it (no residual)",
+    "transformer_mt/model.py",
+    "      y = x + y",
+    "      y = y",
+    ("tests/test_mutant_guards.py::test_encoder_layer_matches_numpy",),
+  ),
+  Mutant(
+    "label-smoothing-v-minus-1",
+    "label smoothing spreads eps over the V-1 wrong classes (eps/(V-1)) instead of eps/V",
+    "transformer_mt/losses.py",
+    "    log_z - jnp.mean(logits, axis=-1)",
+    "    log_z - (jnp.sum(logits, axis=-1) - target_logit) / (logits.shape[-1] - 1)",
+    ("tests/test_training.py::test_label_smoothed_loss_matches_numpy",),
+  ),
+  Mutant(
+    "warmup-exponent",
+    "warm-up ramp step * warmup^-1 instead of step * warmup^-1.5",
+    "transformer_mt/optimizer.py",
+    "    return scale * d_model**-0.5 * jnp.minimum(step**-0.5, step * warmup_steps**-1.5)",
+    "    return scale * d_model**-0.5 * jnp.minimum(step**-0.5, step * warmup_steps**-1.0)",
+    ("tests/test_training.py::test_learning_rate_at_chosen_steps",),
+  ),
+  Mutant(
+    "schedule-step-from-zero",
+    "the schedule counts steps from 0 (first update gets learning rate 0)",
+    "transformer_mt/optimizer.py",
+    "    step = jnp.asarray(count, jnp.float32) + 1.0",
+    "    step = jnp.asarray(count, jnp.float32) + 0.0",
+    ("tests/test_training.py::test_learning_rate_at_chosen_steps",),
+  ),
+  Mutant(
+    "adam-b2-from-b1",
+    "Adam built with beta2 = the config's beta1",
+    "transformer_mt/optimizer.py",
+    "    schedule, b1=train_config.adam_b1, b2=train_config.adam_b2, eps=train_config.adam_eps",
+    "    schedule, b1=train_config.adam_b1, b2=train_config.adam_b1, eps=train_config.adam_eps",
+    ("tests/test_mutant_guards.py::test_optimizer_matches_numpy_adam_with_paper_schedule",),
+  ),
+  Mutant(
+    "gnmt-penalty-on-len",
+    "GNMT length penalty len^alpha instead of ((5 + len) / 6)^alpha",
+    "transformer_mt/beam_search.py",
+    "  return ((5.0 + length) / 6.0) ** alpha",
+    "  return length**alpha",
+    ("tests/test_beam_search.py::test_small_beam_scores_are_exact",),
+  ),
+  Mutant(
+    "average-first-checkpoints",
+    "checkpoint averaging takes the first k checkpoints instead of the last k",
+    "transformer_mt/averaging.py",
+    "  chosen = steps[-last_n:]",
+    "  chosen = steps[:last_n]",
+    ("tests/test_averaging.py::test_two_checkpoints_average_to_their_mean",),
+  ),
+  Mutant(
+    "average-restores-newest-only",
+    "checkpoint averaging restores the newest chosen checkpoint k times",
+    "transformer_mt/averaging.py",
+    "    params = checkpointing.restore_params(workdir, step, target)",
+    "    params = checkpointing.restore_params(workdir, chosen[-1], target)",
+    ("tests/test_averaging.py::test_two_checkpoints_average_to_their_mean",),
+  ),
+  Mutant(
+    "average-running-mean-halves",
+    "running mean m + (x - m) / k replaced by (m + x) / 2 (right for 2 checkpoints only)",
+    "transformer_mt/averaging.py",
+    "      params if mean is None else jax.tree.map(lambda m, x, k=count: m + (x - m) / k, "
+    "mean, params)",
+    "      params if mean is None else jax.tree.map(lambda m, x, k=count: (m + x) / 2, "
+    "mean, params)",
+    (
+      "tests/test_averaging.py::test_two_checkpoints_average_to_their_mean",
+      "tests/test_mutant_guards.py::test_three_distinct_checkpoints_average_to_their_mean",
+    ),
+  ),
+  Mutant(
+    "validation-drops-last-batch",
+    "validation batches (input_pipeline.evaluation_batches) drop the last partial batch",
+    "transformer_mt/input_pipeline.py",
+    "  for start in range(0, len(examples), batch_rows):",
+    "  for start in range(0, len(examples) - batch_rows + 1, batch_rows):",
+    (
+      "tests/test_input_pipeline.py::test_evaluation_batches_keep_every_pair",
+      "tests/test_mutant_guards.py::test_evaluation_batches_keep_a_partial_last_batch",
+    ),
+  ),
+  Mutant(
+    "translate-drops-last-batch",
+    "translation (translate, evaluate) drops the last partial batch of sentences",
+    "transformer_mt/translate.py",
+    "    batches = [todo[i : i + self.batch_size] for i in range(0, len(todo), self.batch_size)]",
+    "    batches = [todo[i : i + self.batch_size] for i in range(0, len(todo) - self.batch_size "
+    "+ 1, self.batch_size)]",
+    (
+      "tests/test_sampling.py::test_same_samples_on_1_and_8_devices_and_any_batch_size",
+      "tests/test_mutant_guards.py::test_translation_batches_keep_a_partial_last_batch",
+    ),
+  ),
+  Mutant(
+    "scoring-drops-last-batch",
+    "scoring (run.py score) drops the last partial batch of pairs",
+    "transformer_mt/scoring.py",
+    "  for start in range(0, len(order), translator.batch_size):",
+    "  for start in range(0, len(order) - translator.batch_size + 1, translator.batch_size):",
+    ("tests/test_scoring.py::test_score_equals_numpy_log_softmax_of_each_full_forward",),
+  ),
+  # The 1/N mutants: a global scale error is the same on 1 and on 8 devices, so comparing the two
+  # cannot see it (nor can Adam, nearly scale-invariant); the SGD guard compares the update
+  # with the gradient of the mean token loss written out by hand.
+  Mutant(
+    "loss-normalized-per-micro-batch",
+    "1/N: each micro-batch's loss divided by its own token count (then by the batch's again)",
+    "transformer_mt/train_step.py",
+    '  return sums["loss"], sums',
+    '  return sums["loss"] / sums["num_tokens"], sums',
+    (
+      "tests/test_training.py::test_gradient_accumulation_equals_large_batch",
+      "tests/test_mutant_guards.py::test_sgd_step_moves_params_by_the_mean_token_gradient",
+    ),
+  ),
+  Mutant(
+    "loss-normalized-by-rows",
+    "1/N: gradients divided by the number of rows (sentences) instead of target tokens",
+    "transformer_mt/train_step.py",
+    "  grads = jax.tree.map(lambda g: g / num_tokens, grads)",
+    '  grads = jax.tree.map(lambda g: g / (num_micro * batch["targets"].shape[1]), grads)',
+    (
+      "tests/test_training.py::test_gradient_accumulation_equals_large_batch",
+      "tests/test_mutant_guards.py::test_sgd_step_moves_params_by_the_mean_token_gradient",
+    ),
+  ),
+  Mutant(
+    "loss-normalized-per-device",
+    "1/N: gradients divided by the per-device share of the tokens (global / device count)",
+    "transformer_mt/train_step.py",
+    '  num_tokens = jnp.maximum(sums["num_tokens"], 1.0)',
+    '  num_tokens = jnp.maximum(sums["num_tokens"] / jax.device_count(), 1.0)',
+    (
+      "tests/test_training.py::test_sharded_steps_match_single_device",
+      "tests/test_mutant_guards.py::test_sgd_step_moves_params_by_the_mean_token_gradient",
+    ),
+  ),
+  Mutant(
+    "paper-bleu-aggressive-hyphens",
+    "paper BLEU tokenizes with Moses -a (aggressive hyphen splitting), unlike get_ende_bleu.sh",
+    "transformer_mt/evaluation.py",
+    "    text, aggressive_dash_splits=False, return_str=True, escape=True",
+    "    text, aggressive_dash_splits=True, return_str=True, escape=True",
+    ("tests/test_evaluation.py::test_paper_tokenize_splits_compounds_and_tokenizes_like_moses",),
+  ),
+)
+
+
+@dataclasses.dataclass
+class Outcome:
+  result: str  # "caught", "survived", "error"
+  seconds: float
+  failed: list[str] = dataclasses.field(default_factory=list)  # node ids: file::name[params]
+  skipped: list[str] = dataclasses.field(default_factory=list)
+  durations: list[tuple[float, str]] = dataclasses.field(default_factory=list)  # slowest first
+  log: str = ""  # the tail of pytest's output
+
+
+def source_files(root: pathlib.Path) -> list[str]:
+  """The files a fresh checkout would have, plus untracked files git does not ignore."""
+  listing = subprocess.run(
+    ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+    cwd=root,
+    check=True,
+    capture_output=True,
+  ).stdout.decode()
+  return [name for name in listing.split("\0") if name and (root / name).is_file()]
+
+
+def copy_repository(root: pathlib.Path, destination: pathlib.Path) -> pathlib.Path:
+  """destination/repo: a copy of `root`'s source files; destination/shared links to
+  root/../shared (where the tests look for their shared data)."""
+  repo = destination / "repo"
+  for name in source_files(root):
+    target = repo / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(root / name, target)
+  shared = (root / ".." / "shared").resolve()
+  if shared.is_dir():
+    (destination / "shared").symlink_to(shared, target_is_directory=True)
+  return repo
+
+
+def check_in_sync(repo: pathlib.Path, mutants) -> None:
+  """Every original line occurs exactly once in its file: otherwise stop, naming them all."""
+  problems = []
+  for mutant in mutants:
+    path = repo / mutant.file
+    if not path.is_file():
+      problems.append(f"{mutant.id}: {mutant.file} does not exist")
+      continue
+    count = path.read_text().split("\n").count(mutant.original)
+    if count != 1:
+      problems.append(
+        f"{mutant.id}: the line {mutant.original!r} occurs {count} times in {mutant.file} "
+        "(expected exactly once): update the mutant list to the code"
+      )
+    if mutant.original == mutant.mutated:
+      problems.append(f"{mutant.id}: the mutated line equals the original")
+  if problems:
+    sys.exit(
+      "mutants.py: the mutant list is out of sync with the code:\n  " + "\n  ".join(problems)
+    )
+
+
+def pytest_env(repo: pathlib.Path, cache_dir: str) -> dict[str, str]:
+  env = dict(os.environ)
+  env["PYTHONPATH"] = str(repo)  # before the venv's editable install of some other checkout
+  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+  env["JAX_COMPILATION_CACHE_DIR"] = cache_dir
+  env["PYTHONDONTWRITEBYTECODE"] = "1"
+  return env
+
+
+def run_pytest(repo: pathlib.Path, tests, env, timeout: float, stop_at_first: bool) -> Outcome:
+  """Runs `tests` in `repo`; the per-test results come from pytest's JUnit XML."""
+  report = repo.parent / "report.xml"
+  report.unlink(missing_ok=True)
+  command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs"]
+  command += ["-x"] if stop_at_first else []
+  command += [f"--junitxml={report}", *tests]
+  start = time.perf_counter()
+  try:
+    process = subprocess.run(
+      command, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout
+    )
+  except subprocess.TimeoutExpired as timed_out:
+    output = timed_out.stdout or ""
+    output = output.decode(errors="replace") if isinstance(output, bytes) else output
+    return Outcome(
+      "error", time.perf_counter() - start, log=f"timed out after {timeout} s\n{output}"
+    )
+  seconds = time.perf_counter() - start
+  log = (process.stdout + process.stderr)[-4000:]
+  cases = junit_cases(report)
+  outcome = Outcome(
+    "error",
+    seconds,
+    failed=[name for name, status, _ in cases if status in ("failure", "error")],
+    skipped=[name for name, status, _ in cases if status == "skipped"],
+    durations=sorted(((t, name) for name, _, t in cases), reverse=True),
+    log=log,
+  )
+  if process.returncode == 0 and cases:
+    outcome.result = "survived"
+  elif process.returncode == 1 and outcome.failed:
+    outcome.result = "caught"
+  return outcome
+
+
+def junit_cases(report: pathlib.Path) -> list[tuple[str, str, float]]:
+  """(node id, "passed" | "failure" | "error" | "skipped", seconds) of every test case."""
+  if not report.is_file():
+    return []
+  cases = []
+  for case in ET.parse(report).getroot().iter("testcase"):
+    module = case.get("classname", "").replace(".", "/")
+    name = f"{module}.py::{case.get('name')}"
+    status = "passed"
+    for child in case:
+      if child.tag in ("failure", "error", "skipped"):
+        status = child.tag
+    cases.append((name, status, float(case.get("time") or 0.0)))
+  return cases
+
+
+def run_mutant(repo: pathlib.Path, mutant: Mutant, env, timeout: float) -> Outcome:
+  """Writes the mutant into the copy, runs its tests, and restores the file whatever happens."""
+  path = repo / mutant.file
+  original_text = path.read_text()
+  lines = original_text.split("\n")
+  lines[lines.index(mutant.original)] = mutant.mutated
+  try:
+    path.write_text("\n".join(lines))
+    try:
+      py_compile.compile(str(path), doraise=True, cfile=str(repo.parent / "compiled.pyc"))
+    except py_compile.PyCompileError as error:
+      return Outcome("error", 0.0, log=f"the mutated file does not compile: {error}")
+    return run_pytest(repo, mutant.tests, env, timeout, stop_at_first=True)
+  finally:
+    path.write_text(original_text)
+
+
+def print_table(rows) -> None:
+  headers = ("mutant", "file", "tests listed", "result", "caught by (first failure)", "time")
+  widths = [max(len(h), *(len(str(r[i])) for r in rows)) for i, h in enumerate(headers)]
+  print("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |")
+  print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+  for row in rows:
+    print("| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths)) + " |")
+
+
+def short_test(node: str) -> str:
+  return node.removeprefix("tests/")
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+  parser.add_argument("--only", action="append", default=[], metavar="ID", help="run only ID")
+  parser.add_argument(
+    "--timeout", type=float, default=900.0, help="seconds per pytest run (default 900)"
+  )
+  parser.add_argument(
+    "--cache-dir",
+    default=os.path.join(tempfile.gettempdir(), "transformer_mt-mutants-jax-cache"),
+    help="JAX compilation cache shared by the runs (default: one in the temp directory)",
+  )
+  parser.add_argument("--keep", action="store_true", help="keep the temporary copy")
+  args = parser.parse_args(argv)
+
+  known = {m.id for m in MUTANTS}
+  unknown = [i for i in args.only if i not in known]
+  if unknown:
+    parser.error(f"unknown mutant(s) {unknown}; --list shows them")
+  mutants = [m for m in MUTANTS if not args.only or m.id in args.only]
+  if args.list:
+    for m in mutants:
+      print(f"{m.id}: {m.description}\n  {m.file}\n  - {m.original.strip()}")
+      print(f"  + {m.mutated.strip()}\n  tests: {', '.join(map(short_test, m.tests))}")
+    return 0
+
+  workspace = pathlib.Path(tempfile.mkdtemp(prefix="transformer_mt-mutants-"))
+  try:
+    repo = copy_repository(ROOT, workspace)
+    check_in_sync(repo, mutants)
+    env = pytest_env(repo, args.cache_dir)
+    tests = list(dict.fromkeys(t for m in mutants for t in m.tests))
+    print(f"baseline: {len(tests)} test selections on the unmutated copy ...", flush=True)
+    baseline = run_pytest(repo, tests, env, args.timeout, stop_at_first=False)
+    if baseline.result != "survived" or baseline.skipped:
+      print(baseline.log, file=sys.stderr)
+      problem = f"skipped: {', '.join(baseline.skipped)}" if baseline.skipped else "see above"
+      sys.exit(f"mutants.py: the unmutated tests must all pass, none skipped ({problem}).")
+    slowest = ", ".join(f"{short_test(n)} {t:.0f} s" for t, n in baseline.durations[:3])
+    print(f"baseline passed in {baseline.seconds:.0f} s (slowest: {slowest})", flush=True)
+
+    rows, counts = [], {"caught": 0, "survived": 0, "error": 0}
+    for number, mutant in enumerate(mutants, start=1):
+      outcome = run_mutant(repo, mutant, env, args.timeout)
+      counts[outcome.result] += 1
+      by = ", ".join(short_test(t) for t in outcome.failed) if outcome.result == "caught" else "-"
+      print(
+        f"[{number}/{len(mutants)}] {mutant.id}: {outcome.result} "
+        f"({outcome.seconds:.0f} s){' by ' + by if outcome.result == 'caught' else ''}",
+        flush=True,
+      )
+      if outcome.result != "caught":
+        print(outcome.log, flush=True)
+      rows.append(
+        (
+          mutant.id,
+          mutant.file.removeprefix("transformer_mt/"),
+          len(mutant.tests),
+          outcome.result,
+          by,
+          f"{outcome.seconds:.0f} s",
+        )
+      )
+  finally:
+    if args.keep:
+      print(f"copy kept in {workspace}")
+    else:
+      shutil.rmtree(workspace, ignore_errors=True)
+
+  print()
+  print_table(rows)
+  summary = f"{len(mutants)} mutants, {counts['caught']} caught, {counts['survived']} survived"
+  print(summary + (f", {counts['error']} errors" if counts["error"] else ""))
+  return 0 if counts["caught"] == len(mutants) else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
