@@ -30,6 +30,7 @@ from transformer_mt import (
   finetune,
   input_pipeline,
   metrics,
+  optimizer,
   run_setup,
   sharding,
   train_step,
@@ -59,6 +60,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
   data_shards, fsdp_shards, _ = sharding.mesh_shape(config.mesh, jax.device_count())
   profiler = _StepTrace(config.train.get("profile_steps", []), workdir)
   input_pipeline.check_num_workers(config.data.get("num_workers", 0))  # before writing anything
+  optimizer.optimizer_name(config.train)
   policy = config.train.get("nonfinite", "stop")
   if policy not in ("stop", "skip"):
     raise ValueError(f"train.nonfinite={policy!r} must be 'stop' or 'skip'.")
