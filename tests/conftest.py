@@ -1,6 +1,7 @@
-"""Test setup: 8 simulated CPU devices (unless XLA_FLAGS already asks for a count), no
-compilation cache in the user's cache directory, the repository root on sys.path (so the
-tests also run from a checkout that is not installed), and no skipped test under CI."""
+"""Test setup: 8 simulated CPU devices (unless XLA_FLAGS already asks for a count), the CPU
+platform (unless JAX_PLATFORMS is set), no compilation cache in the user's cache directory,
+the repository root on sys.path (so the tests also run from a checkout that is not
+installed), and no skipped test under CI."""
 
 import os
 import pathlib
@@ -12,6 +13,12 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
   os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
   ).strip()
+
+# Tests run on CPU devices even on a GPU host (JAX_PLATFORMS='' or 'cuda' to override): their
+# tolerances are CPU float32's, the run.py processes they start and compare with must share a
+# platform, and a 1-vs-8-device test needs the 8 simulated CPU devices (so does train() with
+# mesh.fsdp=8, which takes jax.devices()).
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # Tests never write the user's compilation cache (compile_cache.py): an empty directory turns the
 # cache off, in this process and in the run.py processes tests start. CI sets a temporary one.
