@@ -96,6 +96,10 @@ def base_config() -> ml_collections.ConfigDict:
   # LR = lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5).
   config.train.lr_scale = 1.0
   config.train.warmup_steps = 4000
+  # "adam" (the paper's) or "sgd": plain gradient descent, params -= LR * gradient, with the
+  # same schedule (its LR wants a far larger lr_scale). The equivalence tests train with SGD:
+  # its update is linear in the gradient, so a wrong gradient scale shows.
+  config.train.optimizer = "adam"
   # Adam hyperparameters of the paper.
   config.train.adam_b1 = 0.9
   config.train.adam_b2 = 0.98

@@ -1,15 +1,24 @@
-"""Test setup: 8 simulated CPU devices (unless XLA_FLAGS already asks for a count), no
-compilation cache in the user's cache directory, and the repository root on sys.path, so the
-tests also run from a checkout that is not installed."""
+"""Test setup: 8 simulated CPU devices (unless XLA_FLAGS already asks for a count), the CPU
+platform (unless JAX_PLATFORMS is set), no compilation cache in the user's cache directory,
+the repository root on sys.path (so the tests also run from a checkout that is not
+installed), and no skipped test under CI."""
 
 import os
 import pathlib
 import sys
 
+import pytest
+
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
   ).strip()
+
+# Tests run on CPU devices even on a GPU host (JAX_PLATFORMS='' or 'cuda' to override): their
+# tolerances are CPU float32's, the run.py processes they start and compare with must share a
+# platform, and a 1-vs-8-device test needs the 8 simulated CPU devices (so does train() with
+# mesh.fsdp=8, which takes jax.devices()).
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # Tests never write the user's compilation cache (compile_cache.py): an empty directory turns the
 # cache off, in this process and in the run.py processes tests start. CI sets a temporary one.
@@ -18,3 +27,64 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", "")
 _ROOT = str(pathlib.Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
   sys.path.insert(0, _ROOT)
+
+import jax  # noqa: E402  (after XLA_FLAGS: the CPU device count is read when JAX starts)
+import shared_data  # noqa: E402
+
+NUM_CPU_DEVICES = 8
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+    "markers",
+    "shared_data(*paths): needs these files under ../shared/data (tests/shared_data.py); "
+    "skipped when absent, failed under CI",
+  )
+
+
+@pytest.hookimpl(tryfirst=True)  # before the fixtures, which may read the files
+def pytest_runtest_setup(item):
+  for mark in item.iter_markers("shared_data"):
+    shared_data.require(*mark.args)
+
+
+@pytest.fixture(scope="session")
+def cpu_devices() -> list:
+  """The 8 simulated CPU devices multi-device tests run on. CPU ones, not jax.devices(): on a
+  GPU host those are the GPUs (often one), and the 1-vs-8 tests would not run."""
+  devices = jax.devices("cpu")
+  if len(devices) < NUM_CPU_DEVICES:
+    pytest.skip(
+      f"needs {NUM_CPU_DEVICES} CPU devices, JAX has {len(devices)}: leave the host device "
+      f"count out of XLA_FLAGS (conftest sets it) or set it to {NUM_CPU_DEVICES}"
+    )
+  return devices[:NUM_CPU_DEVICES]
+
+
+def _in_ci() -> bool:
+  """CI services set CI (GitHub Actions, GitLab: "true"); "", "0" and "false" mean unset."""
+  return os.environ.get("CI", "").strip().lower() not in ("", "0", "false")
+
+
+def _fail_instead_of_skip(report) -> None:
+  """Under CI a skip is a failure: a test that needs data, a device count or an extra that
+  CI lacks would otherwise pass CI having tested nothing."""
+  reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+  report.outcome = "failed"
+  report.longrepr = f"skipped under CI (CI={os.environ['CI']!r}), which runs every test: {reason}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+  report = yield
+  if report.skipped and _in_ci() and not hasattr(report, "wasxfail"):
+    _fail_instead_of_skip(report)
+  return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+  report = yield  # a module-level pytest.importorskip skips at collection
+  if report.skipped and _in_ci():
+    _fail_instead_of_skip(report)
+  return report

@@ -2,18 +2,15 @@
 
 import collections
 import hashlib
-import pathlib
 import random
 
 import pytest
+import shared_data
 
 from transformer_mt import data_sources, registry
 
-SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = shared_data.DIR
 TATOEBA = SHARED / "tatoeba" / "deu-eng"
-needs_tatoeba = pytest.mark.skipif(
-  not pathlib.Path(f"{TATOEBA}.deu").is_file(), reason=f"{TATOEBA}.deu (shared data) is absent"
-)
 
 
 def corpus_with_duplicates(num_sources=300, seed=1):
@@ -107,7 +104,7 @@ def test_split_prefixes_cannot_be_mixed_with_split_lists(tmp_path):
   ]
 
 
-@needs_tatoeba
+@pytest.mark.shared_data("tatoeba/deu-eng.deu", "tatoeba/deu-eng.eng")
 def test_tatoeba_deen_split():
   """The experiment's split of the shared Tatoeba file: sizes, every pair used once, no
   German test or validation sentence in training, and the first test lines pinned."""

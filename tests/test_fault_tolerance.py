@@ -530,6 +530,7 @@ def test_model_config_that_does_not_fit_the_checkpoint(tmp_path, capsys):
     (["train", "--workdir", "W", "train.batch_tokens=100"], "adjust train.batch_tokens"),
     (["train", "--workdir", "W", "data.source='wmt'"], "is not one of"),
     (["train", "--workdir", "W", "model.layer_norm_position='mid'"], "layer_norm_position"),
+    (["train", "--workdir", "W", "train.optimizer='rmsprop'"], "train.optimizer='rmsprop'"),
     (["translate", "--workdir", "W"], "does not exist"),
     (["evaluate", "--workdir", "W"], "does not exist"),
     (["average", "--workdir", "W", "--last", "2"], "does not exist"),

@@ -8,18 +8,19 @@ pieces and characters of the compared sentences are unknown. transformers' FSMTT
 reads those files and `save_pretrained`s them; we read its directory and must give the same
 ids and the same decoded text.
 
-Select with `-m interop`; skipped without transformers (>= 5) or the shared news data.
+Select with `-m interop`; skipped without transformers (>= 5) or the shared news data
+(under CI a skip fails: tests/conftest.py).
 """
 
 from __future__ import annotations
 
 import collections
 import json
-import pathlib
 import shutil
 
 import numpy as np
 import pytest
+import shared_data
 
 transformers = pytest.importorskip(
   "transformers", minversion="5", reason="needs transformers>=5: pip install -e '.[interop]'"
@@ -32,7 +33,7 @@ from transformer_mt.fsmt_tokenizer import FsmtTokenizer, read_fsmt_tokenizer  # 
 
 pytestmark = pytest.mark.interop
 
-NEWS = pathlib.Path(__file__).parents[2] / "shared" / "data" / "news" / "en-de" / "newstest2014"
+NEWS = "news/en-de/newstest2014"  # under ../shared/data (tests/shared_data.py)
 SPECIALS = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
 TRAIN, COMPARED = slice(500, 2500), slice(0, 300)
 # Text Moses and BPE treat specially: unicode punctuation FSMT replaces, control characters
@@ -48,9 +49,7 @@ EDGE_CASES = [
 
 
 def _lines(lang: str, rows: slice) -> list[str]:
-  path = NEWS.with_suffix(f".{lang}")
-  if not path.exists():
-    pytest.skip(f"needs the shared news data: {path} is missing (see the README's Data section)")
+  path = shared_data.require(f"{NEWS}.{lang}") / f"{NEWS}.{lang}"
   return path.read_text(encoding="utf-8").splitlines()[rows]
 
 

@@ -18,6 +18,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from test_training import assert_same_params_after_real_movement
 
 from transformer_mt import (
   checkpointing,
@@ -35,7 +36,8 @@ from transformer_mt.tokenizer import Tokenizer
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STEPS = 3
-# Adam eps 1e-4 instead of 1e-9: see tests/test_training.py (float noise in ~0 gradients).
+# Plain SGD at a learning rate that moves the parameters (lr 5.6e-3 to 1.7e-2 over the 3 steps),
+# no clipping: a wrong gradient scale shows in the parameters (see tests/test_training.py).
 OVERRIDES = [
   "model.d_model=32",
   "model.num_heads=2",
@@ -50,7 +52,10 @@ OVERRIDES = [
   "tokenizer.sample_size=2000",
   "train.batch_tokens=512",
   "train.log_every=1",
-  "train.adam_eps=1e-4",
+  "train.optimizer=sgd",
+  "train.lr_scale=1.0",
+  "train.warmup_steps=10",
+  "train.grad_clip_norm=0.0",
   f"train.num_steps={STEPS}",
   "train.eval_every=3",
   "train.bleu_every=3",
@@ -126,8 +131,8 @@ def launch_two_processes(workdir, log_dir, overrides=OVERRIDES):
   return finish_two_processes(*start_two_processes(workdir, log_dir, overrides))
 
 
-def reference_run(workdir):
-  """One process, one device, the same global batches: returns (params, losses)."""
+def reference_run(workdir, device):
+  """One process, one device, the same global batches: returns (initial params, params, losses)."""
   config = registry.load_experiment("demo", OVERRIDES)
   tokenizer = Tokenizer.load(os.path.join(workdir, "tokenizer.model"))
   from transformer_mt import data_sources
@@ -136,7 +141,7 @@ def reference_run(workdir):
   model_config = model_config_for(config, tokenizer)
   model = Transformer(model_config)
   tx, schedule = optimizer.make_optimizer(config.train, model_config.d_model)
-  mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+  mesh = sharding.make_mesh(config.mesh, [device])
   rows = input_pipeline.rows_per_batch(
     config.train.batch_tokens, config.data.max_len, 1, 2, batch_shards=4
   )
@@ -154,6 +159,7 @@ def reference_run(workdir):
     for i in range(2)
   ]
   state = train_step.create_sharded_state(config.train.seed, model, tx, mesh)
+  initial_params = jax.device_get(state.params)
   step_fn = train_step.jit_train_step(
     model,
     tx,
@@ -168,11 +174,11 @@ def reference_run(workdir):
     batch = {k: np.concatenate([part[k] for part in local], axis=1) for k in local[0]}
     state, step_metrics = step_fn(state, sharding.global_batch_from_local(batch, mesh, 1))
     losses.append(float(step_metrics["loss"]))
-  return jax.device_get(state.params), losses
+  return initial_params, jax.device_get(state.params), losses
 
 
 @pytest.mark.slow
-def test_two_processes_train_like_one(tmp_path):
+def test_two_processes_train_like_one(tmp_path, cpu_devices):
   workdir = tmp_path / "run"
   outputs = launch_two_processes(workdir, tmp_path)
   assert "Process 0 of 2: 2 local devices, 4 in all." in outputs[0]
@@ -182,17 +188,18 @@ def test_two_processes_train_like_one(tmp_path):
 
   config, tokenizer, step = checkpointing.read_config(str(workdir))
   assert step == STEPS
-  mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+  mesh = sharding.make_mesh(config.mesh, cpu_devices[:1])
   target = model_setup(config, tokenizer, mesh).abstract_params
   params = jax.device_get(checkpointing.restore_params(str(workdir), STEPS, target))
   # The data iterator was saved per process.
   data_iter = {p.name for p in (workdir / "checkpoints" / str(STEPS) / "data_iter").iterdir()}
   assert {"process_0-of-2.json", "process_1-of-2.json"} <= data_iter, data_iter
 
-  expected_params, expected_losses = reference_run(str(workdir))
+  # The reference on a CPU device too: the processes ran on CPUs (JAX_PLATFORMS=cpu).
+  initial_params, expected_params, expected_losses = reference_run(str(workdir), cpu_devices[0])
   logged = {r["step"]: r["loss"] for r in metrics.read_metrics(str(workdir)) if "loss" in r}
   np.testing.assert_allclose([logged[s] for s in range(1, STEPS + 1)], expected_losses, rtol=1e-5)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), params, expected_params)
+  assert_same_params_after_real_movement(params, expected_params, initial_params)
   # Validation loss and BLEU ran across both processes and were logged once.
   records = metrics.read_metrics(str(workdir))
   assert sum("validation/loss" in r for r in records) == 1

@@ -243,14 +243,11 @@ def make_translator(model, devices, batch_size, **kwargs):
   )
 
 
-def test_same_samples_on_1_and_8_devices_and_any_batch_size(model):
+def test_same_samples_on_1_and_8_devices_and_any_batch_size(model, cpu_devices):
   """A line's samples depend on (seed, line, sample index), not on its row, batch or device."""
-  if jax.device_count() < 8:
-    pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8 (set by conftest)")
   settings = SamplingSettings(temperature=1.5, top_p=0.95)
-  eight = make_translator(model, jax.devices()[:8], batch_size=8)
-  one = make_translator(model, jax.devices()[:1], batch_size=3)
-  assert eight.mesh.devices.size == 8 and one.mesh.devices.size == 1
+  eight = make_translator(model, cpu_devices, batch_size=8)
+  one = make_translator(model, cpu_devices[:1], batch_size=3)
   on_eight = eight.sample(LINES, num_samples=3, settings=settings, seed=5)
   on_one = one.sample(LINES, num_samples=3, settings=settings, seed=5)
   assert on_eight == on_one

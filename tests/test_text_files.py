@@ -4,17 +4,16 @@ import pathlib
 import re
 
 import pytest
+import shared_data
 
 from transformer_mt import text_files
 from transformer_mt.text_files import DataError
 
-# The shared data folder sits beside the repository root in every checkout and in CI.
-DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
-
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared data folder {DATA} is absent")
+# The shared data folder (../shared/data): skipped when absent, failed under CI.
+DATA = shared_data.DIR
 
 
-@needs_data
+@pytest.mark.shared_data("news/en-de/newstest2014.en", "news/en-de/newstest2014.de")
 def test_reads_newstest2014_en_de():
   prefix = DATA / "news" / "en-de" / "newstest2014"
   pairs = text_files.read_parallel(f"{prefix}.en", f"{prefix}.de")
@@ -31,7 +30,9 @@ def test_reads_newstest2014_en_de():
   assert text_files.read_corpus(["news/en-de/newstest2014"], "en", "de", root=str(DATA)) == pairs
 
 
-@needs_data
+@pytest.mark.shared_data(
+  *(f"news/en-de/newstest201{year}.{lang}" for year in "012" for lang in ("en", "de"))
+)
 def test_glob_over_news_years_is_sorted_and_deduplicated():
   files = text_files.corpus_files(
     ["news/en-de/newstest201[0-2]", "news/en-de/newstest2011"], "en", "de", root=DATA
@@ -51,13 +52,13 @@ def test_glob_over_news_years_is_sorted_and_deduplicated():
   assert len(pairs) == expected > 6000
 
 
-@needs_data
+@pytest.mark.shared_data("tatoeba/deu-eng.deu", "tatoeba/deu-eng.eng")
 def test_tatoeba_three_letter_codes():
   pairs = text_files.read_corpus([str(DATA / "tatoeba" / "deu-eng")], "deu", "eng")
   assert len(pairs) == 17565
 
 
-@needs_data
+@pytest.mark.shared_data("news/en-de/newstest2014.en")
 def test_prefix_with_language_suffix_is_explained():
   with pytest.raises(
     DataError, match=r"ends with the language suffix '\.en'.*'news/en-de/newstest2014'"

@@ -1,9 +1,13 @@
 """Loss, learning rate, sharded train step, gradient accumulation and checkpoints."""
 
+import dataclasses
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 import pytest
 
 from experiments import _defaults
@@ -11,21 +15,26 @@ from transformer_mt import checkpointing, losses, optimizer, sharding, train_ste
 from transformer_mt.config import TransformerConfig
 from transformer_mt.model import Transformer
 
-# Sharded and single-device runs sum gradients in a different order (float32 rounding).
-# With the paper's Adam eps of 1e-9 the update g / (sqrt(v) + eps) of an element whose
-# gradient is ~0 is the sign of that rounding noise, i.e. +-lr: one dead ReLU unit makes
-# runs differ by O(lr) however correct the sharding is. The equivalence tests therefore
-# use eps = 1e-4, which makes the update a smooth function of the gradient (Adam is
-# elementwise, so its sharding is exercised the same way), and then require parameters
-# to agree to 1e-5 absolute after 3 steps (lr at step 3 is 1.7e-2) and losses to 1e-5.
-EQUIVALENCE_ADAM_EPS = 1e-4
-SHARDED_ATOL = 1e-5
+# The equivalence tests (8 devices vs 1, 4 micro-batches vs 1 batch, and tests/test_multihost.py)
+# train with plain SGD: its update -lr * g is linear in the gradient, so a wrong gradient scale
+# (a missing 1/N, a shard counted twice) moves the parameters by as much as it scales g. Adam
+# would hide it (it divides g by its own running magnitude), and so would clipping.
+# Sharded and single-device runs sum gradients in a different order (float32 rounding): after
+# 3 steps at lr 5.6e-3, 1.1e-2, 1.7e-2 (lr_scale 1, warm-up 10, d_model 32) the parameters
+# differ by at most 6e-8 and have moved by 2.6e-3. They must agree to PARAMS_ATOL and move at
+# least MIN_MOVEMENT_OVER_ATOL times it (asserted), so the tolerance is small against what it
+# checks. Measured mutants: the first data shard's rows counted twice put the 8-device params
+# 7.6e-5 off; the whole gradient doubled on a sharded mesh (a double psum) 3.2e-4, which the
+# Adam version of these tests passed; one tensor shard of the FFN gradient doubled 1.1e-5.
+EQUIVALENCE_TRAIN = {"optimizer": "sgd", "lr_scale": 1.0, "grad_clip_norm": 0.0}
+PARAMS_ATOL = 1e-6
+MIN_MOVEMENT_OVER_ATOL = 100
 LOSS_RTOL = 1e-5
 
 TINY_MODEL = TransformerConfig(
   vocab_size=64,
   d_model=32,
-  num_heads=4,
+  num_heads=8,  # 8 divides it: the tensor-parallel test shards the heads over 8 devices
   d_ff=64,
   num_encoder_layers=2,
   num_decoder_layers=2,
@@ -57,15 +66,29 @@ def random_batch(seed: int, accum: int, micro: int, length: int, vocab: int = 64
   return {"inputs": inputs, "targets_in": targets_in, "targets": targets}
 
 
+@dataclasses.dataclass
+class Run:
+  initial_params: Any  # on the host, before the first step
+  state: train_step.TrainState  # on the host, after the last step
+  losses: list[float]  # each step's mean training loss
+  live_state: train_step.TrainState  # the device arrays, sharded over the mesh
+
+
 def run_steps(
-  mesh_axes: dict, devices, num_steps=3, accum=1, micro=8, model_config=TINY_MODEL, seed=0
-):
+  mesh_axes: dict,
+  devices,
+  num_steps=3,
+  accum=1,
+  micro=8,
+  model_config=TINY_MODEL,
+  seed=0,
+  train_changes=EQUIVALENCE_TRAIN,
+) -> Run:
   mesh = sharding.make_mesh(ml_collections.ConfigDict(mesh_axes), devices)
   model = Transformer(model_config)
-  tx, schedule = optimizer.make_optimizer(
-    tiny_train_config(adam_eps=EQUIVALENCE_ADAM_EPS), model_config.d_model
-  )
+  tx, schedule = optimizer.make_optimizer(tiny_train_config(**train_changes), model_config.d_model)
   state = train_step.create_sharded_state(seed, model, tx, mesh)
+  initial_params = jax.device_get(state.params)
   step = train_step.jit_train_step(
     model, tx, schedule, 0.1, mesh, train_step.state_shardings(model, tx, mesh)
   )
@@ -75,7 +98,26 @@ def run_steps(
     batch = {k: v.reshape(accum, micro, -1) for k, v in batch.items()}
     state, metrics = step(state, sharding.global_batch_from_local(batch, mesh, batch_dim=1))
     losses_seen.append(float(metrics["loss"]))
-  return jax.device_get(state), losses_seen, state
+  return Run(initial_params, jax.device_get(state), losses_seen, state)
+
+
+def max_abs_difference(tree_a, tree_b) -> float:
+  return max(
+    float(np.max(np.abs(a - b))) for a, b in zip(jax.tree.leaves(tree_a), jax.tree.leaves(tree_b))
+  )
+
+
+def assert_same_params_after_real_movement(params, reference_params, reference_initial) -> None:
+  """`params` equal `reference_params` to PARAMS_ATOL, and the reference moved away from
+  `reference_initial` by at least MIN_MOVEMENT_OVER_ATOL times that (else an update of the
+  wrong size could still pass)."""
+  movement = max_abs_difference(reference_params, reference_initial)
+  assert movement >= MIN_MOVEMENT_OVER_ATOL * PARAMS_ATOL, (movement, PARAMS_ATOL)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=PARAMS_ATOL),
+    params,
+    reference_params,
+  )
 
 
 def test_learning_rate_at_chosen_steps():
@@ -91,6 +133,21 @@ def test_learning_rate_at_chosen_steps():
   assert float(schedule(3999)) == pytest.approx(
     float(jnp.max(jax.vmap(schedule)(jnp.arange(8000))))
   )
+
+
+def test_sgd_update_is_minus_learning_rate_times_gradient():
+  """train.optimizer='sgd': params -= lr(step) * gradient, with the warm-up schedule."""
+  tx, _ = optimizer.make_optimizer(tiny_train_config(optimizer="sgd", grad_clip_norm=0.0), 32)
+  params = np.array([1.0, -2.0, 3.0], np.float32)
+  gradient = np.array([0.5, 0.25, -4.0], np.float32)
+  state = tx.init(jnp.asarray(params))
+  for step in (1, 2, 3):  # warm-up (10 steps): lr = 32^-0.5 * step * 10^-1.5
+    updates, state = tx.update(jnp.asarray(gradient), state)
+    expected = params - 32**-0.5 * step * 10**-1.5 * gradient
+    params = np.asarray(optax.apply_updates(jnp.asarray(params), updates))
+    np.testing.assert_allclose(params, expected, rtol=1e-6)
+  with pytest.raises(ValueError, match="train.optimizer='rmsprop' is not one of 'adam', 'sgd'"):
+    optimizer.make_optimizer(tiny_train_config(optimizer="rmsprop"), 32)
 
 
 def test_label_smoothed_loss_matches_numpy():
@@ -125,8 +182,8 @@ def test_label_smoothed_loss_matches_numpy():
 
 
 @pytest.fixture(scope="module")
-def single_device_run():
-  return run_steps({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1])
+def single_device_run(cpu_devices):
+  return run_steps({"data": 1, "fsdp": 1, "tensor": 1}, cpu_devices[:1])
 
 
 @pytest.mark.parametrize(
@@ -134,46 +191,40 @@ def single_device_run():
   [
     {"data": 8, "fsdp": 1, "tensor": 1},
     {"data": 1, "fsdp": 8, "tensor": 1},
+    {"data": 1, "fsdp": 1, "tensor": 8},
     {"data": 2, "fsdp": 2, "tensor": 2},
   ],
-  ids=["data_parallel", "fsdp", "data_fsdp_tensor"],
+  ids=["data_parallel", "fsdp", "tensor", "data_fsdp_tensor"],
 )
-def test_sharded_steps_match_single_device(single_device_run, mesh_axes):
-  """3 train steps (dropout on) give the same losses and params on 8 devices as on 1."""
-  if jax.device_count() < 8:
-    pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8 (set by conftest)")
-  reference_state, reference_losses, _ = single_device_run
-  state, step_losses, live_state = run_steps(mesh_axes, jax.devices()[:8])
-  np.testing.assert_allclose(step_losses, reference_losses, rtol=LOSS_RTOL)
-  jax.tree.map(
-    lambda a, b: np.testing.assert_allclose(a, b, atol=SHARDED_ATOL),
-    state.params,
-    reference_state.params,
+def test_sharded_steps_match_single_device(single_device_run, cpu_devices, mesh_axes):
+  """3 SGD steps (dropout on) give the same losses and params on 8 CPU devices as on 1."""
+  run = run_steps(mesh_axes, cpu_devices)
+  np.testing.assert_allclose(run.losses, single_device_run.losses, rtol=LOSS_RTOL)
+  assert_same_params_after_real_movement(
+    run.state.params, single_device_run.state.params, single_device_run.initial_params
   )
-  if mesh_axes["fsdp"] > 1:  # parameters really are split, not replicated
-    kernel = live_state.params["encoder_layers_0"]["ffn"]["wi"]["kernel"]
-    assert kernel.sharding.spec[0] == "fsdp"
-    assert len(kernel.addressable_shards) == 8
-    assert kernel.addressable_shards[0].data.shape[0] == kernel.shape[0] // mesh_axes["fsdp"]
+  # Parameters really are split as asked: FSDP splits "embed", tensor parallelism "mlp" and
+  # "heads" (the shards' shapes, not the specs, which name the size-1 axes too).
+  layer = run.live_state.params["encoder_layers_0"]
+  fsdp, tensor = mesh_axes["fsdp"], mesh_axes["tensor"]
+  for kernel, split in (
+    (layer["ffn"]["wi"]["kernel"], (32 // fsdp, 64 // tensor)),  # [embed, mlp]
+    (
+      layer["self_attention"]["query"]["kernel"],
+      (32 // fsdp, 8 // tensor, 4),
+    ),  # [embed, heads, kv]
+  ):
+    assert {shard.data.shape for shard in kernel.addressable_shards} == {split}, kernel.sharding
 
 
-def test_gradient_accumulation_equals_large_batch():
-  """4 micro-batches of 4 give the update of one batch of 16 (no dropout)."""
+def test_gradient_accumulation_equals_large_batch(cpu_devices):
+  """4 micro-batches of 4 give the SGD update of one batch of 16 (no dropout)."""
   config = TINY_MODEL.replace(dropout_rate=0.0, attention_dropout_rate=0.0, relu_dropout_rate=0.0)
-  devices = jax.devices()[:1]
-  one, losses_one, _ = run_steps(
-    {"data": 1, "fsdp": 1, "tensor": 1},
-    devices,
-    num_steps=2,
-    accum=1,
-    micro=16,
-    model_config=config,
-  )
-  four, losses_four, _ = run_steps(
-    {"data": 1, "fsdp": 1, "tensor": 1}, devices, num_steps=2, accum=4, micro=4, model_config=config
-  )
-  np.testing.assert_allclose(losses_four, losses_one, rtol=1e-5)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), four.params, one.params)
+  one_device = {"data": 1, "fsdp": 1, "tensor": 1}
+  one = run_steps(one_device, cpu_devices[:1], num_steps=2, micro=16, model_config=config)
+  four = run_steps(one_device, cpu_devices[:1], num_steps=2, accum=4, micro=4, model_config=config)
+  np.testing.assert_allclose(four.losses, one.losses, rtol=1e-5)
+  assert_same_params_after_real_movement(four.state.params, one.state.params, one.initial_params)
 
 
 def test_checkpoint_restores_into_state_from_another_seed(tmp_path):

@@ -79,6 +79,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, progress: bool) -> d
   data_shards, fsdp_shards, _ = sharding.mesh_shape(config.mesh, jax.device_count())
   profiler = _StepTrace(config.train.get("profile_steps", []), workdir)
   input_pipeline.check_num_workers(config.data.get("num_workers", 0))  # before writing anything
+  optimizer.optimizer_name(config.train)
   policy = config.train.get("nonfinite", "stop")
   if policy not in ("stop", "skip"):
     raise errors.BadValue(f"train.nonfinite={policy!r} must be 'stop' or 'skip'.")
