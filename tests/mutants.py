@@ -177,8 +177,8 @@ MUTANTS = (
     "adam-b2-from-b1",
     "Adam built with beta2 = the config's beta1",
     "transformer_mt/optimizer.py",
-    "    schedule, b1=train_config.adam_b1, b2=train_config.adam_b2, eps=train_config.adam_eps",
-    "    schedule, b1=train_config.adam_b1, b2=train_config.adam_b1, eps=train_config.adam_eps",
+    "      schedule, b1=train_config.adam_b1, b2=train_config.adam_b2, eps=train_config.adam_eps",
+    "      schedule, b1=train_config.adam_b1, b2=train_config.adam_b1, eps=train_config.adam_eps",
     ("tests/test_mutant_guards.py::test_optimizer_matches_numpy_adam_with_paper_schedule",),
   ),
   Mutant(
