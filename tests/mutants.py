@@ -291,7 +291,10 @@ MUTANTS = (
     "transformer_mt/evaluation.py",
     "    text, aggressive_dash_splits=False, return_str=True, escape=True",
     "    text, aggressive_dash_splits=True, return_str=True, escape=True",
-    ("tests/test_evaluation.py::test_paper_tokenize_splits_compounds_and_tokenizes_like_moses",),
+    (
+      "tests/test_evaluation.py::test_paper_tokenize_matches_the_perl_pipeline",
+      "tests/test_evaluation.py::test_moses_tokenize_alone_gives_the_perl_row_without_compound_splitting",
+    ),
   ),
 )
 
