@@ -22,6 +22,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from transformer_mt import text_files
+
 
 class MetricWriter:
   """Writes `WORKDIR/metrics.jsonl` (one JSON object per step) and TensorBoard scalars."""
@@ -69,8 +71,8 @@ class MetricWriter:
 def drop_rows_after(path: str, step: int) -> int:
   """Rewrites the JSONL file `path` without its rows of steps after `step`; returns how many
   rows were dropped. Rows without a step are kept; a line that is not JSON (the torn last
-  line of a killed run) is dropped. The kept rows go to a temporary file that then replaces
-  `path` (os.replace), so a crash here leaves either the old file or the new one."""
+  line of a killed run) is dropped. The kept rows are written with
+  `text_files.write_atomically`, so a crash here leaves either the old file or the new one."""
   kept, dropped = [], 0
   with open(path, encoding="utf-8") as f:
     for line in f:
@@ -86,12 +88,7 @@ def drop_rows_after(path: str, step: int) -> int:
       else:
         kept.append(line if line.endswith("\n") else line + "\n")
   if dropped:
-    temporary = path + ".tmp"
-    with open(temporary, "w", encoding="utf-8") as f:
-      f.writelines(kept)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(temporary, path)
+    text_files.write_atomically(path, "".join(kept))
     logging.info(
       "Dropped %d rows of %s after step %d: the resumed run logs those steps again.",
       dropped,

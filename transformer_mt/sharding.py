@@ -101,10 +101,15 @@ def make_mesh(
   )
 
 
-def _spec_per_dimension(spec: PartitionSpec, ndim: int) -> list[tuple[str, ...]]:
-  """The mesh axes of each of `ndim` dimensions (() for a replicated one)."""
-  padded = tuple(spec) + (None,) * (ndim - len(spec))
-  return [(axes,) if isinstance(axes, str) else tuple(axes or ()) for axes in padded]
+def _undivided(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh):
+  """(index, size, mesh axis names, their total size) of each dimension of `shape` that the
+  mesh axes `spec` gives it do not divide."""
+  padded = tuple(spec) + (None,) * (len(shape) - len(spec))
+  for i, (dim, axes) in enumerate(zip(shape, padded)):
+    names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    size = math.prod(mesh.shape[name] for name in names)
+    if size > 1 and dim % size:
+      yield i, dim, names, size
 
 
 def undivided_dimensions(
@@ -121,14 +126,12 @@ def undivided_dimensions(
     jax.tree_util.tree_leaves_with_path(specs, is_leaf=is_spec), jax.tree.leaves(shapes)
   ):
     spec = spec if isinstance(spec, PartitionSpec) else PartitionSpec()
-    for i, (dim, names) in enumerate(zip(leaf.shape, _spec_per_dimension(spec, leaf.ndim))):
-      size = math.prod(mesh.shape[name] for name in names)
-      if size > 1 and dim % size:
-        axes = " x ".join(f"{name!r}" for name in names)
-        problems.append(
-          f"{jax.tree_util.keystr(path, simple=True, separator='/')}: shape {tuple(leaf.shape)}, "
-          f"dimension {i} (size {dim}) over mesh axis {axes} of size {size}"
-        )
+    for i, dim, names, size in _undivided(spec, leaf.shape, mesh):
+      axes = " x ".join(f"{name!r}" for name in names)
+      problems.append(
+        f"{jax.tree_util.keystr(path, simple=True, separator='/')}: shape {tuple(leaf.shape)}, "
+        f"dimension {i} (size {dim}) over mesh axis {axes} of size {size}"
+      )
   return problems
 
 
@@ -137,19 +140,15 @@ def _fit_spec_to_shape(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) 
 
   Training refuses such a layout unless mesh.allow_replicated_fallback is set (see
   run_setup.check_parameter_layout); inference, on whatever devices it runs, accepts it."""
-  fitted = []
-  for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
-    names = (axes,) if isinstance(axes, str) else (axes or ())
-    size = math.prod(mesh.shape[name] for name in names)
-    if size > 1 and dim % size:
-      logging.warning(
-        "Replicating a dimension of size %d: mesh axes %s (size %d) do not divide it.",
-        dim,
-        names,
-        size,
-      )
-      axes = None
-    fitted.append(axes)
+  fitted = list(tuple(spec) + (None,) * (len(shape) - len(spec)))
+  for i, dim, names, size in _undivided(spec, shape, mesh):
+    logging.warning(
+      "Replicating a dimension of size %d: mesh axes %s (size %d) do not divide it.",
+      dim,
+      names,
+      size,
+    )
+    fitted[i] = None
   return PartitionSpec(*fitted)
 
 

@@ -34,12 +34,16 @@ PathLike = str | os.PathLike
 
 def write_atomically(path: str | os.PathLike, data: str | bytes) -> None:
   """Writes `data` (UTF-8 text or bytes) so a crash leaves either the old file or the new
-  one, never half of it: write a temporary file beside it, then rename. A path that cannot be
-  written (no such directory, no permission, a full disk) is one DataError naming it."""
+  one, never half of it: write a temporary file beside it, flush it to disk (a rename that
+  reaches the disk before the data can leave an empty file after a power loss), then rename.
+  A path that cannot be written (no such directory, no permission, a full disk) is one
+  DataError naming it."""
   tmp = f"{path}.tmp-{os.getpid()}"
   try:
     with open(tmp, "wb") as f:
       f.write(data.encode("utf-8") if isinstance(data, str) else data)
+      f.flush()
+      os.fsync(f.fileno())
     os.replace(tmp, path)
   except OSError as e:
     if os.path.exists(tmp):

@@ -92,13 +92,11 @@ def _train(config: ml_collections.ConfigDict, workdir: str, progress: bool) -> d
   )
   # The configured vocabulary size stands in for the tokenizer's, not trained yet; training_setup
   # checks again with the real one.
-  run_setup.check_parameter_layout(
-    config, Transformer(model_config_for(config)), sharding.make_mesh(config.mesh)
-  )
+  mesh = sharding.make_mesh(config.mesh)
+  run_setup.check_parameter_layout(config, Transformer(model_config_for(config)), mesh)
   pairs = data_sources.load_pairs(config.data)
   os.makedirs(workdir, exist_ok=True)
   tokenizer = imported.tokenizer if imported else _shared_tokenizer(workdir, pairs["train"], config)
-  mesh = sharding.make_mesh(config.mesh)
   setup = run_setup.training_setup(config, tokenizer, mesh)
   model, model_config, shardings = setup.model, setup.model_config, setup.state_shardings
   logging.info(
