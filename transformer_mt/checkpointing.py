@@ -242,7 +242,12 @@ def save_best(
   tokenizer: AnyTokenizer,
   bleu: float,
 ) -> None:
-  """Offers parameters scored by validation BLEU; Orbax keeps them only if they are the best."""
+  """Offers parameters scored by validation BLEU; Orbax keeps them only if they are the best.
+  A step already kept is left as it is: a resumed run may train it again (after a damaged
+  checkpoint or a kill between the two saves), and Orbax refuses a second save of a step."""
+  if step in manager.all_steps():
+    logging.info("The best-BLEU checkpoint is already that of step %d; kept as it is.", step)
+    return
   manager.save(
     step,
     force=True,
