@@ -1,7 +1,11 @@
 """Resuming a run: the newest checkpoint of the workdir that reads back.
 
 A checkpoint with missing, empty or truncated files is skipped with a warning, and the one
-before it is tried; anything else that stops a restore is reported, never skipped.
+before it is tried; anything else that stops a restore is reported, never skipped. Once a
+checkpoint reads back, the damaged ones after it are moved to WORKDIR/checkpoints_damaged/:
+kept for a post-mortem, and out of Orbax's step list, which would otherwise still call the
+damaged step the latest and refuse to save that step again (StepAlreadyExistsError when the
+run ends or is preempted exactly there).
 """
 
 from __future__ import annotations
@@ -9,8 +13,12 @@ from __future__ import annotations
 import logging
 
 import jax
+from etils import epath
 
-from transformer_mt import checkpointing, errors
+from transformer_mt import checkpointing, distributed, errors
+
+# Beside WORKDIR/checkpoints, never inside it: Orbax lists every step-named directory there.
+DAMAGED_DIR = "checkpoints_damaged"
 
 
 def restore_latest_readable(manager, workdir, abstract_state, make_batches, num_steps):
@@ -24,9 +32,12 @@ def restore_latest_readable(manager, workdir, abstract_state, make_batches, num_
   (the mismatched names), an optimizer that differs, or resuming with another number of
   processes (each reads its own data shard, so the batch order depends on it), except for
   a finished run, whose data iterator is not needed.
+
+  The damaged checkpoints skipped before a readable one are set aside (`set_aside_damaged`)
+  and `manager` reloads its step list; with none readable nothing is moved.
   """
   steps = sorted(manager.all_steps(), reverse=True)
-  damaged = []
+  damaged = {}
   for step in steps:
     finished = step >= num_steps
     items = ("params", "train_state") + (() if finished else ("data_iter",))
@@ -60,9 +71,12 @@ def restore_latest_readable(manager, workdir, abstract_state, make_batches, num_
         workdir,
         damage,
       )
-      damaged.append(step)
+      damaged[step] = damage
       continue
     logging.info("Resumed from the checkpoint of step %d in %s.", step, workdir)
+    if damaged:
+      set_aside_damaged(workdir, damaged)
+      manager.reload()
     return step, state, batches, counts
   if steps:
     raise errors.BadValue(
@@ -71,3 +85,29 @@ def restore_latest_readable(manager, workdir, abstract_state, make_batches, num_
       "--workdir to start afresh."
     )
   return None
+
+
+def set_aside_damaged(workdir: str, damaged: dict[int, str]) -> None:
+  """Moves the damaged steps (step -> damage) to WORKDIR/checkpoints_damaged/STEP, or STEP-2,
+  STEP-3... for later damaged copies of the same step, with a warning for each.
+
+  Process 0 moves them (the workdir is shared); every process waits for it at a barrier, so
+  none reads the step list before the moves.
+  """
+  if distributed.is_primary():
+    aside = epath.Path(checkpointing.absolute(workdir)) / DAMAGED_DIR
+    aside.mkdir(parents=True, exist_ok=True)
+    for step, damage in sorted(damaged.items()):
+      destination, copy = aside / str(step), 1
+      while destination.exists():
+        copy += 1
+        destination = aside / f"{step}-{copy}"
+      (epath.Path(checkpointing.checkpoint_dir(workdir)) / str(step)).rename(destination)
+      logging.warning(
+        "Moved the damaged checkpoint of step %d (%s) to %s; training can save that step "
+        "again. Delete it once it is no longer needed.",
+        step,
+        damage,
+        destination,
+      )
+  distributed.barrier("damaged checkpoints set aside")
