@@ -140,3 +140,19 @@ def test_only_process_0_moves_and_a_second_copy_of_a_step_does_not_collide(
   ]
   assert (tmp_path / "checkpoints_damaged" / "10-2" / "params").is_dir()
   assert not (tmp_path / "checkpoints_damaged" / "10" / "params").exists()
+
+
+def test_translate_from_a_checkpoint_with_a_damaged_config_is_one_line(ten_steps, tmp_path, capsys):
+  """The latest checkpoint's config item emptied: translate names the step and the damage in
+  one error line (exit 2), as for damaged parameters, and another --step still works."""
+  workdir = tmp_path / "run"
+  shutil.copytree(ten_steps, workdir)
+  (workdir / "checkpoints" / "10" / "config" / "metadata").write_bytes(b"")
+  source = tmp_path / "in.txt"
+  source.write_text("the old dog\n")
+  command = ["translate", "--workdir", str(workdir), "--input", str(source)]
+  assert cli.main([*command, "--output", str(tmp_path / "out10.txt")]) == 2
+  err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+  assert len(err) == 1, err
+  assert "config and tokenizer of checkpoint 10" in err[0] and "metadata is empty" in err[0]
+  assert cli.main([*command, "--step", "5", "--output", str(tmp_path / "out5.txt")]) == 0

@@ -380,8 +380,13 @@ def read_config(
       f"No checkpoint of step {step} in {workdir}; available steps: {sorted(steps)}"
     )
   check_format(workdir, step)
-  restored = manager.restore(
-    step, args=ocp.args.Composite(config=ocp.args.JsonRestore(), tokenizer=TokenizerRestore())
+  restored = _restore_for_reading(
+    manager,
+    resolve_workdir(workdir),
+    step,
+    "config and tokenizer",
+    config=ocp.args.JsonRestore(),
+    tokenizer=TokenizerRestore(),
   )
   return ml_collections.ConfigDict(restored["config"]), restored["tokenizer"], step
 
@@ -392,19 +397,22 @@ def restore_params(workdir: str, step: int, abstract_params: Any) -> Any:
   check_format(workdir, step)
   workdir = resolve_workdir(workdir)
   manager = make_manager(workdir, read_only=True)
+  params = ocp.args.StandardRestore(abstract_params)
+  return _restore_for_reading(manager, workdir, step, "parameters", params=params)["params"]
+
+
+def _restore_for_reading(manager, workdir: str, step: int, what: str, **items) -> Any:
+  """`manager.restore` of `items` for a reader: damage is one line naming the step."""
   try:
-    restored = manager.restore(
-      step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params))
-    )
+    return manager.restore(step, args=ocp.args.Composite(**items))
   except Exception as e:  # noqa: BLE001 - damage is the user's file problem, anything else a bug
-    damage = find_damage(workdir, step, ("params",), e)
+    damage = find_damage(workdir, step, tuple(items), e)
     if damage is None:
       raise
     raise errors.BadValue(
-      f"The parameters of checkpoint {step} in {workdir} are damaged ({damage}). Use another "
+      f"The {what} of checkpoint {step} in {workdir} are damaged ({damage}). Use another "
       "step (--step) or another checkpoint."
     ) from e
-  return restored["params"]
 
 
 def resolve_workdir(path: str) -> str:
