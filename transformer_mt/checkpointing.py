@@ -242,7 +242,12 @@ def save_best(
   tokenizer: AnyTokenizer,
   bleu: float,
 ) -> None:
-  """Offers parameters scored by validation BLEU; Orbax keeps them only if they are the best."""
+  """Offers parameters scored by validation BLEU; Orbax keeps them only if they are the best.
+  A step already kept is left as it is: a resumed run may train it again (after a damaged
+  checkpoint or a kill between the two saves), and Orbax refuses a second save of a step."""
+  if step in manager.all_steps():
+    logging.info("The best-BLEU checkpoint is already that of step %d; kept as it is.", step)
+    return
   manager.save(
     step,
     force=True,
@@ -375,8 +380,13 @@ def read_config(
       f"No checkpoint of step {step} in {workdir}; available steps: {sorted(steps)}"
     )
   check_format(workdir, step)
-  restored = manager.restore(
-    step, args=ocp.args.Composite(config=ocp.args.JsonRestore(), tokenizer=TokenizerRestore())
+  restored = _restore_for_reading(
+    manager,
+    resolve_workdir(workdir),
+    step,
+    "config and tokenizer",
+    config=ocp.args.JsonRestore(),
+    tokenizer=TokenizerRestore(),
   )
   return ml_collections.ConfigDict(restored["config"]), restored["tokenizer"], step
 
@@ -387,19 +397,22 @@ def restore_params(workdir: str, step: int, abstract_params: Any) -> Any:
   check_format(workdir, step)
   workdir = resolve_workdir(workdir)
   manager = make_manager(workdir, read_only=True)
+  params = ocp.args.StandardRestore(abstract_params)
+  return _restore_for_reading(manager, workdir, step, "parameters", params=params)["params"]
+
+
+def _restore_for_reading(manager, workdir: str, step: int, what: str, **items) -> Any:
+  """`manager.restore` of `items` for a reader: damage is one line naming the step."""
   try:
-    restored = manager.restore(
-      step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params))
-    )
+    return manager.restore(step, args=ocp.args.Composite(**items))
   except Exception as e:  # noqa: BLE001 - damage is the user's file problem, anything else a bug
-    damage = find_damage(workdir, step, ("params",), e)
+    damage = find_damage(workdir, step, tuple(items), e)
     if damage is None:
       raise
     raise errors.BadValue(
-      f"The parameters of checkpoint {step} in {workdir} are damaged ({damage}). Use another "
+      f"The {what} of checkpoint {step} in {workdir} are damaged ({damage}). Use another "
       "step (--step) or another checkpoint."
     ) from e
-  return restored["params"]
 
 
 def resolve_workdir(path: str) -> str:

@@ -35,6 +35,7 @@ from transformer_mt import (
   input_pipeline,
   metrics,
   optimizer,
+  resume,
   run_setup,
   sharding,
   train_step,
@@ -127,7 +128,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, progress: bool) -> d
   manager = checkpointing.make_manager(
     workdir, keep=config.train.keep_checkpoints, save_every=config.train.checkpoint_every
   )
-  restored = _restore_latest_readable(
+  restored = resume.restore_latest_readable(
     manager, workdir, setup.abstract_state, make_batches, config.train.num_steps
   )
   latest = restored[0] if restored else None
@@ -426,66 +427,6 @@ class _StopOnSignal:
   def __exit__(self, *exc):
     for signum, handler in self._previous.items():
       signal.signal(signum, handler)
-
-
-def _restore_latest_readable(manager, workdir, abstract_state, make_batches, num_steps):
-  """(step, state, batches, counts) from the newest checkpoint that reads back, or None.
-
-  Only a checkpoint with missing, empty or truncated files (`checkpointing.find_damage`) is
-  skipped with a warning, and the one before it is tried; Orbax never lists a save still
-  in progress (it is written to a temporary directory and renamed when complete). Any
-  other failure stops with one line naming it, since skipping would silently discard good
-  work: a checkpoint of the older one-item layout, a model that does not fit the checkpoint
-  (the mismatched names), an optimizer that differs, or resuming with another number of
-  processes (each reads its own data shard, so the batch order depends on it), except for
-  a finished run, whose data iterator is not needed.
-  """
-  steps = sorted(manager.all_steps(), reverse=True)
-  damaged = []
-  for step in steps:
-    finished = step >= num_steps
-    items = ("params", "train_state") + (() if finished else ("data_iter",))
-    checkpointing.check_format(workdir, step)
-    try:
-      checkpointing.check_compatible(workdir, step, abstract_state.params)
-    except checkpointing.ModelMismatch:
-      raise
-    except Exception as e:  # noqa: BLE001 - the restore below tells damage from other errors
-      logging.debug("Metadata of step %d unreadable: %s", step, e)
-    written_by = checkpointing.saved_process_count(workdir, step)
-    if written_by not in (None, jax.process_count()) and not finished:
-      raise errors.BadValue(
-        f"The checkpoint of step {step} in {workdir} was written by {written_by} "
-        f"processes, and this run has {jax.process_count()}. Resume with "
-        f"{written_by} processes: the data order depends on the process count."
-      )
-    batches, counts = make_batches()
-    try:
-      if finished:
-        state, _ = checkpointing.restore_training(manager, step, abstract_state)
-      else:
-        state, batches = checkpointing.restore_training(manager, step, abstract_state, batches)
-    except Exception as e:  # noqa: BLE001 - sorted into damage and real errors just below
-      damage = checkpointing.find_damage(workdir, step, items, e)
-      if damage is None:
-        raise errors.BadValue(checkpointing.restore_failure(workdir, step, e)) from e
-      logging.warning(
-        "Checkpoint %d in %s is damaged (%s); falling back to the previous one.",
-        step,
-        workdir,
-        damage,
-      )
-      damaged.append(step)
-      continue
-    logging.info("Resumed from the checkpoint of step %d in %s.", step, workdir)
-    return step, state, batches, counts
-  if steps:
-    raise errors.BadValue(
-      f"Every checkpoint in {checkpointing.checkpoint_dir(workdir)} is damaged (steps "
-      f"{sorted(damaged)}; see the warnings above) and nothing was changed. Train into a new "
-      "--workdir to start afresh."
-    )
-  return None
 
 
 def _validation_scores(
