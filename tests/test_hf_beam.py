@@ -1,10 +1,12 @@
 """Beam search with candidate_pool "hf" and length_penalty "power" == transformers' generate.
 
-The tiny random models of tests/test_hf_models.py (its `converted` fixture: one per
-supported model type, converted with `hf_convert`) decode one padded batch of six random
-sources with beam 4 on both sides. transformers runs with `early_stopping="never"`, which
-makes its search exact, as ours is (it stops only when no live beam can beat the worst
-finished one, bounding with max_length for a positive length_penalty).
+The tiny models of tests/test_hf_models.py trained to translate these sources (its `trained`
+fixture: one per supported model type, converted with `hf_convert`) decode one padded batch
+of six random sources with beam 4 on both sides, after checking that transformers' outputs
+vary (rows that differ, each of several distinct tokens). transformers runs with
+`early_stopping="never"`, which makes its search exact, as ours is (it stops only when no
+live beam can beat the worst finished one, bounding with max_length for a positive
+length_penalty).
 
 Logits processors are matched, not just switched off: our decoder never emits PAD or a
 decoder start token that is not EOS (`TransformerConfig.suppressed_ids`), so transformers
@@ -31,7 +33,8 @@ pytest.importorskip(
   "transformers", minversion="5", reason="needs transformers>=5: pip install -e '.[interop]'"
 )
 
-from test_hf_models import _batch, _until_eos, converted  # noqa: E402, F401  (the fixture)
+import hf_fakes  # noqa: E402
+from test_hf_models import BEAM_LENGTHS, decoded_sources, special_ids, trained  # noqa: E402, F401
 
 from transformer_mt import beam_search  # noqa: E402
 
@@ -44,11 +47,11 @@ SCORE_TOLERANCE = 1e-4
 
 
 @pytest.mark.parametrize("alpha", [1.0, 0.6])
-def test_beam_search_matches_generate(converted, alpha):  # noqa: F811
-  model_type, model, config, params = converted
+def test_beam_search_matches_generate(trained, alpha):  # noqa: F811
+  model_type, model, config, params = trained
   # Six rows of different lengths, padded; the fixture's models have no near-tied
   # candidates on them (checked: our scores match transformers' within ~1e-5).
-  sources = _batch(config, (7, 4, 2, 9, 5, 3), config.vocab_size, np.random.default_rng(1))
+  sources = decoded_sources(config, BEAM_LENGTHS)
   with torch.no_grad():
     expected = model.generate(
       input_ids=torch.tensor(sources),
@@ -79,9 +82,11 @@ def test_beam_search_matches_generate(converted, alpha):  # noqa: F811
     )
   sequences = np.asarray(out.sequences)  # [batch, NEW_TOKENS]
   theirs = expected.sequences.numpy()  # [batch, 1 + generated]: the decoder start token first
+  # Otherwise the comparison would prove little: rows that differ, each of several tokens.
+  hf_fakes.assert_varied(theirs[:, 1:], special_ids(config), config.eos_id)
   for row in range(len(sources)):
-    ours = _until_eos(sequences[row], config.eos_id)
-    assert ours == _until_eos(theirs[row, 1:], config.eos_id), (model_type, alpha, row)
+    ours = hf_fakes.until_eos(sequences[row], config.eos_id)
+    assert ours == hf_fakes.until_eos(theirs[row, 1:], config.eos_id), (model_type, alpha, row)
   np.testing.assert_allclose(
     np.asarray(out.scores), expected.sequences_scores.numpy(), atol=SCORE_TOLERANCE, rtol=0
   )

@@ -1,10 +1,12 @@
 """Hugging Face translation models run by our Transformer: same logits, same greedy output.
 
-For each supported model type a tiny random model is built with transformers (2+2 layers,
-d_model 16, 4 heads, vocab ~100), its weights randomized at a larger scale than its own
-initialization (so logits spread out and argmax ties are far away) and saved with
-`save_pretrained`; `hf_convert.load_pretrained` reads the directory back. The comparisons
-run on one padded batch of 3 sentences of different lengths, masks on both sides.
+For each supported model type two tiny models are built with transformers (tests/hf_fakes.py:
+2+2 layers, d_model 16, 4 heads, vocab ~100), saved with `save_pretrained` and read back by
+`hf_convert.load_pretrained`. The logits are compared on a random one, every weight random at
+a larger scale than its own initialization (so logits spread out and argmax ties are far
+away), on one padded batch of 3 sentences of different lengths, masks on both sides. Greedy
+decoding is compared on one trained to translate the decoded sources (a random model writes
+one token repeated whatever the source), after checking that the outputs vary.
 
 Select with `-m interop`; skipped when transformers (>= 5) or torch is not installed
 (`pip install -e ".[interop]"`).
@@ -22,6 +24,8 @@ transformers = pytest.importorskip(
   "transformers", minversion="5", reason="needs transformers>=5: pip install -e '.[interop]'"
 )
 
+import hf_fakes  # noqa: E402
+
 from transformer_mt import decode, hf_convert  # noqa: E402
 from transformer_mt.model import Transformer  # noqa: E402
 
@@ -31,54 +35,25 @@ pytestmark = pytest.mark.interop
 LOGITS_TOLERANCE = 1e-4
 GREEDY_STEPS = 12
 
-_SIZES = dict(
-  d_model=16,
-  encoder_layers=2,
-  decoder_layers=2,
-  encoder_attention_heads=4,
-  decoder_attention_heads=4,
-  encoder_ffn_dim=32,
-  decoder_ffn_dim=32,
-  max_position_embeddings=64,
-  dropout=0.0,
-)
-
-
-def _hf_config(model_type: str):
-  """Tiny configs with the published models' switches (opus-mt, wmt19, mbart-large, m2m100)."""
-  if model_type == "marian":  # opus-mt: swish, scaled embeddings, pad = decoder start, eos 0
-    return transformers.MarianConfig(
-      vocab_size=99,
-      decoder_vocab_size=99,
-      pad_token_id=98,
-      eos_token_id=0,
-      decoder_start_token_id=98,
-      activation_function="swish",
-      scale_embedding=True,
-      **_SIZES,
-    )
-  if model_type == "fsmt":  # wmt19: separate source and target vocabularies
-    return transformers.FSMTConfig(
-      langs=["en", "ru"], src_vocab_size=99, tgt_vocab_size=87, activation_function="relu", **_SIZES
-    )
-  if model_type == "mbart":
-    return transformers.MBartConfig(
-      vocab_size=99, decoder_start_token_id=2, activation_function="gelu", **_SIZES
-    )
-  return transformers.M2M100Config(vocab_size=99, decoder_start_token_id=2, **_SIZES)
-
-
-# Standard deviation of the random weights. Random models mostly repeat one token; at these
-# scales m2m_100's rows differ from each other and mbart's rows end with EOS at different steps.
+# Standard deviation of the random weights of `converted`, spread so that argmax ties are far
+# from its teacher-forced logits (random models mostly repeat one token at any scale).
 _WEIGHT_SCALE = {"marian": 1.0, "fsmt": 1.0, "mbart": 2.0, "m2m_100": 1.0}
+
+
+def _converted(model_type: str, model, tmp_path_factory):
+  """(model_type, HF model, our config, our params): `model` saved and read back by us."""
+  directory = tmp_path_factory.mktemp(model_type)
+  model.save_pretrained(directory)
+  config, params = hf_convert.load_pretrained(str(directory))
+  return model_type, model, config.replace(deterministic=True), params
 
 
 @pytest.fixture(scope="module", params=hf_convert.SUPPORTED_MODEL_TYPES)
 def converted(request, tmp_path_factory):
-  """(model_type, HF model, our config, our params) for a tiny random model of each type."""
+  """A tiny random model of each type, every weight random (the logits bias too)."""
   model_type = request.param
   torch.manual_seed(0)
-  model = transformers.AutoModelForSeq2SeqLM.from_config(_hf_config(model_type)).eval()
+  model = transformers.AutoModelForSeq2SeqLM.from_config(hf_fakes.hf_config(model_type)).eval()
   with torch.no_grad():
     for name, parameter in model.named_parameters():
       # Sinusoidal tables are fixed (FSMT saves its own, Marian's is rebuilt on load): kept.
@@ -86,17 +61,52 @@ def converted(request, tmp_path_factory):
         parameter.copy_(torch.randn_like(parameter) * _WEIGHT_SCALE[model_type])
     if hasattr(model, "final_logits_bias"):  # a buffer, zeros at init: make it count
       model.final_logits_bias.copy_(torch.randn_like(model.final_logits_bias))
-  directory = tmp_path_factory.mktemp(model_type)
-  model.save_pretrained(directory)
-  config, params = hf_convert.load_pretrained(str(directory))
-  return model_type, model, config.replace(deterministic=True), params
+  return _converted(model_type, model, tmp_path_factory)
+
+
+def ordinary_ids(config, vocab_size: int) -> np.ndarray:
+  """The ids of a vocabulary that are no special token (of our config or fairseq's 0-3)."""
+  special = {config.pad_id, config.eos_id, config.decoder_start_id, 0, 1, 2, 3}
+  return np.array([t for t in range(vocab_size) if t not in special])
+
+
+# Row lengths (EOS included) of the sources the greedy and the beam test decode, padded, and
+# of the targets `trained` learns for them: some end before the tests' 12 steps, some do not.
+GREEDY_LENGTHS = (7, 5, 9, 6)
+BEAM_LENGTHS = (7, 4, 2, 9, 5, 3)
+TARGET_LENGTHS = (4, 9, 13, 6, 7, 5, 11, 8, 14, 6)
+
+
+def decoded_sources(config, lengths) -> np.ndarray:
+  """int64 [len(lengths), max(lengths)]: the sources of the greedy or the beam test."""
+  seed = 0 if lengths == GREEDY_LENGTHS else 1
+  return _batch(config, lengths, config.vocab_size, np.random.default_rng(seed))
+
+
+@pytest.fixture(scope="module", params=hf_convert.SUPPORTED_MODEL_TYPES)
+def trained(request, tmp_path_factory):
+  """A tiny model of each type trained to translate the greedy and beam tests' sources into
+  random targets (hf_fakes.train_to_translate): what it writes depends on the source."""
+  model_type = request.param
+  torch.manual_seed(0)
+  model = transformers.AutoModelForSeq2SeqLM.from_config(hf_fakes.hf_config(model_type))
+  config = hf_convert.config_from_hf(model.config.to_dict())
+  sources = [
+    [int(t) for t in row if t != config.pad_id]
+    for lengths in (GREEDY_LENGTHS, BEAM_LENGTHS)
+    for row in decoded_sources(config, lengths)
+  ]
+  targets = hf_fakes.random_targets(
+    np.random.default_rng(2), ordinary_ids(config, config.output_vocab_size), TARGET_LENGTHS
+  )
+  hf_fakes.train_to_translate(model, sources, targets)
+  return _converted(model_type, model, tmp_path_factory)
 
 
 def _batch(config, lengths, vocab, rng, start=None):
-  """int32 [3, max(lengths) (+1)] padded rows: random ordinary tokens ending with EOS, with
-  `start` (the decoder start token) first when given."""
-  special = {config.pad_id, config.eos_id, config.decoder_start_id, 0, 1, 2, 3}
-  ordinary = np.array([t for t in range(vocab) if t not in special])
+  """int64 [len(lengths), max(lengths) (+1)] padded rows: random ordinary tokens ending with
+  EOS, with `start` (the decoder start token) first when given."""
+  ordinary = ordinary_ids(config, vocab)
   offset = start is not None
   rows = np.full((len(lengths), max(lengths) + offset), config.pad_id, np.int64)
   for row, length in enumerate(lengths):
@@ -139,14 +149,13 @@ def test_teacher_forced_logits_match_transformers(converted):
   assert difference < LOGITS_TOLERANCE, model_type
 
 
-def _until_eos(tokens, eos_id: int) -> list[int]:
-  tokens = [int(t) for t in tokens]
-  return tokens[: tokens.index(eos_id) + 1] if eos_id in tokens else tokens
+def special_ids(config) -> tuple[int, ...]:
+  return config.pad_id, config.eos_id, config.decoder_start_id
 
 
-def test_greedy_decoding_matches_generate(converted):
-  model_type, model, config, params = converted
-  sources, _, _ = _inputs(config)
+def test_greedy_decoding_matches_generate(trained):
+  model_type, model, config, params = trained
+  sources = decoded_sources(config, GREEDY_LENGTHS)
   generation_config = model.generation_config
   with torch.no_grad():
     expected = model.generate(
@@ -167,9 +176,11 @@ def test_greedy_decoding_matches_generate(converted):
       params, jnp.asarray(sources, jnp.int32), config, max_len=GREEDY_STEPS
     )
   outputs = np.asarray(outputs)
+  # Otherwise the comparison would prove little: rows that differ, each of several tokens.
+  hf_fakes.assert_varied(expected[:, 1:], special_ids(config), config.eos_id)
   for row in range(len(sources)):
-    ours = _until_eos(outputs[row], config.eos_id)
-    theirs = _until_eos(expected[row, 1:], config.eos_id)
+    ours = hf_fakes.until_eos(outputs[row], config.eos_id)
+    theirs = hf_fakes.until_eos(expected[row, 1:], config.eos_id)
     assert ours == theirs, (model_type, row)
 
 

@@ -1,0 +1,125 @@
+"""Tiny Hugging Face translation models for the interop tests, shared by the test files.
+
+A random model's greedy output is one token repeated whatever the source: a decoder that
+ignored the source, or broke its cache after the first step, would still match `generate`
+on it. `train_to_translate` trains a tiny model with torch (~2 s) to translate the very
+sources a test decodes into random targets of their own (`random_targets`: distinct tokens,
+different lengths), so what it writes depends on the source and on every earlier step;
+`assert_varied` checks that of the outputs before any comparison with `generate`. (Teaching
+such a model a general task, copying, takes minutes to learn reliably; memorizing ~10
+sentences takes ~100 steps.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import transformers
+
+# 2+2 layers, d_model 16, 4 heads: the size of every tiny model of the interop tests.
+SIZES = dict(
+  d_model=16,
+  encoder_layers=2,
+  decoder_layers=2,
+  encoder_attention_heads=4,
+  decoder_attention_heads=4,
+  encoder_ffn_dim=32,
+  decoder_ffn_dim=32,
+  max_position_embeddings=64,
+  dropout=0.0,
+)
+
+# Full-batch Adam steps and learning rate of `train_to_translate`: measured to reproduce
+# every target of ten sentences greedily, for each model type (loss <= 0.07).
+TRAIN_STEPS = 100
+LEARNING_RATE = 1e-2
+# What each compared output row must hold: distinct tokens other than the special ones.
+MIN_DISTINCT = 3
+
+
+def hf_config(model_type: str):
+  """Tiny configs with the published models' switches (opus-mt, wmt19, mbart-large, m2m100)."""
+  if model_type == "marian":  # opus-mt: swish, scaled embeddings, pad = decoder start, eos 0
+    return transformers.MarianConfig(
+      vocab_size=99,
+      decoder_vocab_size=99,
+      pad_token_id=98,
+      eos_token_id=0,
+      decoder_start_token_id=98,
+      activation_function="swish",
+      scale_embedding=True,
+      **SIZES,
+    )
+  if model_type == "fsmt":  # wmt19: separate source and target vocabularies
+    return transformers.FSMTConfig(
+      langs=["en", "ru"], src_vocab_size=99, tgt_vocab_size=87, activation_function="relu", **SIZES
+    )
+  if model_type == "mbart":
+    return transformers.MBartConfig(
+      vocab_size=99, decoder_start_token_id=2, activation_function="gelu", **SIZES
+    )
+  return transformers.M2M100Config(vocab_size=99, decoder_start_token_id=2, **SIZES)
+
+
+def random_targets(rng, ids: Sequence[int], lengths: Sequence[int]) -> list[list[int]]:
+  """One target per length: distinct tokens drawn from `ids`, no EOS."""
+  return [[int(t) for t in rng.choice(np.asarray(ids), n, replace=False)] for n in lengths]
+
+
+def train_to_translate(
+  model, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], prefix=None
+):
+  """Trains `model` in place, full batch, to translate each source (ids, EOS and language
+  codes included, no padding) into its target (then EOS). Returns it in eval mode.
+
+  Args:
+    prefix: what the decoder reads before the first target token: its decoder start token
+      (the default), then any forced token (mBART-50's and NLLB's target language code).
+  """
+  config = model.config
+  pad_id, eos_id = config.pad_token_id, config.eos_token_id
+  prefix = [config.decoder_start_token_id] if prefix is None else list(prefix)
+  rows, width = len(sources), max(map(len, targets)) + len(prefix)
+  inputs = np.full((rows, max(map(len, sources))), pad_id)  # [rows, source_len]
+  decoder_inputs = np.full((rows, width), pad_id)  # [rows, len(prefix) + target_len]
+  labels = np.full((rows, width), -100)  # cross_entropy's ignore_index; the prefix is given
+  for row, (source, target) in enumerate(zip(sources, targets)):
+    inputs[row, : len(source)] = source
+    decoder_inputs[row, : len(prefix) + len(target)] = [*prefix, *target]
+    labels[row, len(prefix) - 1 : len(prefix) + len(target)] = [*target, eos_id]
+  torch.manual_seed(0)
+  # Position tables stay as they are: FSMT saves its sinusoidal one, which we check on import.
+  trained = [p for name, p in model.named_parameters() if "embed_positions" not in name]
+  optimizer = torch.optim.Adam(trained, lr=LEARNING_RATE)
+  model.train()
+  threads = torch.get_num_threads()
+  torch.set_num_threads(1)  # tiny matrices: a second thread only waits (measured 2-7x slower)
+  for _ in range(TRAIN_STEPS):
+    logits = model(
+      input_ids=torch.tensor(inputs),
+      attention_mask=torch.tensor(inputs != pad_id),
+      decoder_input_ids=torch.tensor(decoder_inputs),
+      use_cache=False,
+    ).logits  # [rows, width, target_vocab]
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), torch.tensor(labels).flatten())
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+  torch.set_num_threads(threads)
+  return model.eval()
+
+
+def until_eos(tokens, eos_id: int) -> list[int]:
+  tokens = [int(t) for t in tokens]
+  return tokens[: tokens.index(eos_id) + 1] if eos_id in tokens else tokens
+
+
+def assert_varied(rows, special: Sequence[int], eos_id: int) -> None:
+  """Outputs worth comparing: rows (token ids, cut after EOS) that are not all equal and each
+  hold at least MIN_DISTINCT distinct tokens other than `special`."""
+  rows = [tuple(until_eos(row, eos_id)) for row in rows]
+  assert len(set(rows)) == len(rows) > 1, f"rows repeat: {rows}"
+  for row in rows:
+    assert len(set(row) - set(special)) >= MIN_DISTINCT, f"a near-constant row: {rows}"
