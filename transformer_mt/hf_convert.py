@@ -353,10 +353,30 @@ def _weight_files(directory: str, single_name: str) -> list[str]:
   when neither exists."""
   index = os.path.join(directory, f"{single_name}.index.json")
   if os.path.exists(index):
-    shards = sorted(set(text_files.read_json(index)["weight_map"].values()))
-    return [os.path.join(directory, name) for name in shards]
+    content = text_files.read_json(index)
+    weight_map = content.get("weight_map") if isinstance(content, dict) else None
+    if not isinstance(weight_map, dict):
+      raise errors.BadValue(f"{index}: no weight_map (tensor name -> shard file) in it.")
+    return sorted({_shard_path(directory, index, name) for name in weight_map.values()})
   single = os.path.join(directory, single_name)
   return [single] if os.path.exists(single) else []
+
+
+def _shard_path(directory: str, index: str, name: object) -> str:
+  """`directory`/`name`, once `name` (an entry of `index`) is a relative path inside it.
+
+  The check is on the names, not on resolved links: hub snapshots are folders of links into
+  the download cache, which lies outside them.
+  """
+  normal = os.path.normpath(name) if isinstance(name, str) and name else ""
+  if normal in ("", os.curdir) or os.path.isabs(normal) or normal.split(os.sep)[0] == os.pardir:
+    raise errors.BadValue(
+      f"{index}: shard {name!r} is not a file name inside {directory}; refusing to read it."
+    )
+  path = os.path.join(directory, normal)
+  if not os.path.isfile(path):
+    raise errors.MissingFile(f"{index}: shard {name!r} is not in {directory}.")
+  return path
 
 
 def load_pretrained(directory: str) -> tuple[TransformerConfig, dict]:
