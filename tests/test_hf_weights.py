@@ -106,3 +106,13 @@ def test_import_refuses_an_index_leading_out_of_the_folder(marian_dir, bad, tmp_
   errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
   assert len(errors) == 1 and str(index) in errors[0] and repr(bad) in errors[0], errors
   assert not workdir.exists()
+
+
+@pytest.mark.parametrize("version", ["2.5.1+cpu", "1.13.0"])
+def test_bin_weights_need_a_torch_that_loads_them_safely(model, version, tmp_path, monkeypatch):
+  torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
+  monkeypatch.setattr(torch, "__version__", version)
+  with pytest.raises(ValueError, match=r"needs torch >= 2\.6 .* CVE-2025-32434"):
+    hf_convert.read_state_dict(str(tmp_path))
+  monkeypatch.setattr(torch, "__version__", "2.6.0")
+  assert "lm_head.weight" in hf_convert.read_state_dict(str(tmp_path))

@@ -16,6 +16,7 @@ Two PyTorch weights are left out, each because it cannot change the output:
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -337,6 +338,7 @@ def read_state_dict(directory: str) -> dict[str, np.ndarray]:
   if binary_files:
     import torch
 
+    _check_torch_loads_safely(torch.__version__, binary_files[0])
     # weights_only=True: tensors only, no arbitrary pickled objects are run.
     return {
       key: _to_numpy(x)
@@ -346,6 +348,18 @@ def read_state_dict(directory: str) -> dict[str, np.ndarray]:
   raise errors.BadValue(
     f"No model.safetensors or pytorch_model.bin (or their shards) in {directory}."
   )
+
+
+def _check_torch_loads_safely(version: str, path: str) -> None:
+  """Refuses a torch older than 2.6, whose `torch.load(weights_only=True)` can still run code
+  from a crafted file (CVE-2025-32434)."""
+  major, minor = (int(re.match(r"\d+", part).group()) for part in version.split(".")[:2])
+  if (major, minor) < (2, 6):
+    raise errors.BadValue(
+      f"Reading {path} needs torch >= 2.6 (older torch.load can run code from a crafted .bin "
+      f"file, CVE-2025-32434); this is torch {version}: pip install -U 'torch>=2.6', or use "
+      "model.safetensors weights."
+    )
 
 
 def _weight_files(directory: str, single_name: str) -> list[str]:
