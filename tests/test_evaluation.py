@@ -8,6 +8,7 @@ chrF example, and `run.py report`'s chrF columns ("–" for a results.json writt
 """
 
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -27,6 +28,8 @@ needs_golden = pytest.mark.shared_data(
   "golden/newstest2014.perturbed.fr",
   "news/en-de/newstest2014.de",
   "news/en-fr/newstest2014.fr",
+  "news/en-de/newstest2014.en",
+  "news/en-fr/newstest2014.en",
 )
 
 # multi-bleu.perl's output for the golden hypotheses, as ../shared/data/golden/README.md gives
@@ -61,11 +64,17 @@ SACREBLEU_CLI = {
 }
 
 
+def _shared(relative):
+  """`relative` under the shared data folder, as a path relative to the repository root (the
+  way a user types it: ../shared/data/... unless TRANSFORMER_MT_SHARED_DATA moves the folder)."""
+  return os.path.relpath(SHARED / relative, ROOT)
+
+
 def _golden_pair(language):
   """(hypothesis path, reference path), relative to the repository root as a user types them."""
   return (
-    f"../shared/data/golden/newstest2014.perturbed.{language}",
-    f"../shared/data/news/en-{language}/newstest2014.{language}",
+    _shared(f"golden/newstest2014.perturbed.{language}"),
+    _shared(f"news/en-{language}/newstest2014.{language}"),
   )
 
 
@@ -87,7 +96,7 @@ def test_evaluate_hypotheses_gives_the_perl_and_sacrebleu_cli_figures(language):
       "--reference",
       reference,
       "--source",
-      f"../shared/data/news/en-{language}/newstest2014.en",
+      _shared(f"news/en-{language}/newstest2014.en"),
       "--tgt_lang",
       language,
     ],

@@ -6,6 +6,9 @@ files and an index); every layout must give the state dict the model itself hold
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import numpy as np
 import pytest
 
@@ -14,9 +17,16 @@ transformers = pytest.importorskip(
   "transformers", minversion="5", reason="needs transformers>=5: pip install -e '.[interop]'"
 )
 
-from transformer_mt import hf_convert  # noqa: E402
+import test_hf_import  # noqa: E402
+
+from transformer_mt import cli, hf_convert  # noqa: E402
 
 pytestmark = pytest.mark.interop
+
+# test_hf_import.py's tiny Marian directory (model.safetensors whole, and its tokenizer).
+marian_dir = test_hf_import.marian_dir
+# Shard names that lead out of the model folder.
+ESCAPING = ["../../etc/x.safetensors", "/etc/x.safetensors", "sub/../../x.safetensors"]
 
 
 @pytest.fixture(scope="module")
@@ -58,3 +68,51 @@ def test_every_weight_layout_reads_back_the_same_tensors(model, safe, shard, tmp
 def test_no_weights_is_one_error(tmp_path):
   with pytest.raises(ValueError, match="No model.safetensors or pytorch_model.bin"):
     hf_convert.read_state_dict(str(tmp_path))
+
+
+@pytest.mark.parametrize("weights", ["model.safetensors", "pytorch_model.bin"])
+def test_shards_outside_the_model_folder_are_refused(model, weights, tmp_path):
+  # Real weights beside the model folder, so that only the check stands between a name that
+  # leads out of the folder and a read.
+  outside = tmp_path / weights
+  if weights.endswith(".bin"):
+    torch.save(model.state_dict(), outside)
+  else:
+    model.save_pretrained(tmp_path)
+  directory = tmp_path / "model"
+  directory.mkdir()
+  index = directory / f"{weights}.index.json"
+  for bad in [f"../{weights}", str(outside), f"sub/../../{weights}", 3]:
+    index.write_text(json.dumps({"metadata": {}, "weight_map": {"lm_head.weight": bad}}))
+    with pytest.raises(ValueError, match="is not a file name inside") as raised:
+      hf_convert.read_state_dict(str(directory))
+    assert str(index) in str(raised.value) and repr(bad) in str(raised.value)
+  index.write_text(json.dumps({"weight_map": {"lm_head.weight": "missing.bin"}}))
+  with pytest.raises(FileNotFoundError, match="'missing.bin' is not in"):
+    hf_convert.read_state_dict(str(directory))
+
+
+@pytest.mark.parametrize("bad", ESCAPING)
+def test_import_refuses_an_index_leading_out_of_the_folder(marian_dir, bad, tmp_path, capsys):
+  """`run.py import` of a folder whose index names a shard outside it: one error line naming
+  the index and the entry, status 2, no workdir."""
+  directory = tmp_path / "marian"
+  shutil.copytree(marian_dir, directory)
+  (directory / "model.safetensors").unlink()
+  index = directory / "model.safetensors.index.json"
+  index.write_text(json.dumps({"metadata": {}, "weight_map": {"final_logits_bias": bad}}))
+  workdir = tmp_path / "imported"
+  assert cli.main(["import", "--from", f"hf:{directory}", "--workdir", str(workdir)]) == 2
+  errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and str(index) in errors[0] and repr(bad) in errors[0], errors
+  assert not workdir.exists()
+
+
+@pytest.mark.parametrize("version", ["2.5.1+cpu", "1.13.0"])
+def test_bin_weights_need_a_torch_that_loads_them_safely(model, version, tmp_path, monkeypatch):
+  torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
+  monkeypatch.setattr(torch, "__version__", version)
+  with pytest.raises(ValueError, match=r"needs torch >= 2\.6 .* CVE-2025-32434"):
+    hf_convert.read_state_dict(str(tmp_path))
+  monkeypatch.setattr(torch, "__version__", "2.6.0")
+  assert "lm_head.weight" in hf_convert.read_state_dict(str(tmp_path))

@@ -1,5 +1,6 @@
 """The launcher's allocator settings: re-executed once with GLIBC_TUNABLES, never over a user's
-own, and they remove the page faults of XLA's large per-call temporaries."""
+own. That they remove the page faults of XLA's large per-call temporaries depends on the load
+and is measured by benchmarks/page_faults.py, not asserted here."""
 
 import os
 import subprocess
@@ -14,25 +15,14 @@ pytestmark = pytest.mark.skipif(
   not (sys.platform.startswith("linux") and launch.uses_glibc()), reason="glibc tunables only"
 )
 
-# Jits a function whose temporaries are 16 MiB each and counts minor page faults per call.
-FAULTS = """
-import os, resource, sys
+# Prints its pid and the GLIBC_TUNABLES it runs with, re-executed first in "launch" mode. What
+# the settings do to page faults is a measurement: benchmarks/page_faults.py.
+CHILD = """
+import os, sys
 from transformer_mt import launch
 if sys.argv[1] == "launch":
   launch.reexec_with_allocator_settings()
-import jax, jax.numpy as jnp
-@jax.jit
-def f(x):
-  y = jnp.tanh(x @ x.T) + jnp.sin(x)
-  return (jnp.exp(y) @ jnp.cos(y)).sum()
-
-x = jnp.ones((2048, 2048))
-f(x).block_until_ready()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(10):
-  f(x).block_until_ready()
-print(os.getpid(), os.environ.get("GLIBC_TUNABLES"),
-      (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10)
+print(os.getpid(), os.environ.get("GLIBC_TUNABLES"))
 """
 
 
@@ -41,23 +31,22 @@ def run_child(mode, **env_changes):
   env.update(env_changes, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
   env.pop("XLA_FLAGS", None)
   child = subprocess.Popen(
-    [sys.executable, "-c", FAULTS, mode], env=env, stdout=subprocess.PIPE, text=True, cwd=ROOT
+    [sys.executable, "-c", CHILD, mode], env=env, stdout=subprocess.PIPE, text=True, cwd=ROOT
   )
   out, _ = child.communicate(timeout=300)
   assert child.returncode == 0
-  pid, tunables, faults = out.split()
-  return int(pid), child.pid, tunables, float(faults)
+  pid, tunables = out.split()
+  return int(pid), child.pid, tunables
 
 
-def test_reexec_sets_tunables_in_the_same_process_and_cuts_page_faults():
-  pid, child_pid, tunables, faults = run_child("launch")
+def test_reexec_sets_tunables_in_the_same_process():
+  pid, child_pid, tunables = run_child("launch")
   assert tunables == launch.GLIBC_TUNABLES
   assert pid == child_pid  # exec, not a new process: signals and exit codes go to one pid
-  _, _, plain_tunables, plain_faults = run_child("plain")
+  _, _, plain_tunables = run_child("plain")
   assert plain_tunables == "None"
-  assert faults < plain_faults / 3, (faults, plain_faults)
 
 
 def test_a_users_own_tunables_are_kept():
-  _, _, tunables, _ = run_child("launch", GLIBC_TUNABLES="glibc.malloc.arena_max=2")
+  _, _, tunables = run_child("launch", GLIBC_TUNABLES="glibc.malloc.arena_max=2")
   assert tunables == "glibc.malloc.arena_max=2"

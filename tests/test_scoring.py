@@ -13,6 +13,7 @@ of the hypotheses it returned (forced finish, forced first token and both penalt
 import collections
 import dataclasses
 import functools
+import logging
 
 import flax.linen as nn
 import jax
@@ -95,18 +96,26 @@ def gnmt(length, alpha):
   return ((5.0 + length) / 6.0) ** alpha
 
 
-def test_score_equals_numpy_log_softmax_of_each_full_forward(translator, model):
+def test_score_equals_numpy_log_softmax_of_each_full_forward(translator, model, caplog):
   pairs = model[1] + [("the dog sees a cat", ""), ("", "ein Hund")]
-  scores = scoring.score_lines(translator, [s for s, _ in pairs], [t for _, t in pairs])
+  with caplog.at_level(logging.WARNING):
+    scores = scoring.score_lines(translator, [s for s, _ in pairs], [t for _, t in pairs])
   assert len(scores) == len(pairs)
+  # The empty source line, named 1-based.
+  assert [r.getMessage().split(" (1-based)")[0] for r in caplog.records] == [
+    f"Source line(s) {len(pairs)}"
+  ]
   tokenizer = translator.tokenizer
-  encoded = [(tokenizer.encode([s])[0], tokenizer.encode_targets([t])[0]) for s, t in pairs[:-1]]
+  encoded = [(tokenizer.encode([s])[0], tokenizer.encode_targets([t])[0]) for s, t in pairs]
+  # An empty source is scored as the model reads one: EOS alone (fairseq's encoding of it).
+  assert encoded[-1][0] == [translator.model_config.eos_id]
   # The reference compiles once per source length: check the pairs of the 3 commonest
-  # lengths (and the empty target), scored above in batches among all the others.
+  # lengths (and the empty target and the empty source), scored above in batches among all
+  # the others.
   counts = collections.Counter(len(s) for s, _ in encoded)
-  common = {length for length, _ in counts.most_common(3)} | {len(encoded[-1][0])}
+  common = {length for length, _ in counts.most_common(3)} | {len(encoded[-2][0]), 1}
   checked = 0
-  for (source_ids, target_ids), score in zip(encoded, scores[:-1]):
+  for (source_ids, target_ids), score in zip(encoded, scores):
     assert score.tokens == len(target_ids)
     if len(source_ids) not in common:
       continue
@@ -117,11 +126,11 @@ def test_score_equals_numpy_log_softmax_of_each_full_forward(translator, model):
     np.testing.assert_allclose(
       score.score, expected / gnmt(len(target_ids), translator.alpha), rtol=1e-5, atol=1e-4
     )
-  assert checked >= 8
+  assert checked >= 9  # the empty source among them (its length, 1, is in `common`)
   assert scores[-2].tokens == 1  # an empty target: EOS alone
-  assert scores[-1].tokens == 0 and np.isnan(scores[-1].logprob)  # an empty source
+  assert np.isfinite(scores[-1].logprob) and scores[-1].tokens == len(encoded[-1][1])
   # Batches of 8 sorted by length: a reordering bug would give another pair's numbers.
-  assert len({round(s.logprob, 3) for s in scores[:-1]}) > len(pairs) - 3
+  assert len({round(s.logprob, 3) for s in scores}) > len(pairs) - 3
 
 
 @pytest.mark.parametrize(

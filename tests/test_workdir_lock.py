@@ -99,7 +99,8 @@ def test_the_lock_records_this_process_and_is_removed_with_the_directory_it_made
     assert holder["host"] == socket.gethostname() and holder["pid"] == os.getpid()
     started = datetime.datetime.fromisoformat(holder["started"])
     assert started.tzinfo is not None
-    assert before <= started <= before + datetime.timedelta(seconds=60)
+    # Between two clock readings around the hold, not within a delay that depends on the load.
+    assert before <= started <= datetime.datetime.now(datetime.timezone.utc)
     assert shlex.split(holder["command"])[1:] == sys.argv
     # Nothing but the lock: its temporary file is gone.
     assert sorted(os.listdir(workdir)) == [workdir_lock.LOCK_FILENAME]

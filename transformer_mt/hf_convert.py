@@ -16,6 +16,7 @@ Two PyTorch weights are left out, each because it cannot change the output:
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -337,6 +338,7 @@ def read_state_dict(directory: str) -> dict[str, np.ndarray]:
   if binary_files:
     import torch
 
+    _check_torch_loads_safely(torch.__version__, binary_files[0])
     # weights_only=True: tensors only, no arbitrary pickled objects are run.
     return {
       key: _to_numpy(x)
@@ -348,15 +350,47 @@ def read_state_dict(directory: str) -> dict[str, np.ndarray]:
   )
 
 
+def _check_torch_loads_safely(version: str, path: str) -> None:
+  """Refuses a torch older than 2.6, whose `torch.load(weights_only=True)` can still run code
+  from a crafted file (CVE-2025-32434)."""
+  major, minor = (int(re.match(r"\d+", part).group()) for part in version.split(".")[:2])
+  if (major, minor) < (2, 6):
+    raise errors.BadValue(
+      f"Reading {path} needs torch >= 2.6 (older torch.load can run code from a crafted .bin "
+      f"file, CVE-2025-32434); this is torch {version}: pip install -U 'torch>=2.6', or use "
+      "model.safetensors weights."
+    )
+
+
 def _weight_files(directory: str, single_name: str) -> list[str]:
   """Paths of `single_name` in `directory`, or of the shards its `.index.json` lists; []
   when neither exists."""
   index = os.path.join(directory, f"{single_name}.index.json")
   if os.path.exists(index):
-    shards = sorted(set(text_files.read_json(index)["weight_map"].values()))
-    return [os.path.join(directory, name) for name in shards]
+    content = text_files.read_json(index)
+    weight_map = content.get("weight_map") if isinstance(content, dict) else None
+    if not isinstance(weight_map, dict):
+      raise errors.BadValue(f"{index}: no weight_map (tensor name -> shard file) in it.")
+    return sorted({_shard_path(directory, index, name) for name in weight_map.values()})
   single = os.path.join(directory, single_name)
   return [single] if os.path.exists(single) else []
+
+
+def _shard_path(directory: str, index: str, name: object) -> str:
+  """`directory`/`name`, once `name` (an entry of `index`) is a relative path inside it.
+
+  The check is on the names, not on resolved links: hub snapshots are folders of links into
+  the download cache, which lies outside them.
+  """
+  normal = os.path.normpath(name) if isinstance(name, str) and name else ""
+  if normal in ("", os.curdir) or os.path.isabs(normal) or normal.split(os.sep)[0] == os.pardir:
+    raise errors.BadValue(
+      f"{index}: shard {name!r} is not a file name inside {directory}; refusing to read it."
+    )
+  path = os.path.join(directory, normal)
+  if not os.path.isfile(path):
+    raise errors.MissingFile(f"{index}: shard {name!r} is not in {directory}.")
+  return path
 
 
 def load_pretrained(directory: str) -> tuple[TransformerConfig, dict]:

@@ -20,9 +20,13 @@ Output (`format_scores`), one TSV row per input line, in input order (line_index
 
     line_index<TAB>logprob<TAB>tokens<TAB>per_token<TAB>score
 
-An empty source line has nothing to condition on (translate leaves it untranslated): its row
-has tokens 0 and nan for the numbers. An empty target line is scored as EOS alone (after the
-language tag, if any): how likely the model translates the source as nothing.
+An empty source line is scored given what the tokenizer makes of an empty text (EOS alone, with
+the language tag of mBART / NLLB), as fairseq scores one (its dictionary encodes an empty line as
+EOS): a number, not nan, so that sums over a file stay defined. A warning names those lines, as
+the model never saw such a source in training (empty pairs are dropped) and translate leaves
+an empty line untranslated (its n-best rank 0 is the empty hypothesis at score 0, not a model
+score). An empty target line is scored as EOS alone (after the language tag, if any): how likely
+the model translates the source as nothing.
 
 Pairs are sorted by length and scored in batches of the decode batch size, padded to
 length buckets (few compilations) and sharded over the inference mesh's data axis, like
@@ -32,6 +36,7 @@ translation; only the checkpoint's parameters are restored (`translate.load_tran
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -45,6 +50,9 @@ from transformer_mt.input_pipeline import bucket_length
 from transformer_mt.model import Transformer
 from transformer_mt.translate import Translator
 
+# Empty source lines a warning names by number; the rest it counts.
+_NAMED_LINES = 10
+
 
 class PairScore(NamedTuple):
   """The model's scores of one (source, target) pair (module docstring)."""
@@ -53,9 +61,6 @@ class PairScore(NamedTuple):
   tokens: int  # target ids scored: EOS and a forced first token included
   per_token: float  # logprob / tokens
   score: float  # logprob / lp(tokens), beam search's length-normalised score
-
-
-UNSCORED = PairScore(math.nan, 0, math.nan, math.nan)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "forced_first_id"))
@@ -132,21 +137,29 @@ def score_lines(
       "line-aligned."
     )
   encoded = translator.encode_sources(sources)
-  kept = [i for i, ids in enumerate(encoded) if ids is not None]
-  target_ids = translator.tokenizer.encode_targets([targets[i].strip() for i in kept])
+  empty = [i for i, ids in enumerate(encoded) if ids is None]
+  if empty:
+    (no_text,) = translator.tokenizer.encode([""])  # EOS (and a language tag)
+    named = ", ".join(str(i + 1) for i in empty[:_NAMED_LINES])
+    more = f" and {len(empty) - _NAMED_LINES} more" if len(empty) > _NAMED_LINES else ""
+    logging.warning(
+      "Source line(s) %s%s (1-based) are empty: scored given a source of EOS alone, which "
+      "the model did not see in training (translate leaves such lines untranslated).",
+      named,
+      more,
+    )
+    for i in empty:
+      encoded[i] = list(no_text)
+  target_ids = translator.tokenizer.encode_targets([t.strip() for t in targets])
   learned = [c.max_len for c in translator.configs if c.position_encoding == "learned"]
   if learned:
-    for i, ids in zip(kept, target_ids):
+    for i, ids in enumerate(target_ids):
       if len(ids) > min(learned):
         raise errors.BadValue(
           f"Target line {i + 1} has {len(ids)} tokens; the model's learned positions reach "
           f"{min(learned)}: shorten or split that line."
         )
-  scored = score_ids(translator, [encoded[i] for i in kept], target_ids)
-  results = [UNSCORED] * len(sources)
-  for i, score in zip(kept, scored):
-    results[i] = score
-  return results
+  return score_ids(translator, encoded, target_ids)
 
 
 def _pair_score(translator: Translator, logprob: float, tokens: int) -> PairScore:
@@ -193,7 +206,7 @@ def _score_batch(
 
 def format_scores(scores: Sequence[PairScore]) -> str:
   """TSV rows `line_index<TAB>logprob<TAB>tokens<TAB>per_token<TAB>score`, in input order;
-  numbers with 6 decimals (nan for an empty source line)."""
+  numbers with 6 decimals."""
   return "".join(
     f"{i}\t{s.logprob:.6f}\t{s.tokens}\t{s.per_token:.6f}\t{s.score:.6f}\n"
     for i, s in enumerate(scores)
