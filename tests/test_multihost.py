@@ -240,56 +240,79 @@ def test_launch_detection_and_flag_errors(monkeypatch):
     distributed.initialize("127.0.0.1", 2, 0)
 
 
+# A run that only a signal stops: no log step (the old agreement point) and no evaluation.
+STOP_OVERRIDES = OVERRIDES + [
+  "train.eval_every=0",
+  "train.bleu_every=0",
+  "train.checkpoint_every=5",
+  "train.log_every=100000",
+  "data.num_eval=0",
+]
+# Where interrupted runs are resumed to, and the uninterrupted one ends: past the step a signal
+# sent after step 5's checkpoint stops at (the furthest step any process reached, plus one;
+# 11 to 16 on a loaded 2-core machine). Neither the learning rate nor the data order depends on
+# train.num_steps.
+FINAL_STEP = 100
+
+
+def saved_params(workdir, step):
+  config, tokenizer, _ = checkpointing.read_config(str(workdir))
+  mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+  target = model_setup(config, tokenizer, mesh).abstract_params
+  return jax.device_get(checkpointing.restore_params(str(workdir), step, target))
+
+
+def logged_losses(workdir):
+  return {r["step"]: r["loss"] for r in metrics.read_metrics(str(workdir)) if "loss" in r}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  """(params, losses) of an uninterrupted two-process run to FINAL_STEP, shared by the tests
+  that interrupt one."""
+  base = tmp_path_factory.mktemp("uninterrupted")
+  workdir = base / "run"
+  launch_two_processes(workdir, base, STOP_OVERRIDES + [f"train.num_steps={FINAL_STEP}"])
+  return saved_params(workdir, FINAL_STEP), logged_losses(workdir)
+
+
 @pytest.mark.slow
-def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path):
-  """SIGTERM to process 1 only, between log steps: both processes stop at the same step (JAX's
-  preemption sync point, asked at every step), save that step's checkpoint and exit 0; resumed,
-  the run ends with the parameters of an uninterrupted two-process run, bit for bit."""
-  stop_overrides = OVERRIDES + [
-    "train.eval_every=0",
-    "train.bleu_every=0",
-    "train.checkpoint_every=5",
-    "train.log_every=100000",  # no log step comes: the old agreement point
-    "data.num_eval=0",
-  ]
+@pytest.mark.parametrize(
+  "targets", [(0,), (1,), (0, 1)], ids=["process_0", "process_1", "all_processes"]
+)
+def test_sigterm_stops_both_processes_at_the_same_step(targets, uninterrupted, tmp_path):
+  """SIGTERM to process 0 only (the one holding the writer lock), to process 1 only, or to
+  both (as SLURM preempts), between log steps: both processes stop at the same step (JAX's
+  preemption sync point, asked at every step), save that step's checkpoint, release the lock
+  and exit 0; resumed, the run ends with the parameters and losses of an uninterrupted
+  two-process run, bit for bit."""
   workdir = tmp_path / "run"
   # Endless: it can only end by the signal, whatever the machine's speed.
   processes, logs = start_two_processes(
-    workdir, tmp_path, stop_overrides + ["train.num_steps=1000000"]
+    workdir, tmp_path, STOP_OVERRIDES + ["train.num_steps=1000000"]
   )
   first_checkpoint = workdir / "checkpoints" / "5" / "commit_success.txt"
   deadline = time.time() + 300
   while not first_checkpoint.exists():
     assert all(p.poll() is None for p in processes), "a process exited before step 5"
     assert time.time() < deadline, "no checkpoint of step 5 appeared in time"
-    time.sleep(0.05)
-  processes[1].send_signal(signal.SIGTERM)
+    time.sleep(0.02)
+  for i in targets:
+    processes[i].send_signal(signal.SIGTERM)
   outputs = finish_two_processes(processes, logs)  # both exit 0
   stopped = [re.findall(r"Stopped by a preemption notice .* after step (\d+);", o) for o in outputs]
   assert stopped[0] and stopped[0] == stopped[1], stopped
   stop_step = int(stopped[0][0])
+  assert stop_step < FINAL_STEP, f"stopped at step {stop_step}: raise FINAL_STEP"
   assert checkpointing.all_steps(str(workdir))[-1] == stop_step
   data_iter = {p.name for p in (workdir / "checkpoints" / str(stop_step) / "data_iter").iterdir()}
   assert {"process_0-of-2.json", "process_1-of-2.json"} <= data_iter, data_iter
+  assert not (workdir / "writer.lock").exists()
 
-  final_step = stop_step + 2
-  finish = stop_overrides + [f"train.num_steps={final_step}"]
   (tmp_path / "resumed").mkdir()
+  finish = STOP_OVERRIDES + [f"train.num_steps={FINAL_STEP}"]
   launch_two_processes(workdir, tmp_path / "resumed", finish)
-  reference = tmp_path / "uninterrupted"
-  (tmp_path / "reference").mkdir()
-  launch_two_processes(reference, tmp_path / "reference", finish)
-
-  config, tokenizer, _ = checkpointing.read_config(str(workdir))
-  mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
-  target = model_setup(config, tokenizer, mesh).abstract_params
-  resumed, expected = (
-    jax.device_get(checkpointing.restore_params(str(w), final_step, target))
-    for w in (workdir, reference)
-  )
-  jax.tree.map(np.testing.assert_array_equal, resumed, expected)
-  losses = [
-    {r["step"]: r["loss"] for r in metrics.read_metrics(str(w)) if "loss" in r}
-    for w in (workdir, reference)
-  ]
-  assert losses[0] == losses[1] and sorted(losses[0]) == list(range(1, final_step + 1))
+  expected_params, expected_losses = uninterrupted
+  jax.tree.map(np.testing.assert_array_equal, saved_params(workdir, FINAL_STEP), expected_params)
+  assert logged_losses(workdir) == expected_losses
+  assert sorted(expected_losses) == list(range(1, FINAL_STEP + 1))

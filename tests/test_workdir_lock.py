@@ -147,6 +147,52 @@ def test_sigterm_outside_the_training_loop_releases_the_lock(tmp_path):
   assert not lock_file(tmp_path).exists()
 
 
+# Holds the lock of argv[1] in a one-process jax.distributed run, whose preemption notifier
+# catches SIGTERM in C from `initialize` on; then, in a training loop's stop-on-signal, sends
+# itself signal argv[2] and steps until the loop would stop (JAX's sync point is reached).
+UNDER_JAX_NOTIFIER = (
+  "import os, signal, socket, sys, time\n"
+  "import jax\n"
+  "from transformer_mt import preemption, workdir_lock\n"
+  "with socket.socket() as s:\n"
+  "  s.bind(('127.0.0.1', 0))\n"
+  "  port = s.getsockname()[1]\n"
+  "jax.distributed.initialize(f'127.0.0.1:{port}', 1, 0)\n"
+  "with workdir_lock.held(sys.argv[1]):\n"
+  "  print('python handler:', signal.getsignal(signal.SIGTERM), flush=True)\n"
+  "  with preemption.StopOnSignal() as stop:\n"
+  "    os.kill(os.getpid(), signal.Signals[sys.argv[2]])\n"
+  "    step = 1\n"
+  "    while not stop.stop_after(step, log_step=False):\n"
+  "      step += 1\n"
+  "      time.sleep(0.001)\n"
+  "  print('stopped by', stop.describe(), flush=True)\n"
+)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_the_lock_leaves_sigterm_to_jaxs_preemption_notifier(signum, tmp_path):
+  """Where `jax.distributed.initialize` started JAX's preemption notifier (a C handler, which
+  `signal.getsignal` reports as SIG_DFL), the lock puts no SIGTERM handler over it: the
+  process survives SIGTERM (or SIGINT, which the loop re-raises as SIGTERM for JAX), JAX
+  reaches its sync point, and the normal exit releases the lock. (Replacing it killed
+  process 0 of a multi-process run, the lock's holder.)"""
+  workdir = tmp_path / "run"
+  done = subprocess.run(
+    [sys.executable, "-c", UNDER_JAX_NOTIFIER, str(workdir), signum.name],
+    env=dict(subprocess_env(), JAX_PLATFORMS="cpu"),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert done.stdout.splitlines() == [
+    f"python handler: {signal.SIG_DFL!s}",
+    "stopped by a preemption notice (SIGTERM or SIGINT to one of the processes)",
+  ]
+  assert not workdir.exists()  # the lock was released and its empty workdir removed
+
+
 def test_a_recycled_pid_is_not_the_holder(tmp_path, caplog):
   """The recorded pid runs (it is this process), but a lock with another start time was
   taken by a process that has died since, and whose pid was reused."""

@@ -165,11 +165,10 @@ def barrier(name: str) -> None:
 
 
 def preemption_sync_available() -> bool:
-  """True in a multi-process run whose JAX preemption service is on (the default, see
-  `multihost_utils.reached_preemption_sync_point`): `jax.distributed.initialize` then
-  created the preemption sync manager, which catches SIGTERM itself."""
-  if jax.process_count() == 1:
-    return False
+  """True once `jax.distributed.initialize` ran with JAX's preemption service on (the
+  default, see `multihost_utils.reached_preemption_sync_point`): it then created the
+  preemption sync manager, which catches SIGTERM itself. Also with one process (e.g. a
+  single-host TPU slice), where the sync point is that process's own next step."""
   from jax._src import distributed as jax_distributed  # the manager has no public accessor
 
   state = jax_distributed.global_state

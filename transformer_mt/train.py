@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import threading
 import time
 from typing import Any
 
@@ -35,6 +33,7 @@ from transformer_mt import (
   input_pipeline,
   metrics,
   optimizer,
+  preemption,
   resume,
   run_setup,
   sharding,
@@ -174,7 +173,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, progress: bool) -> d
   # advances the step but not the optimizer's count (train_step.train_step).
   skipped = start - int(optimizer.updates_applied(state.opt_state))
   preempted = False
-  with _StopOnSignal() as stop_signal:
+  with preemption.StopOnSignal(start) as stop_signal:
     for step in range(start + 1, num_steps + 1):
       batch = next(batches)  # already on the mesh (DevicePrefetch)
       profiler.before(step)
@@ -367,66 +366,6 @@ class _StepTrace:
       logging.info(
         "Wrote a profiler trace of steps %d-%d to %s.", self.first, self.last, self.directory
       )
-
-
-class _StopOnSignal:
-  """Turns SIGTERM/SIGINT (preemption, Ctrl-C) into a stop after a step, which is then
-  checkpointed before the process exits with status 0 (`stop_after`, asked after each step).
-
-  One process: a Python handler sets a flag, and the loop stops after the current step.
-
-  Several processes must all stop at the same step (each saves its shards of that step's
-  checkpoint), and soon: SLURM sends SIGKILL ~120 s after SIGTERM, often to one task only,
-  while a log step may be 100 steps away. They agree through JAX's preemption sync point
-  (`multihost_utils.reached_preemption_sync_point`): `jax.distributed.initialize` starts a
-  notifier that catches SIGTERM itself (a C handler), the coordination service tells every
-  process, and they settle in the background on the furthest step any has reached, plus
-  one. The loop asks it at every step, and asking is a local check, not a host sync: an
-  all-gather of the flag at every step would stall JAX's asynchronous dispatch once per step
-  (it is what the processes fell back to at log steps only, before). So in that case no
-  Python SIGTERM handler is installed (it would replace JAX's), and SIGINT is re-raised as
-  SIGTERM for JAX's notifier. After the loop JAX's handler stays: a SIGTERM during the final
-  evaluation is ignored (SIGKILL follows). With the preemption service off
-  (`jax_enable_preemption_service=False`) the processes agree at log steps, by an
-  all-gather of their flags.
-  """
-
-  def __init__(self):
-    self.received, self.name, self._previous = False, None, {}
-    self._jax_sync = distributed.preemption_sync_available()
-
-  def _handle(self, signum, frame):
-    self.received, self.name = True, signal.Signals(signum).name
-
-  def _forward_to_jax(self, signum, frame):
-    self._handle(signum, frame)
-    signal.raise_signal(signal.SIGTERM)  # caught by JAX's preemption notifier
-
-  def __enter__(self):
-    if threading.current_thread() is threading.main_thread():
-      if self._jax_sync:
-        self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._forward_to_jax)
-      else:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-          self._previous[signum] = signal.signal(signum, self._handle)
-    return self
-
-  def stop_after(self, step: int, log_step: bool) -> bool:
-    """Whether to checkpoint `step` and stop; the same answer on every process."""
-    if jax.process_count() == 1:
-      return self.received
-    if self._jax_sync:
-      return distributed.reached_preemption_sync_point(step)
-    return log_step and distributed.any_process(self.received)
-
-  def describe(self) -> str:
-    if self._jax_sync:
-      return "a preemption notice (SIGTERM or SIGINT to one of the processes)"
-    return self.name or "a signal to another process"
-
-  def __exit__(self, *exc):
-    for signum, handler in self._previous.items():
-      signal.signal(signum, handler)
 
 
 def _validation_scores(

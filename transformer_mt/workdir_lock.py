@@ -24,8 +24,16 @@ What happens to a lock found in place:
   * it comes from another host (or cannot be read): this host cannot tell whether the
     holder still runs, so it is refused with its age, and --force_unlock takes it over.
 The lock is removed when the command ends: normally, by an exception, by SIGINT, and by
-SIGTERM (training turns it into a checkpoint and a normal exit; elsewhere it is released
-before the default SIGTERM exit).
+SIGTERM. Where SIGTERM would end the process at once (its default disposition), the lock puts
+a handler there that removes the lock, then ends the process the same way. It never replaces
+any other handler, since whoever set one decided what SIGTERM does: training's (a checkpoint,
+then a normal exit that releases the lock on the way out) and, in a multi-process run, JAX's
+preemption notifier, which catches SIGTERM in C from `jax.distributed.initialize` on so that
+every process stops at the same step. `signal.getsignal` does not see that one (Python
+reports only the handlers it set itself, SIG_DFL otherwise), so the lock asks the OS
+(sigaction). Replacing it made process 0, the one holding the lock, die of a SIGTERM (exit
+143, no checkpoint) while the others went on. A process killed anyway (SIGKILL) leaves its
+lock behind; the next run on the same host sees the holder is dead and takes it over.
 
 In a multi-process run, process 0 holds the lock for the job (`held_for_job`); the others
 wait for it, and all stop with an error if it was refused.
@@ -34,6 +42,7 @@ wait for it, and all stop with an error if it was refused.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import datetime
 import json
@@ -257,19 +266,37 @@ def _remove_if_empty(workdir: str, created: bool) -> None:
 
 
 def _release_on_sigterm(install: bool) -> None:
-  """While a lock is held, SIGTERM under the default handler first removes the lock, then
-  ends the process as SIGTERM would have. Training's own handler (a checkpoint, then a
-  normal exit) replaces this one during its loop and restores it after."""
+  """While a lock is held, SIGTERM under the default disposition first removes the lock,
+  then ends the process as SIGTERM would have. Any other handler is left alone, Python's or
+  one set in C (JAX's preemption notifier; see the module docstring): the lock is then
+  released by the normal exit. Training's own handler (a checkpoint, then a normal exit)
+  replaces this one during its loop and restores it after."""
   global _previous_sigterm
   if threading.current_thread() is not threading.main_thread():
     return
   if install and _previous_sigterm is None:
-    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL and _os_default(signal.SIGTERM):
       _previous_sigterm = signal.signal(signal.SIGTERM, _release_then_terminate)
   elif not install and _previous_sigterm is not None:
     if signal.getsignal(signal.SIGTERM) == _release_then_terminate:
       signal.signal(signal.SIGTERM, _previous_sigterm)
     _previous_sigterm = None
+
+
+def _os_default(signum: int) -> bool:
+  """Whether the OS says `signum` has its default disposition: no handler set in C either.
+
+  Asked through sigaction(2), whose `struct sigaction` starts with the handler on Linux
+  (glibc, musl) and macOS (0 is SIG_DFL). Where libc cannot be reached (not POSIX), Python's
+  view is all there is.
+  """
+  try:
+    current = ctypes.create_string_buffer(512)  # larger than any `struct sigaction`
+    if ctypes.CDLL(None).sigaction(signum, None, current) != 0:
+      return True
+  except (OSError, AttributeError, TypeError):
+    return True
+  return ctypes.c_void_p.from_buffer(current).value is None
 
 
 def _release_then_terminate(signum, frame) -> None:
