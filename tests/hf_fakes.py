@@ -4,10 +4,10 @@ A random model's greedy output is one token repeated whatever the source: a deco
 ignored the source, or broke its cache after the first step, would still match `generate`
 on it. `train_to_translate` trains a tiny model with torch (~2 s) to translate the very
 sources a test decodes into random targets of their own (`random_targets`: distinct tokens,
-different lengths), so what it writes depends on the source and on every earlier step;
-`assert_varied` checks that of the outputs before any comparison with `generate`. (Teaching
-such a model a general task, copying, takes minutes to learn reliably; memorizing ~10
-sentences takes ~100 steps.)
+different lengths; `repeating_targets`: one token recurring, followed by a different one each
+time), so what it writes depends on the source and on earlier steps; `assert_varied` checks
+that of the outputs before any comparison with `generate`. (Teaching such a model a general
+task, copying, takes minutes to learn reliably; memorizing ~10 sentences takes ~100 steps.)
 """
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ TRAIN_STEPS = 100
 LEARNING_RATE = 1e-2
 # What each compared output row must hold: distinct tokens other than the special ones.
 MIN_DISTINCT = 3
+# The period of the recurring token of `repeating_targets`. Every other position made the
+# trained mBART model's beam search prefer that token repeated (a near-constant row).
+REPEAT_EVERY = 3
 
 
 def hf_config(model_type: str):
@@ -66,6 +69,20 @@ def hf_config(model_type: str):
 def random_targets(rng, ids: Sequence[int], lengths: Sequence[int]) -> list[list[int]]:
   """One target per length: distinct tokens drawn from `ids`, no EOS."""
   return [[int(t) for t in rng.choice(np.asarray(ids), n, replace=False)] for n in lengths]
+
+
+def repeating_targets(rng, ids: Sequence[int], lengths: Sequence[int]) -> list[list[int]]:
+  """One target per length, no EOS: a token of the row's own at every REPEAT_EVERY-th position
+  and distinct tokens between (a b c a d e a ...), so the same token is followed by different
+  ones within a row: a decoder must tell its occurrences apart by what came before (its cache)
+  or by position. Measured: on `random_targets`, a trained FSMT model whose decoder cache was
+  zeroed from position 2 on still wrote every target greedily; on these it does not."""
+  rows = []
+  for n in lengths:
+    repeated, *others = (int(t) for t in rng.choice(np.asarray(ids), n, replace=False))
+    others = iter(others)
+    rows.append([repeated if i % REPEAT_EVERY == 0 else next(others) for i in range(n)])
+  return rows
 
 
 def train_to_translate(

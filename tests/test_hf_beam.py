@@ -15,8 +15,9 @@ by mbart's and fsmt's configs) and `min_length` are options we do not have, so t
 off. One difference remains and is matched with `renormalize_logits=True`: transformers
 masks the suppressed tokens after its log_softmax, so by default its log-probs keep the
 probability mass of PAD in the normalizer, whereas ours mask before the softmax. Without
-renormalizing, its scores differ from ours by that mass (here up to ~2e-4; for trained
-models, which give PAD almost nothing, far less) and a near-tie could flip a choice.
+renormalizing, its scores differ from ours by that mass (benchmarks/hf_generate_flags.py:
+up to 3.0e-5 on these trained models, 8.1e-4 on random ones) and a near-tie could flip a
+choice.
 
 Select with `-m interop`; skipped when transformers (>= 5) or torch is not installed.
 """

@@ -1,9 +1,11 @@
 """`run.py import` of a Hugging Face Marian model: same tokens, same translations as transformers.
 
-A tiny random MarianMTModel (2+2 layers, d_model 16) gets a real, tiny MarianTokenizer: two
+A tiny MarianMTModel (tests/hf_fakes.py's sizes) gets a real, tiny MarianTokenizer: two
 SentencePiece models trained here on 200 lines of newstest2013 (English source, German target)
-and a vocab.json numbering their pieces, as OPUS-MT's do. Both are saved with
-`save_pretrained` into one directory, imported with the CLI, and compared on real sentences.
+and a vocab.json numbering their pieces, as OPUS-MT's do. The model is trained
+(hf_fakes.train_to_translate) to translate the sentences the CLI test translates into random
+targets, so that what it writes depends on the source. Both are saved with `save_pretrained`
+into one directory, imported with the CLI, and compared on real sentences.
 
 Select with `-m interop`; skipped without transformers (>= 5), torch, or the shared news data
 (under CI a skip fails: tests/conftest.py).
@@ -24,6 +26,7 @@ torch = pytest.importorskip("torch", reason="needs torch: pip install -e '.[inte
 transformers = pytest.importorskip(
   "transformers", minversion="5", reason="needs transformers>=5: pip install -e '.[interop]'"
 )
+import hf_fakes  # noqa: E402
 import sentencepiece as spm  # noqa: E402
 
 from transformer_mt import checkpointing, cli, hf_import, translate  # noqa: E402
@@ -34,7 +37,11 @@ pytestmark = pytest.mark.interop
 NEWS = "news/en-de/newstest2013"  # under ../shared/data (tests/shared_data.py)
 # Target tokens both decoders generate at most: our decode.max_len, their max_new_tokens.
 MAX_NEW_TOKENS = 16
-EOS_BIAS = 8.0
+# The newstest2013 lines that test_imported_workdir_translates_like_generate translates, and
+# the lengths (EOS excluded) of the targets the model learns for them: some longer than
+# MAX_NEW_TOKENS, so cut there.
+TRANSLATED = (2000, 2008)
+TARGET_LENGTHS = (5, 11, 18, 7, 14, 4, 20, 9)
 
 
 def _lines(lang: str, start: int, stop: int) -> list[str]:
@@ -69,7 +76,8 @@ def _marian_vocab(*protos: bytes) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def marian_dir(tmp_path_factory):
-  """A save_pretrained directory: a tiny random MarianMTModel and its real tokenizer."""
+  """A save_pretrained directory: a tiny MarianMTModel trained to translate the lines TRANSLATED
+  into random targets, and its real tokenizer."""
   files = tmp_path_factory.mktemp("marian_files")
   source, target = _sentencepiece(_lines("en", 0, 200)), _sentencepiece(_lines("de", 0, 200))
   vocab = _marian_vocab(source, target)
@@ -89,27 +97,16 @@ def marian_dir(tmp_path_factory):
     decoder_start_token_id=vocab["<pad>"],
     activation_function="swish",
     scale_embedding=True,
-    d_model=16,
-    encoder_layers=2,
-    decoder_layers=2,
-    encoder_attention_heads=4,
-    decoder_attention_heads=4,
-    encoder_ffn_dim=32,
-    decoder_ffn_dim=32,
-    max_position_embeddings=512,
-    dropout=0.0,
+    **dict(hf_fakes.SIZES, max_position_embeddings=512),
   )
   torch.manual_seed(0)
-  model = transformers.MarianMTModel(config).eval()
-  with torch.no_grad():
-    # Unit-scale weights spread the logits out, so argmax ties are far away. LayerNorms and
-    # biases keep their initial values: random ones make every sentence repeat one token.
-    for name, parameter in model.named_parameters():
-      if not any(kind in name for kind in ("embed_positions", "layer_norm", "bias")):
-        parameter.copy_(torch.randn_like(parameter))
-    model.final_logits_bias.copy_(torch.randn_like(model.final_logits_bias))
-    # EOS made likely enough that some translations (3 of the 8) end before MAX_NEW_TOKENS.
-    model.final_logits_bias[0, config.eos_token_id] += EOS_BIAS
+  model = transformers.MarianMTModel(config)
+  sources = tokenizer(_lines("en", *TRANSLATED)).input_ids  # EOS-terminated, unpadded
+  ordinary = [
+    i for i in range(len(vocab)) if i not in (vocab["</s>"], vocab["<unk>"], vocab["<pad>"])
+  ]
+  targets = hf_fakes.random_targets(np.random.default_rng(0), ordinary, TARGET_LENGTHS)
+  hf_fakes.train_to_translate(model, sources, targets)
   directory = tmp_path_factory.mktemp("opus-mt-tiny")
   model.save_pretrained(directory)
   tokenizer.save_pretrained(directory)
@@ -140,9 +137,9 @@ def test_tokenizer_matches_marian_tokenizer(marian_dir):
   assert restored.encode(english[:5]) == ours.encode(english[:5])
 
 
-def _generate(directory, lines: list[str]) -> list[str]:
-  """transformers' greedy translations, with the generation switches we do not have turned off
-  as in test_hf_models.py."""
+def _generate(directory, lines: list[str]):
+  """(texts, ids [batch, 1 + steps]) of transformers' greedy translations, with the generation
+  switches we do not have turned off as in test_hf_models.py."""
   tokenizer = transformers.MarianTokenizer.from_pretrained(directory)
   model = transformers.MarianMTModel.from_pretrained(directory).eval()
   inputs = tokenizer(lines, return_tensors="pt", padding=True)
@@ -156,7 +153,7 @@ def _generate(directory, lines: list[str]) -> list[str]:
       suppress_tokens=[tokenizer.pad_token_id],
       forced_eos_token_id=None,
     )
-  return tokenizer.batch_decode(outputs, skip_special_tokens=True)
+  return tokenizer.batch_decode(outputs, skip_special_tokens=True), outputs.numpy()
 
 
 def test_imported_workdir_translates_like_generate(marian_dir, tmp_path, capsys):
@@ -166,16 +163,21 @@ def test_imported_workdir_translates_like_generate(marian_dir, tmp_path, capsys)
     ["import", "--from", source, "--workdir", str(workdir), f"decode.max_len={MAX_NEW_TOKENS}"]
   )
   assert rc == 0, capsys.readouterr().err
-  lines = _lines("en", 2000, 2008)
+  lines = _lines("en", *TRANSLATED)
   (tmp_path / "input.txt").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
   output = tmp_path / "output.txt"
   argv = ["translate", "--workdir", str(workdir), "--beam", "1"]
   rc = cli.main(argv + ["--input", str(tmp_path / "input.txt"), "--output", str(output)])
   assert rc == 0, capsys.readouterr().err
   ours = output.read_text(encoding="utf-8").splitlines()
-  assert ours == _generate(marian_dir, lines)
-  # Otherwise the comparison would prove little: translations that differ, some cut by EOS.
-  assert len(set(ours)) >= 4 and any(len(line) < MAX_NEW_TOKENS for line in ours), ours
+  theirs, ids = _generate(marian_dir, lines)
+  # Otherwise the comparison would prove little: translations that differ, each of several
+  # tokens, some ended by EOS, some cut at MAX_NEW_TOKENS. ids[:, 0]: the decoder start.
+  config = checkpointing.read_config(str(workdir))[0].model
+  hf_fakes.assert_varied(ids[:, 1:], (config.pad_id, config.eos_id), config.eos_id)
+  ended = [config.eos_id in row[1:] for row in ids]
+  assert any(ended) and not all(ended), ids
+  assert ours == theirs
 
   # Params, config and tokenizer only: no optimizer state is saved, restored or built.
   step_dir = pathlib.Path(checkpointing.checkpoint_dir(str(workdir))) / "0"

@@ -1,15 +1,16 @@
 """Every importable kind, end to end: an FSMT import translates as transformers does, and the
 imports of FSMT, mBART-cc25 and NLLB fine-tune (Marian: test_finetune_import.py).
 
-The FSMT model is tiny and random (test_hf_models.py's sizes) over the real tokenizer that
-test_fsmt_tokenizer.py builds from news text; `run.py import` then `run.py translate --beam 1`
-must write what transformers' greedy `generate` decodes. mBART-cc25 and NLLB are
-test_hf_languages.py's tiny models. Each import is fine-tuned with `run.py train init.from=`
-on test_finetune_import.py's ~200 short newstest2013 pairs: the loss falls. For NLLB, stopping
-at step k and resuming is bit-identical to an uninterrupted run (one kind only: each run costs
-~20 s on 2 cores; Marian's test covers the same for its kind). The packed batches hold what
-transformers' tokenizers and `shift_tokens_right` make of the same pairs: NLLB's targets start
-with the target code, mBART-cc25's decoder inputs do.
+The FSMT model is tiny (tests/hf_fakes.py's sizes), over the real tokenizer that
+test_fsmt_tokenizer.py builds from news text, and trained (hf_fakes.train_to_translate) to
+translate the sentences it is tested on into random targets; `run.py import` then
+`run.py translate --beam 1` must write what transformers' greedy `generate` decodes.
+mBART-cc25 and NLLB are test_hf_languages.py's tiny models. Each import is fine-tuned with
+`run.py train init.from=` on test_finetune_import.py's ~200 short newstest2013 pairs: the
+loss falls. For NLLB, stopping at step k and resuming is bit-identical to an uninterrupted run
+(one kind only: each run costs ~20 s on 2 cores; Marian's test covers the same for its kind).
+The packed batches hold what transformers' tokenizers and `shift_tokens_right` make of the same
+pairs: NLLB's targets start with the target code, mBART-cc25's decoder inputs do.
 
 Select with `-m interop`; skipped without transformers (>= 5), torch, or the shared news data.
 """
@@ -26,10 +27,10 @@ torch = pytest.importorskip("torch", reason="needs torch: pip install -e '.[inte
 transformers = pytest.importorskip(
   "transformers", minversion="5", reason="needs transformers>=5: pip install -e '.[interop]'"
 )
+import hf_fakes  # noqa: E402
 import test_finetune_import  # noqa: E402
 import test_fsmt_tokenizer  # noqa: E402
 import test_hf_languages  # noqa: E402
-from test_hf_models import _SIZES  # noqa: E402
 
 from transformer_mt import (  # noqa: E402
   checkpointing,
@@ -54,11 +55,9 @@ SPECIALS = test_fsmt_tokenizer.SPECIALS
 
 # Target tokens both decoders generate at most: our decode.max_len, their max_new_tokens.
 MAX_NEW_TOKENS = 16
-# Added to the logit of EOS (through the output projection, FSMT having no logits bias) so
-# that some greedy translations end before MAX_NEW_TOKENS.
-EOS_BIAS = 4.0
-# The torch seed of the random FSMT model: greedy translations that differ between sentences.
-FSMT_SEED = 1
+# The lengths (EOS excluded) of the targets the FSMT model learns for the sentences it
+# translates: some longer than MAX_NEW_TOKENS, so cut there.
+FSMT_TARGET_LENGTHS = (6, 12, 19, 4, 9, 17, 7, 13)
 # Fine-tuning steps, and where the interrupted run stops: few, as compiling the train step
 # (~10 s on 2 cores) costs as much as all of them.
 STEPS = 10
@@ -67,12 +66,13 @@ RESUME_AT = 5
 
 @pytest.fixture(scope="module")
 def fsmt_dir(hf_dirs, tmp_path_factory):
-  """A save_pretrained directory: a tiny random FSMT en->de model and the real tokenizer."""
+  """A save_pretrained directory: a tiny FSMT en->de model trained to translate the sentences
+  of test_fsmt_import_translates_like_generate into random targets, and the real tokenizer."""
   directory = tmp_path_factory.mktemp("fsmt-tiny")
   shutil.copytree(hf_dirs["en", "de"], directory, dirs_exist_ok=True)
   tokenizer = transformers.FSMTTokenizer.from_pretrained(directory)
   config = transformers.FSMTConfig(
-    **dict(_SIZES, max_position_embeddings=128),
+    **dict(hf_fakes.SIZES, max_position_embeddings=128),
     langs=["en", "de"],
     src_vocab_size=tokenizer.src_vocab_size,
     tgt_vocab_size=tokenizer.tgt_vocab_size,
@@ -84,21 +84,12 @@ def fsmt_dir(hf_dirs, tmp_path_factory):
     eos_token_id=SPECIALS["</s>"],
     decoder_start_token_id=SPECIALS["</s>"],
   )
-  torch.manual_seed(FSMT_SEED)
-  model = transformers.FSMTForConditionalGeneration(config).eval()
-  with torch.no_grad():
-    # Unit-scale weights spread the logits out (argmax ties far away). LayerNorms and biases
-    # keep their initial values (random ones make every sentence repeat one token), and the
-    # sinusoidal position tables are FSMT's own.
-    for name, parameter in model.named_parameters():
-      if not any(kind in name for kind in ("embed_positions", "layer_norm", "bias")):
-        parameter.copy_(torch.randn_like(parameter))
-    # The decoder's last LayerNorm adds `bias` to every output (FSMT is post-norm); an EOS row
-    # along it raises the EOS logit by EOS_BIAS plus noise, whatever the sentence.
-    bias = model.model.decoder.layers[-1].final_layer_norm.bias
-    bias.copy_(torch.randn_like(bias))
-    projection = model.model.decoder.output_projection.weight
-    projection[config.eos_token_id] += EOS_BIAS * bias / bias.dot(bias)
+  torch.manual_seed(0)
+  model = transformers.FSMTForConditionalGeneration(config)
+  sources = tokenizer(_fsmt_lines()).input_ids  # EOS-terminated, unpadded
+  ordinary = range(len(SPECIALS), tokenizer.tgt_vocab_size)  # fairseq's specials are 0-3
+  targets = hf_fakes.random_targets(np.random.default_rng(0), ordinary, FSMT_TARGET_LENGTHS)
+  hf_fakes.train_to_translate(model, sources, targets)
   model.save_pretrained(directory)
   return directory
 
@@ -130,9 +121,15 @@ def _generate_fsmt(directory, lines: list[str], suppressed: list[int]):
   return tokenizer.batch_decode(outputs, skip_special_tokens=True), outputs.numpy()
 
 
+def _fsmt_lines() -> list[str]:
+  """The 8 sentences test_fsmt_import_translates_like_generate translates: none of them trained
+  the BPE merges (test_fsmt_tokenizer.TRAIN)."""
+  lines = test_fsmt_tokenizer._lines("en", slice(2500, 2700))
+  return [line for line in lines if len(line) < 80][:8]
+
+
 def test_fsmt_import_translates_like_generate(fsmt_dir, fsmt_import, tmp_path, capsys):
-  lines = [line for line in test_fsmt_tokenizer._lines("en", slice(2500, 2700)) if len(line) < 80]
-  lines = lines[:8]  # none of them trained the BPE merges (test_fsmt_tokenizer.TRAIN)
+  lines = _fsmt_lines()
   (tmp_path / "input.txt").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
   output = tmp_path / "output.txt"
   argv = ["translate", "--workdir", str(fsmt_import), "--beam", "1"]
@@ -152,11 +149,13 @@ def test_fsmt_import_translates_like_generate(fsmt_dir, fsmt_import, tmp_path, c
   assert config.vocab_size != config.output_vocab_size  # the sides really differ
 
   theirs, ids = _generate_fsmt(fsmt_dir, lines, list(config.suppressed_ids))
+  # Otherwise the comparison would prove little: translations that differ, each of several
+  # tokens, some ended by EOS, some cut at MAX_NEW_TOKENS. ids[:, 0]: the decoder start.
+  eos = SPECIALS["</s>"]
+  hf_fakes.assert_varied(ids[:, 1:], tuple(SPECIALS.values()), eos)
+  ended = [eos in row[1:] for row in ids]
+  assert any(ended) and not all(ended), ids
   assert ours == theirs
-  # Otherwise the comparison would prove little: translations that differ, some ended by
-  # EOS after a few tokens, some cut at MAX_NEW_TOKENS.
-  ended = [SPECIALS["</s>"] in row[2:] for row in ids]  # [0]: the decoder start
-  assert len(set(ours)) >= 4 and any(ended) and not all(ended), (ours, ids)
 
 
 # Fine-tuning: kind -> (source code, target code) of the multilingual imports; FSMT has none.

@@ -4,10 +4,12 @@ as transformers, language tags included.
 For each kind a tiny real tokenizer is built the way the published ones are: a SentencePiece
 model trained here on 3000 lines of news text (unigram for mBART, BPE for NLLB), turned into
 the transformers tokenizer (fairseq id layout, language codes after the pieces) and saved with
-`save_pretrained` beside a tiny random model (test_hf_models.py's sizes). The directory is
-imported with the CLI, then compared with transformers on 300 unseen sentences (ids and
-decoded text) and on greedy translations, whose target language comes in as the decoder's
-first input (mBART-cc25) or as a forced first token (mBART-50, NLLB).
+`save_pretrained` beside a tiny model (tests/hf_fakes.py's sizes) trained
+(hf_fakes.train_to_translate) to translate the sentences the translation test decodes into
+random targets, after its target code as generate feeds it. The directory is imported with the
+CLI, then compared with transformers on 300 unseen sentences (ids and decoded text) and on
+greedy and beam translations, whose target language comes in as the decoder's first input
+(mBART-cc25) or as a forced first token (mBART-50, NLLB).
 
 Select with `-m interop`; skipped without transformers (>= 5), torch, or the shared news data
 (under CI a skip fails: tests/conftest.py).
@@ -30,8 +32,8 @@ torch = pytest.importorskip("torch", reason="needs torch: pip install -e '.[inte
 transformers = pytest.importorskip(
   "transformers", minversion="5", reason="needs transformers>=5: pip install -e '.[interop]'"
 )
+import hf_fakes  # noqa: E402
 import sentencepiece as spm  # noqa: E402
-from test_hf_models import _SIZES  # noqa: E402
 
 from transformer_mt import (  # noqa: E402
   beam_search,
@@ -47,10 +49,11 @@ pytestmark = pytest.mark.interop
 NEWS = "news/en-de/newstest2013"  # under ../shared/data (tests/shared_data.py)
 # Target tokens both decoders generate at most (the forced language code included).
 MAX_NEW_TOKENS = 16
-EOS_BIAS = 6.0
-# kind -> (torch seed, weight scale) of its random model: chosen so that greedy translations
-# differ between sentences (random models mostly repeat one token).
-MODEL_SEEDS = {"mbart": (0, 2.0), "mbart50": (3, 2.0), "nllb": (2, 2.0)}
+# The SentencePiece models' vocabulary size.
+PIECES = 300
+# The lengths (EOS excluded) of the targets each model learns for the translated sentences
+# (`translated_lines`), after the target code: some reach MAX_NEW_TOKENS, so are cut there.
+TARGET_LENGTHS = (5, 11, 17, 7, 13, 4, 9, 15)
 
 # kind -> (transformers class, SentencePiece model type, model_type, source, target code,
 # extra from_pretrained arguments). NLLB gets three of its codes (the class would add none to
@@ -96,7 +99,7 @@ def sentencepiece_models(tmp_path_factory) -> dict[str, pathlib.Path]:
     spm.SentencePieceTrainer.train(
       sentence_iterator=iter(lines),
       model_writer=model,
-      vocab_size=300,
+      vocab_size=PIECES,
       model_type=model_type,
       character_coverage=1.0,
       minloglevel=2,
@@ -106,11 +109,17 @@ def sentencepiece_models(tmp_path_factory) -> dict[str, pathlib.Path]:
   return paths
 
 
+def translated_lines() -> list[str]:
+  """The sentences test_imported_workdir_translates_like_generate translates."""
+  return [line for line in _lines("en", 2400, 2500) if len(line) < 60][:8]
+
+
 def _hf_model(kind: str, model_type: str, tokenizer, decoder_start: int | None):
-  """A tiny random model whose vocabulary is the tokenizer's, weights spread as in
-  test_hf_models.py; EOS made likelier (mBART's final_logits_bias)."""
+  """A tiny model whose vocabulary is the tokenizer's (source code set), trained to translate
+  `translated_lines` into random targets, read after the decoder start and target code as
+  `_generate` gives them."""
   common = dict(
-    _SIZES,
+    hf_fakes.SIZES,
     max_position_embeddings=256,
     vocab_size=len(tokenizer),
     pad_token_id=tokenizer.pad_token_id,
@@ -122,17 +131,16 @@ def _hf_model(kind: str, model_type: str, tokenizer, decoder_start: int | None):
     config = transformers.MBartConfig(activation_function="gelu", **common)
   else:
     config = transformers.M2M100Config(**common)
-  seed, scale = MODEL_SEEDS[kind]
-  torch.manual_seed(seed)
-  model = transformers.AutoModelForSeq2SeqLM.from_config(config).eval()
-  with torch.no_grad():
-    for name, parameter in model.named_parameters():
-      if model_type == "mbart" or "embed_positions" not in name:
-        parameter.copy_(torch.randn_like(parameter) * scale)
-    if hasattr(model, "final_logits_bias"):
-      model.final_logits_bias.copy_(torch.randn_like(model.final_logits_bias))
-      model.final_logits_bias[0, config.eos_token_id] += EOS_BIAS
-  return model
+  torch.manual_seed(0)
+  model = transformers.AutoModelForSeq2SeqLM.from_config(config)
+  target_id = tokenizer.convert_tokens_to_ids(KINDS[kind][4])
+  # mBART-cc25 starts from the target code; mBART-50 and NLLB from EOS, the code forced next.
+  prefix = [target_id] if kind == "mbart" else [tokenizer.eos_token_id, target_id]
+  # Pieces only (fairseq's ids 4 to PIECES - 1): not its specials 0-3, nor the language codes
+  # that follow the pieces.
+  targets = hf_fakes.random_targets(np.random.default_rng(0), range(4, PIECES), TARGET_LENGTHS)
+  sources = tokenizer(translated_lines()).input_ids
+  return hf_fakes.train_to_translate(model, sources, targets, prefix)
 
 
 def build_and_import(kind: str, sentencepiece_models, tmp_path_factory) -> tuple:
@@ -141,7 +149,7 @@ def build_and_import(kind: str, sentencepiece_models, tmp_path_factory) -> tuple
   class_name, spm_type, model_type, source, target, extra = KINDS[kind]
   files = tmp_path_factory.mktemp(f"{kind}_files")
   shutil.copy(sentencepiece_models[spm_type], files / "sentencepiece.bpe.model")
-  tokenizer = getattr(transformers, class_name).from_pretrained(files, **extra)
+  tokenizer = getattr(transformers, class_name).from_pretrained(files, **extra, src_lang=source)
   # mBART-cc25's config names no decoder start (it is the target code); the others start at EOS.
   model = _hf_model(
     kind, model_type, tokenizer, None if kind == "mbart" else tokenizer.eos_token_id
@@ -195,10 +203,9 @@ def test_tokenizer_matches_transformers(imported):
     assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True), ids
 
 
-def _generate(
-  kind: str, directory, lines: list[str], suppressed: list[int], num_beams: int = 1
-) -> list[str]:
-  """transformers' translations with the target language as the published models take it:
+def _generate(kind: str, directory, lines: list[str], suppressed: list[int], num_beams: int = 1):
+  """(texts, ids [batch, steps]) of transformers' translations, the target language as the
+  published models take it:
   decoder_start_token_id (mBART-cc25) or forced_bos_token_id (mBART-50, NLLB). Beam search
   runs to completion (early_stopping="never"), as ours does; length_penalty is the model's
   (1.0 here), which the import saved as decode.alpha."""
@@ -225,13 +232,13 @@ def _generate(
       suppress_tokens=suppressed,
       forced_eos_token_id=None,
     )
-  return tokenizer.batch_decode(outputs, skip_special_tokens=True)
+  return tokenizer.batch_decode(outputs, skip_special_tokens=True), outputs.numpy()
 
 
 @pytest.mark.parametrize("beam", [1, 4])
 def test_imported_workdir_translates_like_generate(imported, beam, tmp_path, capsys):
   kind, directory, workdir = imported
-  lines = [line for line in _lines("en", 2400, 2500) if len(line) < 60][:8]
+  lines = translated_lines()
   (tmp_path / "input.txt").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
   output = tmp_path / "output.txt"
   argv = ["translate", "--workdir", str(workdir), "--beam", str(beam)]
@@ -252,8 +259,12 @@ def test_imported_workdir_translates_like_generate(imported, beam, tmp_path, cap
     "power",
     1.0,
   )
-  assert ours == _generate(kind, directory, lines, list(config.suppressed_ids), beam)
-  assert len(set(ours)) >= 2, ours  # otherwise the comparison would prove little
+  theirs, ids = _generate(kind, directory, lines, list(config.suppressed_ids), beam)
+  # Otherwise the comparison would prove little: rows that differ, each of several tokens
+  # (ids[:, 0]: the decoder start; the target code is special).
+  special = (config.pad_id, config.eos_id, config.decoder_start_id, target_id)
+  hf_fakes.assert_varied(ids[:, 1:], special, config.eos_id)
+  assert ours == theirs
   assert not any(KINDS[kind][4] in line for line in ours)  # the code is not part of the text
 
 

@@ -86,7 +86,9 @@ def decoded_sources(config, lengths) -> np.ndarray:
 @pytest.fixture(scope="module", params=hf_convert.SUPPORTED_MODEL_TYPES)
 def trained(request, tmp_path_factory):
   """A tiny model of each type trained to translate the greedy and beam tests' sources into
-  random targets (hf_fakes.train_to_translate): what it writes depends on the source."""
+  targets in which one token recurs, followed each time by another
+  (hf_fakes.repeating_targets, hf_fakes.train_to_translate): what it writes depends on the
+  source and on the tokens before."""
   model_type = request.param
   torch.manual_seed(0)
   model = transformers.AutoModelForSeq2SeqLM.from_config(hf_fakes.hf_config(model_type))
@@ -96,7 +98,7 @@ def trained(request, tmp_path_factory):
     for lengths in (GREEDY_LENGTHS, BEAM_LENGTHS)
     for row in decoded_sources(config, lengths)
   ]
-  targets = hf_fakes.random_targets(
+  targets = hf_fakes.repeating_targets(
     np.random.default_rng(2), ordinary_ids(config, config.output_vocab_size), TARGET_LENGTHS
   )
   hf_fakes.train_to_translate(model, sources, targets)
