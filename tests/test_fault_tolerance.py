@@ -1,5 +1,6 @@
 """Kill -9 and preemption with bit-exact resume, corrupt checkpoints, NaN policy, config faults."""
 
+import json
 import os
 import pathlib
 import shutil
@@ -15,8 +16,17 @@ import pytest
 from transformer_mt import checkpointing, cli, metrics, optimizer, registry, train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-# Long enough (a few seconds on 2 cores) that the signal lands mid-run.
-STEPS = 80
+# A run that is killed or stopped is endless: it can only end by the signal, whatever the
+# machine's speed. It is then resumed to a final step a few steps past its newest checkpoint
+# (`final_step`) and compared with an uninterrupted run at that step.
+ENDLESS = 1_000_000
+CHECKPOINT_EVERY = 5
+# The resumed run trains at least this many steps past the checkpoint it resumes from.
+RESUMED_STEPS = 5
+# The uninterrupted reference's length (it keeps every checkpoint): past the final step of
+# the interrupted runs on a loaded 2-core machine (where they are stopped after ~5-20 steps).
+# A later final step (a faster machine) gets an uninterrupted run to exactly that step.
+REFERENCE_STEPS = 40
 TINY = [
   "model.d_model=32",
   "model.num_heads=2",
@@ -51,6 +61,11 @@ def losses_by_step(workdir):
   return {r["step"]: r["loss"] for r in metrics.read_metrics(workdir) if "loss" in r}
 
 
+def final_step(resumed_from, every=CHECKPOINT_EVERY):
+  """The first multiple of `every` at least RESUMED_STEPS steps past `resumed_from`."""
+  return -(-(resumed_from + RESUMED_STEPS) // every) * every
+
+
 def train_command(workdir, steps, extra=()):
   return [
     sys.executable,
@@ -62,7 +77,7 @@ def train_command(workdir, steps, extra=()):
     str(workdir),
     *TINY,
     f"train.num_steps={steps}",
-    "train.checkpoint_every=5",
+    f"train.checkpoint_every={CHECKPOINT_EVERY}",
     *extra,
   ]
 
@@ -82,38 +97,70 @@ def wait_for_checkpoint(workdir, step, process, timeout=120):
     time.sleep(0.05)
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-  workdir = tmp_path_factory.mktemp("uninterrupted")
+def run_to(workdir, steps, extra=()):
   subprocess.run(
-    train_command(workdir, STEPS), cwd=ROOT, env=subprocess_env(), check=True, capture_output=True
+    train_command(workdir, steps, extra),
+    cwd=ROOT,
+    env=subprocess_env(),
+    check=True,
+    capture_output=True,
   )
-  return workdir
 
 
-@pytest.mark.slow
-def test_sigkill_then_resume_is_bit_identical(uninterrupted, tmp_path):
-  """SIGKILL at a random moment after the first checkpoint; the restarted run ends with the
-  same parameters, and logs the same losses for every step, as the uninterrupted run."""
+def kill_at_a_random_moment_after_the_first_checkpoint(workdir, extra=()):
+  """Starts an endless run, SIGKILLs it 0-1 s after its checkpoint of step 5 (possibly while
+  a later asynchronous save is being written) and returns the newest complete checkpoint's
+  step: where the rerun resumes."""
   process = subprocess.Popen(
-    train_command(tmp_path, STEPS),
+    train_command(workdir, ENDLESS, extra),
     cwd=ROOT,
     env=subprocess_env(),
     stdout=subprocess.DEVNULL,
     stderr=subprocess.DEVNULL,
   )
-  wait_for_checkpoint(tmp_path, 5, process)
+  wait_for_checkpoint(workdir, 5, process)
   time.sleep(np.random.default_rng().uniform(0.0, 1.0))
-  assert process.poll() is None, "the run finished before it could be killed; raise STEPS"
   process.send_signal(signal.SIGKILL)
-  process.wait()
-  subprocess.run(
-    train_command(tmp_path, STEPS), cwd=ROOT, env=subprocess_env(), check=True, capture_output=True
-  )
-  assert_same_params(final_params(tmp_path, STEPS), final_params(uninterrupted, STEPS))
-  expected, resumed = losses_by_step(uninterrupted), losses_by_step(tmp_path)
-  assert sorted(resumed) == list(range(1, STEPS + 1))
+  assert process.wait() == -signal.SIGKILL  # killed, not crashed
+  return checkpointing.all_steps(str(workdir))[-1]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  """`uninterrupted(step)`: the workdir of an uninterrupted run that has the checkpoint of
+  `step` (a multiple of CHECKPOINT_EVERY) and logged every step up to it. The run to
+  REFERENCE_STEPS keeps all its checkpoints; for a later step, a run to exactly that step."""
+  runs = {}
+
+  def workdir_at(step):
+    assert step % CHECKPOINT_EVERY == 0, step
+    steps = max(step, REFERENCE_STEPS)
+    if steps not in runs:
+      runs[steps] = tmp_path_factory.mktemp(f"uninterrupted_{steps}")
+      run_to(runs[steps], steps, ["train.keep_checkpoints=1000000"])
+    return runs[steps]
+
+  return workdir_at
+
+
+def assert_resumed_as_uninterrupted(workdir, final, reference):
+  """The parameters at `final`, and the loss of every step 1..final, bit-identical."""
+  assert_same_params(final_params(workdir, final), final_params(reference, final))
+  expected, resumed = losses_by_step(reference), losses_by_step(workdir)
+  assert sorted(resumed) == list(range(1, final + 1))
   assert all(resumed[step] == expected[step] for step in resumed)
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_is_bit_identical(uninterrupted, tmp_path):
+  """SIGKILL at a random moment after the first checkpoint; the restarted run ends with the
+  same parameters, and logs the same losses for every step, as the uninterrupted run. (The
+  killed run is configured for 10^6 steps and the rerun for `final`, so it also shows that
+  train.num_steps changes nothing but where the run ends: not the learning rate, the data
+  order or the dropout keys.)"""
+  final = final_step(kill_at_a_random_moment_after_the_first_checkpoint(tmp_path))
+  run_to(tmp_path, final)
+  assert_resumed_as_uninterrupted(tmp_path, final, uninterrupted(final))
 
 
 @pytest.mark.slow
@@ -122,20 +169,10 @@ def test_one_worker_sigkill_then_resume_matches_the_in_process_run(uninterrupted
   devices), killed with SIGKILL after a checkpoint and resumed: it ends with the parameters
   and per-step losses of the uninterrupted in-process run, since one worker yields the same
   batches as none."""
-  command = train_command(tmp_path, STEPS, ["data.num_workers=1"])
-  process = subprocess.Popen(
-    command, cwd=ROOT, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-  )
-  wait_for_checkpoint(tmp_path, 5, process)
-  time.sleep(np.random.default_rng().uniform(0.0, 1.0))
-  assert process.poll() is None, "the run finished before it could be killed; raise STEPS"
-  process.send_signal(signal.SIGKILL)
-  process.wait()
-  subprocess.run(command, cwd=ROOT, env=subprocess_env(), check=True, capture_output=True)
-  assert_same_params(final_params(tmp_path, STEPS), final_params(uninterrupted, STEPS))
-  expected, resumed = losses_by_step(uninterrupted), losses_by_step(tmp_path)
-  assert sorted(resumed) == list(range(1, STEPS + 1))
-  assert all(resumed[step] == expected[step] for step in resumed)
+  one_worker = ["data.num_workers=1"]
+  final = final_step(kill_at_a_random_moment_after_the_first_checkpoint(tmp_path, one_worker))
+  run_to(tmp_path, final, one_worker)
+  assert_resumed_as_uninterrupted(tmp_path, final, uninterrupted(final))
 
 
 def write_corpus_with_bad_pairs(folder):
@@ -177,50 +214,60 @@ def test_sigkill_then_resume_logs_each_step_once_and_continues_the_counts(tmp_pa
   (losses bit-identical), and the dropped-pair counters (data/dropped_empty,
   data/dropped_too_long) continue from the checkpoint instead of restarting at zero."""
   extra = write_corpus_with_bad_pairs(tmp_path / "data")
-
-  def command(workdir):  # the later checkpoint_every wins: overrides apply in order
-    return train_command(workdir, STEPS, extra + ["train.checkpoint_every=10"])
-
-  uninterrupted = tmp_path / "uninterrupted"
-  subprocess.run(
-    command(uninterrupted), cwd=ROOT, env=subprocess_env(), check=True, capture_output=True
-  )
-  expected = logged_rows(uninterrupted)
-  final = [r for r in expected if "data/dropped_empty" in r][-1]
-  assert final["data/dropped_empty"] > 0 and final["data/dropped_too_long"] > 0
-
+  extra += ["train.checkpoint_every=10"]  # the later checkpoint_every wins: applied in order
   workdir = tmp_path / "killed"
-  process = subprocess.Popen(
-    command(workdir), cwd=ROOT, env=subprocess_env(), stdout=subprocess.DEVNULL,
-    stderr=subprocess.DEVNULL,
-  )  # fmt: skip
-  wait_for_checkpoint(workdir, 10, process)
 
   def logged_past_checkpoint():
-    steps = [r["step"] for r in metrics.read_metrics(workdir)]
-    return max(steps) > max(checkpointing.all_steps(str(workdir))) + 1
+    if not (workdir / "checkpoints").is_dir():
+      return False
+    checkpoints = checkpointing.all_steps(str(workdir))
+    if not checkpoints:  # (metrics.jsonl is written before the first checkpoint)
+      return False
+    # Complete lines only: the run may be writing the last one.
+    lines = (workdir / "metrics.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    logged = [json.loads(line)["step"] for line in lines if line.endswith("\n") and line.strip()]
+    return max(logged) > checkpoints[-1] + 1
 
-  deadline = time.time() + 60
-  while not logged_past_checkpoint():
-    assert process.poll() is None and time.time() < deadline, "no step logged past a checkpoint"
-    time.sleep(0.02)
-  process.send_signal(signal.SIGKILL)
-  process.wait()
-  assert logged_past_checkpoint()  # the resumed run repeats logged steps
-  subprocess.run(command(workdir), cwd=ROOT, env=subprocess_env(), check=True, capture_output=True)
+  # An endless run, killed once it has logged steps past its newest checkpoint. Should a
+  # checkpoint complete between that look and the kill (the test descheduled on a loaded
+  # machine), nothing would be repeated: the run is then resumed and killed again.
+  for _ in range(3):
+    process = subprocess.Popen(
+      train_command(workdir, ENDLESS, extra), cwd=ROOT, env=subprocess_env(),
+      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.time() + 120
+    while not logged_past_checkpoint():
+      assert process.poll() is None, "training exited"
+      assert time.time() < deadline, "no step logged past a checkpoint in time"
+      time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    assert process.wait() == -signal.SIGKILL
+    if logged_past_checkpoint():  # the resumed run repeats logged steps
+      break
+  else:
+    pytest.fail("a checkpoint completed before each of 3 kills")
+  resumed_from = checkpointing.all_steps(str(workdir))[-1]
+  final = final_step(resumed_from, every=10)
+  run_to(workdir, final, extra)
+  uninterrupted = tmp_path / "uninterrupted"
+  run_to(uninterrupted, final, extra)
 
+  expected = logged_rows(uninterrupted)
+  counts = [r for r in expected if "data/dropped_empty" in r and r["step"] <= resumed_from][-1]
+  assert counts["data/dropped_empty"] > 0 and counts["data/dropped_too_long"] > 0
   resumed = logged_rows(workdir)
   steps = [r["step"] for r in resumed]
   assert steps == sorted(steps)  # in order; each step's rows (loss, then counts) together
-  assert sorted(r["step"] for r in resumed if "loss" in r) == list(range(1, STEPS + 1))
+  assert sorted(r["step"] for r in resumed if "loss" in r) == list(range(1, final + 1))
   assert resumed == expected
-  assert_same_params(final_params(workdir, STEPS), final_params(uninterrupted, STEPS))
+  assert_same_params(final_params(workdir, final), final_params(uninterrupted, final))
 
 
 @pytest.mark.slow
 def test_sigterm_saves_the_current_step_and_exits_0(uninterrupted, tmp_path):
   process = subprocess.Popen(
-    train_command(tmp_path, STEPS),
+    train_command(tmp_path, ENDLESS),
     cwd=ROOT,
     env=subprocess_env(),
     stdout=subprocess.DEVNULL,
@@ -228,17 +275,15 @@ def test_sigterm_saves_the_current_step_and_exits_0(uninterrupted, tmp_path):
     text=True,
   )
   wait_for_checkpoint(tmp_path, 5, process)
-  assert process.poll() is None, "the run finished before it could be stopped; raise STEPS"
   process.send_signal(signal.SIGTERM)
   _, err = process.communicate(timeout=120)
   assert process.returncode == 0
   assert "Stopped by SIGTERM after step" in err
   stopped_at = int(err.split("Stopped by SIGTERM after step ")[1].split(";")[0])
   assert checkpointing.all_steps(str(tmp_path))[-1] == stopped_at  # saved at the stop step
-  subprocess.run(
-    train_command(tmp_path, STEPS), cwd=ROOT, env=subprocess_env(), check=True, capture_output=True
-  )
-  assert_same_params(final_params(tmp_path, STEPS), final_params(uninterrupted, STEPS))
+  final = final_step(stopped_at)
+  run_to(tmp_path, final)
+  assert_resumed_as_uninterrupted(tmp_path, final, uninterrupted(final))
 
 
 def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):

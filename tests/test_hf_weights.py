@@ -46,18 +46,53 @@ def model():
   return transformers.M2M100ForConditionalGeneration(config).eval()
 
 
+def save_bin(model, directory, shard):
+  """The model as PyTorch .bin weights, the way hub models such as NLLB-200 3.3B come:
+  `pytorch_model.bin`, or (`shard`) two `pytorch_model-0000N-of-00002.bin` files and their
+  `pytorch_model.bin.index.json`, each file a `torch.save`d state dict with every tensor,
+  tied copies included. Written by hand: transformers 5 ignores `safe_serialization=False`
+  and writes safetensors."""
+  model.config.save_pretrained(directory)
+  state = model.state_dict()
+  if not shard:
+    torch.save(state, directory / "pytorch_model.bin")
+    return
+  names = list(state)
+  halves = [names[: len(names) // 2], names[len(names) // 2 :]]
+  weight_map = {}
+  for number, part in enumerate(halves, 1):
+    file_name = f"pytorch_model-{number:05d}-of-00002.bin"
+    torch.save({name: state[name] for name in part}, directory / file_name)
+    weight_map.update(dict.fromkeys(part, file_name))
+  total_size = sum(t.numel() * t.element_size() for t in state.values())
+  index = {"metadata": {"total_size": total_size}, "weight_map": weight_map}
+  (directory / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+
+
 @pytest.mark.parametrize("safe", [True, False], ids=["safetensors", "bin"])
 @pytest.mark.parametrize("shard", [None, "20KB"], ids=["whole", "sharded"])
 def test_every_weight_layout_reads_back_the_same_tensors(model, safe, shard, tmp_path):
-  kwargs = {"max_shard_size": shard} if shard else {}
-  model.save_pretrained(tmp_path, safe_serialization=safe, **kwargs)
+  if safe:
+    model.save_pretrained(tmp_path, **({"max_shard_size": shard} if shard else {}))
+  else:
+    save_bin(model, tmp_path, shard)
   names = sorted(p.name for p in tmp_path.iterdir())
-  if shard:  # the layout under test really is sharded
-    assert any(name.endswith(".index.json") for name in names), names
+  # The folder holds the format under test and no other, whole or sharded as asked.
+  weights = [n for n in names if n.endswith(".safetensors" if safe else ".bin")]
+  others = [n for n in names if n.endswith(".bin" if safe else ".safetensors")]
+  assert weights and not others, names
+  index = "model.safetensors.index.json" if safe else "pytorch_model.bin.index.json"
+  if shard:
+    assert index in names and len(weights) >= 2, names
+  else:
+    assert index not in names and weights == ["model.safetensors" if safe else "pytorch_model.bin"]
   state_dict = hf_convert.read_state_dict(str(tmp_path))
   expected = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-  # Tied copies are saved once; every tensor read must be the model's own.
+  # Tied copies are saved once (safetensors) or each (.bin); every tensor read must be the
+  # model's own.
   assert set(state_dict) <= set(expected)
+  if not safe:
+    assert set(state_dict) == set(expected)
   assert "model.encoder.layers.1.fc2.weight" in state_dict
   for name, value in state_dict.items():
     np.testing.assert_array_equal(value, expected[name], err_msg=name)

@@ -20,6 +20,9 @@ from transformer_mt import cli, metrics, workdir_lock
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STEPS = 40
+# A run that must still be running when the test acts on it is endless: it can only end by
+# the signal the test sends it, whatever the machine's speed.
+ENDLESS = 1_000_000
 TINY = [
   "model.d_model=32",
   "model.num_heads=2",
@@ -310,23 +313,31 @@ def logged_steps(workdir):
 
 @pytest.mark.slow
 def test_a_second_training_is_refused_and_the_first_writes_what_a_lone_run_does(tmp_path):
-  first = subprocess.Popen(
-    train_command(tmp_path),
-    cwd=ROOT,
-    env=subprocess_env(),
-    stdout=subprocess.PIPE,
-    stderr=subprocess.STDOUT,
-    text=True,
-  )
-  try:
-    wait_for(lambda: lock_file(tmp_path).exists(), first, "a writer lock")
-    second = subprocess.run(
-      train_command(tmp_path), cwd=ROOT, env=subprocess_env(), capture_output=True, text=True
+  """The first run is endless, so it still holds the lock when the second one starts; stopped
+  by SIGTERM once it is training, it has written what a lone run stopped there writes."""
+  workdir = tmp_path / "run"
+  with open(tmp_path / "first.log", "w") as log:
+    first = subprocess.Popen(
+      train_command(workdir, ENDLESS),
+      cwd=ROOT,
+      env=subprocess_env(),
+      stdout=log,
+      stderr=subprocess.STDOUT,
     )
-    output, _ = first.communicate(timeout=600)
+  try:
+    wait_for(lambda: lock_file(workdir).exists(), first, "a writer lock")
+    second = subprocess.run(
+      train_command(workdir), cwd=ROOT, env=subprocess_env(), capture_output=True, text=True
+    )
+    # In the training loop (its SIGTERM handler set) once it has saved a step.
+    done = workdir / "checkpoints" / "5" / "commit_success.txt"
+    wait_for(done.exists, first, "a first checkpoint")
+    first.send_signal(signal.SIGTERM)
+    first.wait(timeout=600)
   finally:
     if first.poll() is None:
       first.kill()
+  output = (tmp_path / "first.log").read_text()
   assert second.returncode == 2, second.stderr
   errors = [line for line in second.stderr.splitlines() if line.startswith("error: ")]
   assert len(errors) == 1, second.stderr
@@ -334,22 +345,25 @@ def test_a_second_training_is_refused_and_the_first_writes_what_a_lone_run_does(
   assert "is being written by another run" in errors[0] and "run.py train" in errors[0]
   assert second.stdout == ""
   assert first.returncode == 0, output[-3000:]
-  assert f"Done: step {STEPS}" in output
-  # What a lone run writes: every step's loss once, every 5th step's checkpoint, no lock left.
-  assert logged_steps(tmp_path) == list(range(1, STEPS + 1))
-  checkpoints = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir())
-  assert checkpoints == list(range(5, STEPS + 1, 5))
-  assert not lock_file(tmp_path).exists()
+  assert "Stopped by SIGTERM after step " in output, output[-3000:]
+  stopped = int(output.split("Stopped by SIGTERM after step ")[1].split(";")[0])
+  assert f"Done: step {stopped}," in output
+  # What a lone run writes: every step's loss once, every 5th step's checkpoint and the stop
+  # step's, no lock left.
+  assert logged_steps(workdir) == list(range(1, stopped + 1))
+  checkpoints = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir())
+  assert checkpoints == sorted({*range(5, stopped + 1, 5), stopped})
+  assert not lock_file(workdir).exists()
   # Readers need no lock and leave it alone: they work while a live writer holds it.
-  holder = start_holder(tmp_path)
+  holder = start_holder(workdir)
   try:
-    recorded = lock_file(tmp_path).read_bytes()
+    recorded = lock_file(workdir).read_bytes()
     (tmp_path / "source.txt").write_text("hello world\n")
-    translate = ["translate", "--workdir", str(tmp_path), "--input", str(tmp_path / "source.txt")]
+    translate = ["translate", "--workdir", str(workdir), "--input", str(tmp_path / "source.txt")]
     assert cli.main(translate + ["--output", str(tmp_path / "out.txt")]) == 0
     assert len((tmp_path / "out.txt").read_text().splitlines()) == 1
-    assert cli.main(["plot", str(tmp_path), "--output", str(tmp_path / "curves.png")]) == 0
-    assert lock_file(tmp_path).read_bytes() == recorded
+    assert cli.main(["plot", str(workdir), "--output", str(tmp_path / "curves.png")]) == 0
+    assert lock_file(workdir).read_bytes() == recorded
   finally:
     holder.kill()
     holder.wait()
@@ -358,7 +372,7 @@ def test_a_second_training_is_refused_and_the_first_writes_what_a_lone_run_does(
 @pytest.mark.slow
 def test_a_sigkilled_runs_lock_is_taken_over_and_the_run_resumes(tmp_path):
   killed = subprocess.Popen(
-    train_command(tmp_path),
+    train_command(tmp_path, ENDLESS),
     cwd=ROOT,
     env=subprocess_env(),
     stdout=subprocess.DEVNULL,
