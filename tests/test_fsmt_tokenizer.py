@@ -23,7 +23,7 @@ import pytest
 import shared_data
 
 transformers = pytest.importorskip(
-  "transformers", minversion="5", reason="needs transformers>=5: pip install -e '.[interop]'"
+  "transformers", minversion="5.18", reason="needs transformers>=5.18: pip install -e '.[interop]'"
 )
 import sacremoses  # noqa: E402
 import tokenizers  # noqa: E402

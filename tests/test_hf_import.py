@@ -24,7 +24,7 @@ import shared_data
 
 torch = pytest.importorskip("torch", reason="needs torch: pip install -e '.[interop]'")
 transformers = pytest.importorskip(
-  "transformers", minversion="5", reason="needs transformers>=5: pip install -e '.[interop]'"
+  "transformers", minversion="5.18", reason="needs transformers>=5.18: pip install -e '.[interop]'"
 )
 import hf_fakes  # noqa: E402
 import sentencepiece as spm  # noqa: E402

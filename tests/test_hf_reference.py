@@ -35,7 +35,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="needs torch: pip install -e '.[interop]'")
 transformers = pytest.importorskip(
-  "transformers", minversion="5", reason="needs transformers>=5: pip install -e '.[interop]'"
+  "transformers", minversion="5.18", reason="needs transformers>=5.18: pip install -e '.[interop]'"
 )
 
 from experiments import transformer_base_wmt14_ende  # noqa: E402

@@ -16,7 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="needs torch: pip install -e '.[interop]'")
 transformers = pytest.importorskip(
-  "transformers", minversion="5", reason="needs transformers>=5: pip install -e '.[interop]'"
+  "transformers", minversion="5.18", reason="needs transformers>=5.18: pip install -e '.[interop]'"
 )
 from test_hf_import import _lines, marian_dir  # noqa: E402, F401  (the fixture)
 

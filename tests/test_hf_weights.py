@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="needs torch: pip install -e '.[interop]'")
 transformers = pytest.importorskip(
-  "transformers", minversion="5", reason="needs transformers>=5: pip install -e '.[interop]'"
+  "transformers", minversion="5.18", reason="needs transformers>=5.18: pip install -e '.[interop]'"
 )
 
 import test_hf_import  # noqa: E402

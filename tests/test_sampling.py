@@ -140,7 +140,7 @@ def test_warp_logits_equals_transformers_generate(settings):
   """`generate(do_sample=True)` of a tiny random Marian model: its processed scores at each
   step equal `warp_logits` of its raw logits (with its pad id masked, as ours masks PAD)."""
   torch = pytest.importorskip("torch", reason="needs torch: pip install -e '.[interop]'")
-  transformers = pytest.importorskip("transformers", minversion="5")
+  transformers = pytest.importorskip("transformers", minversion="5.18")
   torch.manual_seed(0)
   config = transformers.MarianConfig(
     vocab_size=64,
