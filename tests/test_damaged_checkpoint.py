@@ -6,6 +6,7 @@ import shutil
 import signal
 
 import pytest
+import test_fault_tolerance
 from test_fault_tolerance import (
   TINY,
   _truncate_arrays,
@@ -16,6 +17,9 @@ from test_fault_tolerance import (
 
 from transformer_mt import checkpointing, cli, distributed, registry, resume, train, train_step
 
+# The uninterrupted 10-step run with checkpoints at 5 and 10 (module-scoped): each test copies and
+# damages it, and every resumed run must equal it bit for bit.
+ten_steps = test_fault_tolerance.ten_steps
 SET_ASIDE = re.compile(r"Moved the damaged checkpoint of step (\d+) \((.+)\) to (\S+); ")
 
 
@@ -23,15 +27,6 @@ def config(steps):
   return registry.load_experiment(
     "demo", TINY + [f"train.num_steps={steps}", "train.checkpoint_every=5"]
   )
-
-
-@pytest.fixture(scope="module")
-def ten_steps(tmp_path_factory):
-  """An uninterrupted 10-step run with checkpoints at 5 and 10: copied and damaged by each test,
-  and the reference every resumed run must equal bit for bit."""
-  workdir = tmp_path_factory.mktemp("ten_steps") / "run"
-  train.train(config(10), str(workdir), progress=False)
-  return workdir
 
 
 def set_aside_warnings(caplog):
@@ -140,19 +135,3 @@ def test_only_process_0_moves_and_a_second_copy_of_a_step_does_not_collide(
   ]
   assert (tmp_path / "checkpoints_damaged" / "10-2" / "params").is_dir()
   assert not (tmp_path / "checkpoints_damaged" / "10" / "params").exists()
-
-
-def test_translate_from_a_checkpoint_with_a_damaged_config_is_one_line(ten_steps, tmp_path, capsys):
-  """The latest checkpoint's config item emptied: translate names the step and the damage in
-  one error line (exit 2), as for damaged parameters, and another --step still works."""
-  workdir = tmp_path / "run"
-  shutil.copytree(ten_steps, workdir)
-  (workdir / "checkpoints" / "10" / "config" / "metadata").write_bytes(b"")
-  source = tmp_path / "in.txt"
-  source.write_text("the old dog\n")
-  command = ["translate", "--workdir", str(workdir), "--input", str(source)]
-  assert cli.main([*command, "--output", str(tmp_path / "out10.txt")]) == 2
-  err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
-  assert len(err) == 1, err
-  assert "config and tokenizer of checkpoint 10" in err[0] and "metadata is empty" in err[0]
-  assert cli.main([*command, "--step", "5", "--output", str(tmp_path / "out5.txt")]) == 0

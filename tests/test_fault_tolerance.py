@@ -403,19 +403,34 @@ def test_every_checkpoint_damaged_is_one_line_that_deletes_nothing(ten_steps, tm
   assert _snapshot(workdir / "checkpoints") == before
 
 
-def test_translate_from_a_damaged_checkpoint_is_one_line(ten_steps, tmp_path, capsys):
-  """Reading a damaged checkpoint is a file problem, not a bug: one error line naming the
-  step and the damage, exit 2, and a readable step still translates."""
+def _empty_config_metadata(checkpoint):
+  (checkpoint / "config" / "metadata").write_bytes(b"")
+
+
+@pytest.mark.parametrize(
+  "damage, expected",
+  [
+    (_truncate_arrays, ("checkpoint 10", "damaged (OUT_OF_RANGE reading")),
+    (_empty_config_metadata, ("config and tokenizer of checkpoint 10", "metadata is empty")),
+  ],
+  ids=["parameters", "config"],
+)
+def test_translate_from_a_damaged_checkpoint_is_one_line(
+  damage, expected, ten_steps, tmp_path, capsys
+):
+  """Reading a damaged checkpoint (its arrays truncated, or its config item emptied) is a file
+  problem, not a bug: one error line naming the step and the damage, exit 2, and a readable
+  step still translates."""
   workdir = tmp_path / "run"
   shutil.copytree(ten_steps, workdir)
-  _truncate_arrays(workdir / "checkpoints" / "10")
+  damage(workdir / "checkpoints" / "10")
   source = tmp_path / "in.txt"
   source.write_text("the old dog\n")
   command = ["translate", "--workdir", str(workdir), "--input", str(source)]
   assert cli.main([*command, "--output", str(tmp_path / "out10.txt")]) == 2
   err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
   assert len(err) == 1, err
-  assert "checkpoint 10" in err[0] and "damaged (OUT_OF_RANGE reading" in err[0], err
+  assert all(fragment in err[0] for fragment in expected), err
   assert not (tmp_path / "out10.txt").exists()
   command += ["--step", "5", "--output", str(tmp_path / "out5.txt")]
   assert cli.main(command) == 0

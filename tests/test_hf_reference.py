@@ -38,6 +38,8 @@ transformers = pytest.importorskip(
   "transformers", minversion="5.18", reason="needs transformers>=5.18: pip install -e '.[interop]'"
 )
 
+import hf_fakes  # noqa: E402
+
 from experiments import transformer_base_wmt14_ende  # noqa: E402
 from transformer_mt import hf_convert  # noqa: E402
 from transformer_mt.config import TransformerConfig  # noqa: E402
@@ -49,15 +51,8 @@ pytestmark = pytest.mark.interop
 LOGITS_TOLERANCE = 1e-5
 VOCAB = 40
 _SIZES = dict(
+  hf_fakes.SIZES,  # the size of every tiny interop model (dropout 0.0 among them)
   vocab_size=VOCAB,
-  d_model=16,
-  encoder_layers=2,
-  decoder_layers=2,
-  encoder_attention_heads=4,
-  decoder_attention_heads=4,
-  encoder_ffn_dim=32,
-  decoder_ffn_dim=32,
-  max_position_embeddings=64,
   # The Base row's switches that these configs have, and its token ids.
   activation_function="relu",
   scale_embedding=True,
