@@ -1,4 +1,6 @@
-"""A damaged checkpoint skipped on resume is set aside, so its step can be saved again."""
+"""Damaged checkpoints (missing, empty or truncated files): resume skips them for the newest one
+that reads back, and sets them aside so their step can be saved again; a restore failure that is
+not damage stops instead; readers (translate, evaluate, score, average) give one error line."""
 
 import pathlib
 import re
@@ -6,10 +8,8 @@ import shutil
 import signal
 
 import pytest
-import test_fault_tolerance
 from test_fault_tolerance import (
   TINY,
-  _truncate_arrays,
   assert_same_params,
   final_params,
   losses_by_step,
@@ -17,9 +17,6 @@ from test_fault_tolerance import (
 
 from transformer_mt import checkpointing, cli, distributed, registry, resume, train, train_step
 
-# The uninterrupted 10-step run with checkpoints at 5 and 10 (module-scoped): each test copies and
-# damages it, and every resumed run must equal it bit for bit.
-ten_steps = test_fault_tolerance.ten_steps
 SET_ASIDE = re.compile(r"Moved the damaged checkpoint of step (\d+) \((.+)\) to (\S+); ")
 
 
@@ -27,6 +24,157 @@ def config(steps):
   return registry.load_experiment(
     "demo", TINY + [f"train.num_steps={steps}", "train.checkpoint_every=5"]
   )
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
+  config = lambda steps: registry.load_experiment(  # noqa: E731
+    "demo", TINY + [f"train.num_steps={steps}", "train.checkpoint_every=5"]
+  )
+  reference = train.train(config(10), str(tmp_path / "reference"), progress=False)
+  workdir = str(tmp_path / "run")
+  train.train(config(10), workdir, progress=False)
+  # Truncate every array file of the latest checkpoint, as a full disk or a crash would.
+  for path in (pathlib.Path(workdir) / "checkpoints" / "10" / "params").rglob("*"):
+    if path.is_file() and path.stat().st_size > 0 and path.parent.name == "d":
+      path.write_bytes(path.read_bytes()[:10])
+  caplog.set_level("WARNING")
+  resumed = train.train(config(15), workdir, progress=False)
+  assert "Checkpoint 10" in caplog.text and "falling back to the previous one" in caplog.text
+  # Resumed from step 5, it recomputes 6..10 exactly, then continues to 15.
+  assert resumed["step"] == 15
+  assert losses_by_step(workdir)[10] == losses_by_step(str(tmp_path / "reference"))[10]
+  assert reference["step"] == 10
+
+
+def _array_files(step_dir):
+  return [p for p in step_dir.rglob("*") if p.is_file() and p.parent.name == "d"]
+
+
+def _truncate_arrays(step_dir):
+  for path in _array_files(step_dir):
+    path.write_bytes(path.read_bytes()[:10])
+
+
+def _delete_arrays(step_dir):
+  for path in _array_files(step_dir):
+    path.unlink()
+
+
+def _delete_array_metadata(step_dir):
+  for path in step_dir.glob("*/_METADATA"):
+    path.unlink()
+
+
+def _delete_data_iterator(step_dir):
+  shutil.rmtree(step_dir / "data_iter")
+
+
+@pytest.fixture(scope="module")
+def ten_steps(tmp_path_factory):
+  """A finished 10-step run with checkpoints at 5 and 10, copied by each test that damages it."""
+  workdir = tmp_path_factory.mktemp("ten_steps") / "run"
+  config = registry.load_experiment(
+    "demo", TINY + ["train.num_steps=10", "train.checkpoint_every=5"]
+  )
+  train.train(config, str(workdir), progress=False)
+  return workdir
+
+
+def _snapshot(directory):
+  """Every file under `directory` with its size and modification time."""
+  return {
+    str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns)
+    for p in sorted(directory.rglob("*"))
+    if p.is_file()
+  }
+
+
+@pytest.mark.parametrize(
+  "damage, reason",
+  [
+    (_truncate_arrays, "OUT_OF_RANGE reading"),
+    (_delete_arrays, "NOT_FOUND reading"),
+    (_delete_array_metadata, "_METADATA is missing"),
+    (_delete_data_iterator, "data_iter is missing"),
+  ],
+)
+def test_only_a_damaged_checkpoint_is_skipped(ten_steps, tmp_path, caplog, damage, reason):
+  workdir = tmp_path / "run"
+  shutil.copytree(ten_steps, workdir)
+  damage(workdir / "checkpoints" / "10")
+  caplog.set_level("INFO")
+  config = registry.load_experiment(
+    "demo", TINY + ["train.num_steps=12", "train.checkpoint_every=5"]
+  )
+  assert train.train(config, str(workdir), progress=False)["step"] == 12
+  warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+  skipped = [w for w in warnings if w.startswith("Checkpoint 10 in ")]
+  assert len(skipped) == 1 and "is damaged (" in skipped[0] and reason in skipped[0], warnings
+  assert "Resumed from the checkpoint of step 5" in caplog.text
+
+
+def test_a_restore_error_that_is_not_damage_stops_and_keeps_every_checkpoint(
+  ten_steps, tmp_path, capsys
+):
+  workdir = tmp_path / "run"
+  shutil.copytree(ten_steps, workdir)
+  before = _snapshot(workdir / "checkpoints")
+  # Gradient clipping adds an optimizer state the checkpoints do not have.
+  command = ["train", "--workdir", str(workdir), *TINY, "train.num_steps=12"]
+  assert cli.main([*command, "train.grad_clip_norm=1.0"]) == 2
+  err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+  assert len(err) == 1, err
+  assert err[0].startswith("error: Cannot restore the checkpoint of step 10 in ")
+  assert "train.grad_clip_norm" in err[0] and "not skipped" in err[0]
+  assert "damaged" not in err[0] and "move" not in err[0] and "delete" not in err[0]
+  assert _snapshot(workdir / "checkpoints") == before
+
+
+def test_every_checkpoint_damaged_is_one_line_that_deletes_nothing(ten_steps, tmp_path, capsys):
+  workdir = tmp_path / "run"
+  shutil.copytree(ten_steps, workdir)
+  for step in (5, 10):
+    _truncate_arrays(workdir / "checkpoints" / str(step))
+  before = _snapshot(workdir / "checkpoints")
+  assert cli.main(["train", "--workdir", str(workdir), *TINY, "train.num_steps=12"]) == 2
+  err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+  assert len(err) == 1 and "Every checkpoint in" in err[0] and "steps [5, 10]" in err[0], err
+  assert "new --workdir" in err[0] and "move" not in err[0]
+  assert _snapshot(workdir / "checkpoints") == before
+
+
+def _empty_config_metadata(checkpoint):
+  (checkpoint / "config" / "metadata").write_bytes(b"")
+
+
+@pytest.mark.parametrize(
+  "damage, expected",
+  [
+    (_truncate_arrays, ("checkpoint 10", "damaged (OUT_OF_RANGE reading")),
+    (_empty_config_metadata, ("config and tokenizer of checkpoint 10", "metadata is empty")),
+  ],
+  ids=["parameters", "config"],
+)
+def test_translate_from_a_damaged_checkpoint_is_one_line(
+  damage, expected, ten_steps, tmp_path, capsys
+):
+  """Reading a damaged checkpoint (its arrays truncated, or its config item emptied) is a file
+  problem, not a bug: one error line naming the step and the damage, exit 2, and a readable
+  step still translates."""
+  workdir = tmp_path / "run"
+  shutil.copytree(ten_steps, workdir)
+  damage(workdir / "checkpoints" / "10")
+  source = tmp_path / "in.txt"
+  source.write_text("the old dog\n")
+  command = ["translate", "--workdir", str(workdir), "--input", str(source)]
+  assert cli.main([*command, "--output", str(tmp_path / "out10.txt")]) == 2
+  err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+  assert len(err) == 1, err
+  assert all(fragment in err[0] for fragment in expected), err
+  assert not (tmp_path / "out10.txt").exists()
+  command += ["--step", "5", "--output", str(tmp_path / "out5.txt")]
+  assert cli.main(command) == 0
+  assert len((tmp_path / "out5.txt").read_text().splitlines()) == 1
 
 
 def set_aside_warnings(caplog):
