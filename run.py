@@ -2,7 +2,7 @@
 
 import sys
 
-from transformer_mt.launch import main
+from transformer_mt.__main__ import main
 
 if __name__ == "__main__":
   sys.exit(main())

@@ -23,8 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import _timing
-from transformer_mt import beam_search, hf_convert
-from transformer_mt.model import Transformer
+from transformer_mt.decoding import beam_search
+from transformer_mt.interop import hf_convert
+from transformer_mt.model.transformer import Transformer
 
 SENTENCES, SOURCE_TOKENS, BEAM, NEW_TOKENS = 32, 32, 4, 64
 MARIAN = dict(

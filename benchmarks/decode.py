@@ -70,17 +70,15 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import _decode_regime, _timing  # noqa: E402
-from transformer_mt import (  # noqa: E402
-  beam_search,
-  data_sources,
-  decode,
-  registry,
-  run_setup,
-  sharding,
-  translate,
-)
-from transformer_mt.input_pipeline import bucket_length  # noqa: E402
-from transformer_mt.tokenizer import EOS_ID, PAD_ID, train_tokenizer  # noqa: E402
+from transformer_mt.config import registry  # noqa: E402
+from transformer_mt.data import sources as data_sources  # noqa: E402
+from transformer_mt.data.input_pipeline import bucket_length  # noqa: E402
+from transformer_mt.data.tokenizer import EOS_ID, PAD_ID, train_tokenizer  # noqa: E402
+from transformer_mt.decoding import beam_search  # noqa: E402
+from transformer_mt.decoding import incremental as decode
+from transformer_mt.decoding import translator as translate
+from transformer_mt.model import setup as run_setup  # noqa: E402
+from transformer_mt.runtime import sharding  # noqa: E402
 
 TEST_SET = "news/en-de/newstest2014.en"  # under --data_root
 SOURCE_BUCKETS = (16, 32, 48, 64)

@@ -41,7 +41,9 @@ import hf_fakes  # noqa: E402
 import test_hf_models  # noqa: E402  (its trained fixture's sources and targets)
 import transformers  # noqa: E402
 
-from transformer_mt import beam_search, decode, hf_convert  # noqa: E402
+from transformer_mt.decoding import beam_search  # noqa: E402
+from transformer_mt.decoding import incremental as decode
+from transformer_mt.interop import hf_convert  # noqa: E402
 
 BEAM = 4
 ALPHA = 1.0

@@ -30,9 +30,14 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from experiments import news_ende_small, transformer_base_wmt14_ende  # noqa: E402
-from transformer_mt import data_sources, estimates, input_pipeline  # noqa: E402
-from transformer_mt.tokenizer import PAD_ID, train_tokenizer  # noqa: E402
+from transformer_mt.config import registry  # noqa: E402
+from transformer_mt.data import input_pipeline  # noqa: E402
+from transformer_mt.data import sources as data_sources  # noqa: E402
+from transformer_mt.data.tokenizer import PAD_ID, train_tokenizer  # noqa: E402
+from transformer_mt.model import estimates  # noqa: E402
+
+news_ende_small = registry.experiment_module("news_ende_small")
+transformer_base_wmt14_ende = registry.experiment_module("transformer_base_wmt14_ende")
 
 
 def base_demand(devices: int, dtype: str = "") -> tuple[float, str]:

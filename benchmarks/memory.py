@@ -56,15 +56,13 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import ml_collections  # noqa: E402
 
-from transformer_mt import (  # noqa: E402
-  beam_search,
-  hf_convert,
-  registry,
-  run_setup,
-  sharding,
-  train_step,
-)
-from transformer_mt.model import Transformer, count_parameters  # noqa: E402
+from transformer_mt.config import registry  # noqa: E402
+from transformer_mt.decoding import beam_search  # noqa: E402
+from transformer_mt.interop import hf_convert  # noqa: E402
+from transformer_mt.model import setup as run_setup  # noqa: E402
+from transformer_mt.model.transformer import Transformer, count_parameters  # noqa: E402
+from transformer_mt.runtime import sharding  # noqa: E402
+from transformer_mt.training import train_step  # noqa: E402
 
 BATCH_KEYS = (
   "inputs",

@@ -28,12 +28,12 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from transformer_mt import launch  # noqa: E402
+from transformer_mt.runtime import allocator as launch  # noqa: E402
 
 # argv: mode ("launch" or "plain"), calls, size. Prints the tunables seen and faults per call.
 CHILD = """
 import os, resource, sys
-from transformer_mt import launch
+from transformer_mt.runtime import allocator as launch
 if sys.argv[1] == "launch":
   launch.reexec_with_allocator_settings()
 import jax, jax.numpy as jnp

@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from benchmarks.train_step import ours_timer  # noqa: E402
-from transformer_mt import input_pipeline  # noqa: E402
-from transformer_mt.config import TransformerConfig  # noqa: E402
+from transformer_mt.data import input_pipeline  # noqa: E402
+from transformer_mt.model.transformer_config import TransformerConfig  # noqa: E402
 
 
 def full_rows(

@@ -71,11 +71,14 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from benchmarks import _timing  # noqa: E402
-from experiments import _defaults  # noqa: E402
-from transformer_mt import input_pipeline, optimizer, run_setup, sharding, train_step  # noqa: E402
-from transformer_mt.config import TransformerConfig  # noqa: E402
-from transformer_mt.model import parameter_shapes  # noqa: E402
-from transformer_mt.tokenizer import BOS_ID, PAD_ID  # noqa: E402
+from transformer_mt.config import defaults as _defaults  # noqa: E402
+from transformer_mt.data import input_pipeline  # noqa: E402
+from transformer_mt.data.tokenizer import BOS_ID, PAD_ID  # noqa: E402
+from transformer_mt.model import setup as run_setup  # noqa: E402
+from transformer_mt.model.transformer import parameter_shapes  # noqa: E402
+from transformer_mt.model.transformer_config import TransformerConfig  # noqa: E402
+from transformer_mt.runtime import sharding  # noqa: E402
+from transformer_mt.training import optimizer, train_step  # noqa: E402
 
 NEWS = ROOT.parent / "shared" / "data" / "news" / "en-de" / "newstest2014"
 

@@ -2,7 +2,7 @@
 
 Offline, no downloads: the project generates a deterministic language pair with SVO->SOV
 reordering, post-nominal adjectives and gender/number/case/tense agreement
-(transformer_mt/synthetic.py), trains a SentencePiece vocabulary on it, trains,
+(transformer_mt/data/synthetic.py), trains a SentencePiece vocabulary on it, trains,
 then prints sample translations and sacreBLEU on 500 held-out sentences.
 
     python run.py train --experiment demo --workdir /tmp/demo
@@ -10,8 +10,8 @@ then prints sample translations and sacreBLEU on 500 held-out sentences.
 Hardware: 2 CPU cores. Expected: see the README's results table (BLEU >= 90 in <= 90 seconds).
 """
 
-from experiments import _defaults
-from transformer_mt.sweep import Sweep
+from transformer_mt.config import defaults as _defaults
+from transformer_mt.training.sweep import Sweep
 
 
 def get_config():

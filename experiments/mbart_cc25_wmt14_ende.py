@@ -13,13 +13,13 @@ beam 5. Differences: our schedule is the inverse square root of the Transformer 
 its peak set to 3e-5 (lr_scale = 3e-5 * sqrt(1024 * 2500) = 0.048), where fairseq decayed
 polynomially; the batch (32k source + 32k target tokens per update) is ours. Hardware: no
 computed estimate yet (`run.py list` shows "-"): the model's shapes are the import's, known
-once imported; transformer_mt/estimates.py has the formula.
+once imported; transformer_mt/model/estimates.py has the formula.
 
 Target: 30.5 BLEU, the figure of this project's seed table (not traced to a table of the
 mBART paper here; check its tokenization before comparing).
 """
 
-from experiments import _pretrained
+from transformer_mt.config import pretrained as _pretrained
 
 
 def get_config():

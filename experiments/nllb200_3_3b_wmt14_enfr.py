@@ -15,7 +15,7 @@ published evaluation of this checkpoint on newstest2014, so treat it as the numb
 not a citation.
 """
 
-from experiments import _pretrained
+from transformer_mt.config import pretrained as _pretrained
 
 
 def get_config():

@@ -16,7 +16,7 @@ newstest2015 31.1. To compare with a published number, evaluate on newstest2013:
       --workdir workdirs/opus_mt_en_de_2013 "data.test_prefixes=['news/en-de/newstest2013']"
 """
 
-from experiments import _pretrained
+from transformer_mt.config import pretrained as _pretrained
 
 
 def get_config():

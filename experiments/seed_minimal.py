@@ -9,7 +9,9 @@ trains, but without residuals and normalization it learns slowly.
     python run.py train --experiment seed_minimal --workdir /tmp/seed_minimal
 """
 
-from experiments import demo
+from transformer_mt.config import registry
+
+demo = registry.experiment_module("demo")
 
 
 def get_config():

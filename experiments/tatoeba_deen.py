@@ -19,7 +19,7 @@ checkpoint in WORKDIR/best; the final held-out BLEU is of the last step's parame
 Hardware: 2 CPU cores (see the README's results table for what N minutes give).
 """
 
-from experiments import _defaults
+from transformer_mt.config import defaults as _defaults
 
 
 def get_config():

@@ -12,7 +12,7 @@ Paper: 27.3 BLEU (tokenized, compound-split). Hardware: the paper used 8 P100 GP
     python run.py train --experiment transformer_base_wmt14_ende --workdir workdirs/base_ende
 """
 
-from experiments import _wmt14
+from transformer_mt.config import wmt14 as _wmt14
 
 
 def get_config():

@@ -5,13 +5,14 @@ last 5 checkpoints) with a shared 32k vocabulary: 60.51M parameters with tied em
 Validation newstest2013, test newstest2014.
 
 Paper: 38.1 BLEU (tokenized). The paper-comparable BLEU splits compounds as for EN-DE, like
-the EN-FR rows the paper compares with (see transformer_mt/evaluation.py). Estimate: `run.py
-list` (A100-hours for the row's dtype) and `run.py reproduce ... --dry-run` (the formula).
+the EN-FR rows the paper compares with (see
+transformer_mt/evaluation/corpus_scores.py). Estimate: `run.py list` (A100-hours for the row's
+dtype) and `run.py reproduce ... --dry-run` (the formula).
 
     python run.py train --experiment transformer_base_wmt14_enfr --workdir workdirs/base_enfr
 """
 
-from experiments import _wmt14
+from transformer_mt.config import wmt14 as _wmt14
 
 
 def get_config():

@@ -7,13 +7,13 @@ newstest2014.
 
 Paper: 41.0 BLEU (tokenized; 41.8 in the paper's later revision). The paper-comparable BLEU
 splits compounds as for EN-DE, like the EN-FR rows the paper compares with (see
-transformer_mt/evaluation.py). Estimate: `run.py list` (A100-hours for the row's dtype) and
-`run.py reproduce ... --dry-run` (the formula).
+transformer_mt/evaluation/corpus_scores.py). Estimate: `run.py list` (A100-hours for the row's
+dtype) and `run.py reproduce ... --dry-run` (the formula).
 
     python run.py train --experiment transformer_big_wmt14_enfr --workdir workdirs/big_enfr
 """
 
-from experiments import _wmt14
+from transformer_mt.config import wmt14 as _wmt14
 
 
 def get_config():

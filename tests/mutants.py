@@ -63,7 +63,7 @@ MUTANTS = (
   Mutant(
     "attention-scale-d-model",
     "fused attention scaled by 1/sqrt(d_model) instead of 1/sqrt(head_dim)",
-    "transformer_mt/attention.py",
+    "transformer_mt/model/attention.py",
     "    **masking,",
     "    **masking, scale=1.0 / math.sqrt(query.shape[-2] * query.shape[-1]),",
     (
@@ -74,7 +74,7 @@ MUTANTS = (
   Mutant(
     "explicit-attention-scale-d-model",
     "attention that sows its weights (plots, attention dropout) scaled by 1/sqrt(d_model)",
-    "transformer_mt/attention.py",
+    "transformer_mt/model/attention.py",
     "    query = query / jnp.sqrt(query.shape[-1]).astype(query.dtype)",
     "    query = query / jnp.sqrt(query.shape[-1] * query.shape[-2]).astype(query.dtype)",
     (
@@ -85,7 +85,7 @@ MUTANTS = (
   Mutant(
     "decode-attention-scale-d-model",
     "cached decoding attention scaled by 1/sqrt(d_model)",
-    "transformer_mt/attention.py",
+    "transformer_mt/model/attention.py",
     "  logits = logits * jnp.float32(1.0 / math.sqrt(depth))",
     "  logits = logits * jnp.float32(1.0 / math.sqrt(depth * heads))",
     (
@@ -96,7 +96,7 @@ MUTANTS = (
   Mutant(
     "causal-mask-off-by-one",
     "causal mask lets position i see position i+1",
-    "transformer_mt/attention.py",
+    "transformer_mt/model/attention.py",
     "  return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]",
     "  return jnp.tril(jnp.ones((length, length), dtype=bool), k=1)[None, None]",
     ("tests/test_model.py::test_causal_mask_hides_future_targets",),
@@ -104,7 +104,7 @@ MUTANTS = (
   Mutant(
     "decode-step-mask-off-by-one",
     "a decoding step also sees the next, not yet written, cache slot",
-    "transformer_mt/attention.py",
+    "transformer_mt/model/attention.py",
     "    step_mask = (jnp.arange(total) <= index)[None, None, None, :]  # [1, 1, 1, cache_len]",
     "    step_mask = (jnp.arange(total) <= index + 1)[None, None, None, :]",
     ("tests/test_decode.py::test_cached_step_logits_equal_full_forward",),
@@ -112,7 +112,7 @@ MUTANTS = (
   Mutant(
     "padding-mask-or",
     "padding mask ORs query and key validity (valid queries attend to padded keys)",
-    "transformer_mt/attention.py",
+    "transformer_mt/model/attention.py",
     "  return query_valid[:, None, :, None] & key_valid[:, None, None, :]",
     "  return query_valid[:, None, :, None] | key_valid[:, None, None, :]",
     ("tests/test_model.py::test_padding_is_ignored",),
@@ -120,7 +120,7 @@ MUTANTS = (
   Mutant(
     "segment-mask-ignores-ids",
     "segment mask only checks non-padding, not that query and key share a segment id",
-    "transformer_mt/attention.py",
+    "transformer_mt/model/attention.py",
     "  return query_segments[:, None, :, None] == key_segments[:, None, None, :]",
     "  return (query_segments[:, None, :, None] > 0) & (key_segments[:, None, None, :] > 0)",
     ("tests/test_model.py::test_packed_sentences_match_unpacked",),
@@ -128,7 +128,7 @@ MUTANTS = (
   Mutant(
     "sinusoid-sin-cos-swapped",
     "sinusoidal positions: cos in the even dims, sin in the odd ones",
-    "transformer_mt/attention.py",
+    "transformer_mt/model/attention.py",
     "    encoding = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # [b, l, ceil(d/2), 2]",
     "    encoding = jnp.stack([jnp.cos(angles), jnp.sin(angles)], axis=-1)",
     ("tests/test_model.py::test_seed_minimal_matches_numpy_equations",),
@@ -136,7 +136,7 @@ MUTANTS = (
   Mutant(
     "embedding-not-scaled",
     "token embeddings not multiplied by sqrt(d_model)",
-    "transformer_mt/model.py",
+    "transformer_mt/model/transformer.py",
     "      x = x * jnp.sqrt(cfg.d_model).astype(x.dtype)",
     "      x = x * 1.0",
     ("tests/test_mutant_guards.py::test_embedder_scales_tokens_and_adds_sinusoids",),
@@ -144,7 +144,7 @@ MUTANTS = (
   Mutant(
     "residual-dropped",
     "sub-layer output replaces its input instead of being added to it (no residual)",
-    "transformer_mt/model.py",
+    "transformer_mt/model/transformer.py",
     "      y = x + y",
     "      y = y",
     ("tests/test_mutant_guards.py::test_encoder_layer_matches_numpy",),
@@ -152,7 +152,7 @@ MUTANTS = (
   Mutant(
     "label-smoothing-v-minus-1",
     "label smoothing spreads eps over the V-1 wrong classes (eps/(V-1)) instead of eps/V",
-    "transformer_mt/losses.py",
+    "transformer_mt/training/losses.py",
     "    log_z - jnp.mean(logits, axis=-1)",
     "    log_z - (jnp.sum(logits, axis=-1) - target_logit) / (logits.shape[-1] - 1)",
     ("tests/test_training.py::test_label_smoothed_loss_matches_numpy",),
@@ -160,7 +160,7 @@ MUTANTS = (
   Mutant(
     "warmup-exponent",
     "warm-up ramp step * warmup^-1 instead of step * warmup^-1.5",
-    "transformer_mt/optimizer.py",
+    "transformer_mt/training/optimizer.py",
     "    return scale * d_model**-0.5 * jnp.minimum(step**-0.5, step * warmup_steps**-1.5)",
     "    return scale * d_model**-0.5 * jnp.minimum(step**-0.5, step * warmup_steps**-1.0)",
     ("tests/test_training.py::test_learning_rate_at_chosen_steps",),
@@ -168,7 +168,7 @@ MUTANTS = (
   Mutant(
     "schedule-step-from-zero",
     "the schedule counts steps from 0 (first update gets learning rate 0)",
-    "transformer_mt/optimizer.py",
+    "transformer_mt/training/optimizer.py",
     "    step = jnp.asarray(count, jnp.float32) + 1.0",
     "    step = jnp.asarray(count, jnp.float32) + 0.0",
     ("tests/test_training.py::test_learning_rate_at_chosen_steps",),
@@ -176,7 +176,7 @@ MUTANTS = (
   Mutant(
     "adam-b2-from-b1",
     "Adam built with beta2 = the config's beta1",
-    "transformer_mt/optimizer.py",
+    "transformer_mt/training/optimizer.py",
     "      schedule, b1=train_config.adam_b1, b2=train_config.adam_b2, eps=train_config.adam_eps",
     "      schedule, b1=train_config.adam_b1, b2=train_config.adam_b1, eps=train_config.adam_eps",
     ("tests/test_mutant_guards.py::test_optimizer_matches_numpy_adam_with_paper_schedule",),
@@ -184,7 +184,7 @@ MUTANTS = (
   Mutant(
     "gnmt-penalty-on-len",
     "GNMT length penalty len^alpha instead of ((5 + len) / 6)^alpha",
-    "transformer_mt/beam_search.py",
+    "transformer_mt/decoding/beam_search.py",
     "  return ((5.0 + length) / 6.0) ** alpha",
     "  return length**alpha",
     ("tests/test_beam_search.py::test_small_beam_scores_are_exact",),
@@ -192,7 +192,7 @@ MUTANTS = (
   Mutant(
     "average-first-checkpoints",
     "checkpoint averaging takes the first k checkpoints instead of the last k",
-    "transformer_mt/averaging.py",
+    "transformer_mt/workdir/averaging.py",
     "  chosen = steps[-last_n:]",
     "  chosen = steps[:last_n]",
     ("tests/test_averaging.py::test_two_checkpoints_average_to_their_mean",),
@@ -200,7 +200,7 @@ MUTANTS = (
   Mutant(
     "average-restores-newest-only",
     "checkpoint averaging restores the newest chosen checkpoint k times",
-    "transformer_mt/averaging.py",
+    "transformer_mt/workdir/averaging.py",
     "    params = checkpointing.restore_params(workdir, step, target)",
     "    params = checkpointing.restore_params(workdir, chosen[-1], target)",
     ("tests/test_averaging.py::test_two_checkpoints_average_to_their_mean",),
@@ -208,7 +208,7 @@ MUTANTS = (
   Mutant(
     "average-running-mean-halves",
     "running mean m + (x - m) / k replaced by (m + x) / 2 (right for 2 checkpoints only)",
-    "transformer_mt/averaging.py",
+    "transformer_mt/workdir/averaging.py",
     "      params if mean is None else jax.tree.map(lambda m, x, k=count: m + (x - m) / k, "
     "mean, params)",
     "      params if mean is None else jax.tree.map(lambda m, x, k=count: (m + x) / 2, "
@@ -221,7 +221,7 @@ MUTANTS = (
   Mutant(
     "validation-drops-last-batch",
     "validation batches (input_pipeline.evaluation_batches) drop the last partial batch",
-    "transformer_mt/input_pipeline.py",
+    "transformer_mt/data/input_pipeline.py",
     "  for start in range(0, len(examples), batch_rows):",
     "  for start in range(0, len(examples) - batch_rows + 1, batch_rows):",
     (
@@ -232,7 +232,7 @@ MUTANTS = (
   Mutant(
     "translate-drops-last-batch",
     "translation (translate, evaluate) drops the last partial batch of sentences",
-    "transformer_mt/translate.py",
+    "transformer_mt/decoding/translator.py",
     "    batches = [todo[i : i + self.batch_size] for i in range(0, len(todo), self.batch_size)]",
     "    batches = [todo[i : i + self.batch_size] for i in range(0, len(todo) - self.batch_size "
     "+ 1, self.batch_size)]",
@@ -244,7 +244,7 @@ MUTANTS = (
   Mutant(
     "scoring-drops-last-batch",
     "scoring (run.py score) drops the last partial batch of pairs",
-    "transformer_mt/scoring.py",
+    "transformer_mt/decoding/teacher_forcing.py",
     "  for start in range(0, len(order), translator.batch_size):",
     "  for start in range(0, len(order) - translator.batch_size + 1, translator.batch_size):",
     ("tests/test_scoring.py::test_score_equals_numpy_log_softmax_of_each_full_forward",),
@@ -255,7 +255,7 @@ MUTANTS = (
   Mutant(
     "loss-normalized-per-micro-batch",
     "1/N: each micro-batch's loss divided by its own token count (then by the batch's again)",
-    "transformer_mt/train_step.py",
+    "transformer_mt/training/train_step.py",
     '  return sums["loss"], sums',
     '  return sums["loss"] / sums["num_tokens"], sums',
     (
@@ -266,7 +266,7 @@ MUTANTS = (
   Mutant(
     "loss-normalized-by-rows",
     "1/N: gradients divided by the number of rows (sentences) instead of target tokens",
-    "transformer_mt/train_step.py",
+    "transformer_mt/training/train_step.py",
     "  grads = jax.tree.map(lambda g: g / num_tokens, grads)",
     '  grads = jax.tree.map(lambda g: g / (num_micro * batch["targets"].shape[1]), grads)',
     (
@@ -277,7 +277,7 @@ MUTANTS = (
   Mutant(
     "loss-normalized-per-device",
     "1/N: gradients divided by the per-device share of the tokens (global / device count)",
-    "transformer_mt/train_step.py",
+    "transformer_mt/training/train_step.py",
     '  num_tokens = jnp.maximum(sums["num_tokens"], 1.0)',
     '  num_tokens = jnp.maximum(sums["num_tokens"] / jax.device_count(), 1.0)',
     (
@@ -288,7 +288,7 @@ MUTANTS = (
   Mutant(
     "paper-bleu-aggressive-hyphens",
     "paper BLEU tokenizes with Moses -a (aggressive hyphen splitting), unlike get_ende_bleu.sh",
-    "transformer_mt/evaluation.py",
+    "transformer_mt/evaluation/corpus_scores.py",
     "    text, aggressive_dash_splits=False, return_str=True, escape=True",
     "    text, aggressive_dash_splits=True, return_str=True, escape=True",
     (

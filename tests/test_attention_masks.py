@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_mt import attention
-from transformer_mt.attention import AttentionMask, fused_attention
-from transformer_mt.config import TransformerConfig
-from transformer_mt.model import Transformer
+from transformer_mt.model import attention
+from transformer_mt.model.attention import AttentionMask, fused_attention
+from transformer_mt.model.transformer import Transformer
+from transformer_mt.model.transformer_config import TransformerConfig
 
 
 def _qkv(seed, batch=3, q_len=7, k_len=9, heads=2, depth=4):

@@ -7,9 +7,12 @@ import jax
 import numpy as np
 import pytest
 
-from experiments import _defaults
-from transformer_mt import averaging, checkpointing, run_setup, sharding, train_step
-from transformer_mt.tokenizer import train_tokenizer
+from transformer_mt.config import defaults as _defaults
+from transformer_mt.data.tokenizer import train_tokenizer
+from transformer_mt.model import setup as run_setup
+from transformer_mt.runtime import sharding
+from transformer_mt.training import train_step
+from transformer_mt.workdir import averaging, checkpointing
 
 
 @pytest.fixture(scope="module")

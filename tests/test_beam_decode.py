@@ -13,11 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_mt import beam_search as bs
-from transformer_mt import decode
-from transformer_mt.config import TransformerConfig
-from transformer_mt.model import Transformer
-from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.decoding import beam_search as bs
+from transformer_mt.decoding import incremental as decode
+from transformer_mt.model.transformer import Transformer
+from transformer_mt.model.transformer_config import TransformerConfig
 
 CONFIG = TransformerConfig(
   vocab_size=40,
@@ -127,7 +127,7 @@ def test_same_outputs_on_1_and_8_devices(cpu_devices):
   (CPU devices both: a GPU's kernels would round otherwise)."""
   import ml_collections
 
-  from transformer_mt import sharding
+  from transformer_mt.runtime import sharding
 
   with jax.default_device(cpu_devices[0]):
     params, max_len = transformer_params(), 8
@@ -176,7 +176,9 @@ def test_decode_options_reach_beam_decode(monkeypatch):
   without them keep the defaults, and an unknown value is refused when settings are read."""
   import ml_collections
 
-  from transformer_mt import run_setup, sharding, translate
+  from transformer_mt.decoding import translator as translate
+  from transformer_mt.model import setup as run_setup
+  from transformer_mt.runtime import sharding
 
   section = dict(batch_size=2, max_len=8, beam_size=3, alpha=1.0)
   old = run_setup.decode_settings(ml_collections.ConfigDict({"decode": section}))
@@ -210,7 +212,8 @@ def test_decode_options_reach_beam_decode(monkeypatch):
 def test_imported_models_decode_as_generate():
   """hf_import.run_config: beam and alpha from the generation config (transformers' own
   default length_penalty 1.0 when it has none), with the "hf" pool and "power" penalty."""
-  from transformer_mt import hf_import, run_setup
+  from transformer_mt.interop import hf_import
+  from transformer_mt.model import setup as run_setup
 
   def decode_section(generation):
     tokenizer = type("Tokenizer", (), {"vocab_size": CONFIG.vocab_size})()

@@ -14,11 +14,13 @@ import ml_collections
 import numpy as np
 import pytest
 
-from experiments import _defaults
-from transformer_mt import losses, optimizer, registry, sharding, train_step
-from transformer_mt.config import TransformerConfig
-from transformer_mt.model import Transformer
-from transformer_mt.run_setup import model_config_for
+from transformer_mt.config import defaults as _defaults
+from transformer_mt.config import registry
+from transformer_mt.model.setup import model_config_for
+from transformer_mt.model.transformer import Transformer
+from transformer_mt.model.transformer_config import TransformerConfig
+from transformer_mt.runtime import sharding
+from transformer_mt.training import losses, optimizer, train_step
 
 LOSS_RTOL = 1e-2
 GRAD_RTOL = 8e-2

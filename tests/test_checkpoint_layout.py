@@ -13,19 +13,15 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from transformer_mt import (
-  checkpointing,
-  cli,
-  optimizer,
-  registry,
-  run_setup,
-  sharding,
-  synthetic,
-  train,
-  train_step,
-  translate,
-)
-from transformer_mt.tokenizer import train_tokenizer
+from transformer_mt import cli
+from transformer_mt.config import registry
+from transformer_mt.data import synthetic
+from transformer_mt.data.tokenizer import train_tokenizer
+from transformer_mt.decoding import translator as translate
+from transformer_mt.model import setup as run_setup
+from transformer_mt.runtime import sharding
+from transformer_mt.training import optimizer, train, train_step
+from transformer_mt.workdir import checkpointing
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TINY = [

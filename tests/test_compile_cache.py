@@ -14,7 +14,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # compile time), and report the directory and the cache hits JAX counted.
 _PROCESS = """
 import json, jax, jax.numpy as jnp
-from transformer_mt import compile_cache
+from transformer_mt.runtime import compile_cache
 hits = []
 jax.monitoring.register_event_listener(
   lambda event, **kw: hits.append(event) if event == "/jax/compilation_cache/cache_hits" else None

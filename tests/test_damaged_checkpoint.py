@@ -15,7 +15,11 @@ from test_fault_tolerance import (
   losses_by_step,
 )
 
-from transformer_mt import checkpointing, cli, distributed, registry, resume, train, train_step
+from transformer_mt import cli
+from transformer_mt.config import registry
+from transformer_mt.runtime import distributed
+from transformer_mt.training import resume, train, train_step
+from transformer_mt.workdir import checkpointing
 
 SET_ASIDE = re.compile(r"Moved the damaged checkpoint of step (\d+) \((.+)\) to (\S+); ")
 

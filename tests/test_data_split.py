@@ -7,7 +7,8 @@ import random
 import pytest
 import shared_data
 
-from transformer_mt import data_sources, registry
+from transformer_mt.config import registry
+from transformer_mt.data import sources as data_sources
 
 SHARED = shared_data.DIR
 TATOEBA = SHARED / "tatoeba" / "deu-eng"

@@ -5,10 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_mt import decode
-from transformer_mt.config import TransformerConfig
-from transformer_mt.model import Transformer
-from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.decoding import incremental as decode
+from transformer_mt.model.transformer import Transformer
+from transformer_mt.model.transformer_config import TransformerConfig
 
 CONFIG = TransformerConfig(
   vocab_size=40,
@@ -151,7 +151,7 @@ def test_greedy_stops_each_row_at_its_limit_as_beam_one_does():
   """One length rule: greedy with per-sentence max_lengths equals beam 1 ("beam" pool) with
   the same limits, and no row outgrows its own. The random model rarely emits EOS, so the
   limits (not EOS) end most rows: the test checks they do."""
-  from transformer_mt import beam_search
+  from transformer_mt.decoding import beam_search
 
   params = jax.tree.map(
     lambda x: x.value if hasattr(x, "value") else x,
@@ -177,7 +177,8 @@ def test_greedy_stops_each_row_at_its_limit_as_beam_one_does():
 
 def test_translator_greedy_follows_the_length_rule():
   """Translator (beam 1 = greedy) passes its per-sentence limits: source length + extra_len."""
-  from transformer_mt import sharding, translate
+  from transformer_mt.decoding import translator as translate
+  from transformer_mt.runtime import sharding
 
   params = jax.tree.map(
     lambda x: x.value if hasattr(x, "value") else x,
@@ -202,7 +203,7 @@ def test_decode_attention_equals_dot_product_attention(beam, q_len):
   """The decode cache's attention (head-major keys/values, one row per sentence shared by
   `beam` query rows) equals jax.nn.dot_product_attention on keys/values copied to every
   row in its layout, padding mask included."""
-  from transformer_mt.attention import decode_attention
+  from transformer_mt.model.attention import decode_attention
 
   batch, heads, kv_len, depth = 2, 4, 5, 8
   rng = np.random.default_rng(beam)

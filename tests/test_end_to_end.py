@@ -9,7 +9,10 @@ import jax
 import numpy as np
 import pytest
 
-from transformer_mt import cli, metrics, registry, train
+from transformer_mt import cli
+from transformer_mt.config import registry
+from transformer_mt.training import train
+from transformer_mt.workdir import metrics_log as metrics
 
 pytestmark = pytest.mark.slow
 
@@ -218,7 +221,7 @@ def test_validation_bleu_keeps_the_best_checkpoint(tmp_path, monkeypatch):
   replaced by a scripted sequence in which the middle evaluation is the best."""
   data = tmp_path / "data"
   data.mkdir()
-  from transformer_mt import synthetic
+  from transformer_mt.data import synthetic
 
   splits = synthetic.generate_splits(2000, 40, seed=1)
   train_pairs, held_out = splits["train"], splits["test"]

@@ -20,18 +20,16 @@ import numpy as np
 import pytest
 from test_end_to_end import TINY
 
-from transformer_mt import (
-  checkpointing,
-  cli,
-  data_sources,
-  decode,
-  registry,
-  run_setup,
-  scoring,
-  translate,
-)
-from transformer_mt import tokenizer as tokenizers
-from transformer_mt.model import Transformer
+from transformer_mt import cli
+from transformer_mt.config import registry
+from transformer_mt.data import sources as data_sources
+from transformer_mt.data import tokenizer as tokenizers
+from transformer_mt.decoding import incremental as decode
+from transformer_mt.decoding import teacher_forcing as scoring
+from transformer_mt.decoding import translator as translate
+from transformer_mt.model import setup as run_setup
+from transformer_mt.model.transformer import Transformer
+from transformer_mt.workdir import checkpointing
 
 pytestmark = pytest.mark.slow
 

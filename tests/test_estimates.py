@@ -1,4 +1,4 @@
-"""Training-time estimates (transformer_mt/estimates.py) against hand counts, and where
+"""Training-time estimates (transformer_mt/model/estimates.py) against hand counts, and where
 `run.py list` and `reproduce --dry-run` show them."""
 
 import math
@@ -7,9 +7,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from transformer_mt import cli, estimates, registry
-from transformer_mt.model import Transformer
-from transformer_mt.run_setup import model_config_for
+from transformer_mt import cli
+from transformer_mt.config import registry
+from transformer_mt.model import estimates
+from transformer_mt.model.setup import model_config_for
+from transformer_mt.model.transformer import Transformer
 
 TINY = [
   "model.d_model=8",

@@ -18,7 +18,9 @@ import pytest
 import sacrebleu
 import shared_data
 
-from transformer_mt import cli, evaluation, reproduce
+from transformer_mt import cli
+from transformer_mt.evaluation import corpus_scores as evaluation
+from transformer_mt.training import reproduce
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED = shared_data.DIR  # skipped when absent, failed under CI (conftest.py)

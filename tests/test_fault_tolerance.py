@@ -12,7 +12,11 @@ import jax
 import numpy as np
 import pytest
 
-from transformer_mt import checkpointing, cli, metrics, optimizer, registry, train
+from transformer_mt import cli
+from transformer_mt.config import registry
+from transformer_mt.training import optimizer, train
+from transformer_mt.workdir import checkpointing
+from transformer_mt.workdir import metrics_log as metrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # A run that is killed or stopped is endless: it can only end by the signal, whatever the
@@ -45,7 +49,8 @@ TINY = [
 
 
 def final_params(workdir, step):
-  from transformer_mt import run_setup, sharding
+  from transformer_mt.model import setup as run_setup
+  from transformer_mt.runtime import sharding
 
   config, tokenizer, _ = checkpointing.read_config(workdir, step)
   setup = run_setup.model_setup(config, tokenizer, sharding.make_mesh(config.mesh))
@@ -316,7 +321,8 @@ def test_nan_policy(tmp_path, capsys, policy):
     rates = {r["step"]: r["learning_rate"] for r in records if "learning_rate" in r}
     assert rates[8] == rates[7] and rates[7] > rates[6]  # warmup: the rate rises each update
     config, tokenizer, _ = checkpointing.read_config(str(workdir), 12)
-    from transformer_mt import run_setup, sharding
+    from transformer_mt.model import setup as run_setup
+    from transformer_mt.runtime import sharding
 
     setup = run_setup.training_setup(config, tokenizer, sharding.make_mesh(config.mesh))
     manager = checkpointing.make_manager(str(workdir), read_only=True)
@@ -340,10 +346,11 @@ def test_skipped_nonfinite_step_is_as_if_its_batch_was_never_seen():
   never saw that batch and only bumped the step (which keys dropout), and it logs the
   learning rate and reaches the count of a run that never saw the batch at all."""
 
-  from experiments import _defaults
-  from transformer_mt import sharding, train_step
-  from transformer_mt.config import TransformerConfig
-  from transformer_mt.model import Transformer
+  from transformer_mt.config import defaults as _defaults
+  from transformer_mt.model.transformer import Transformer
+  from transformer_mt.model.transformer_config import TransformerConfig
+  from transformer_mt.runtime import sharding
+  from transformer_mt.training import train_step
 
   model = Transformer(
     TransformerConfig(
@@ -454,7 +461,7 @@ def test_bad_config_and_arguments_give_one_line(tmp_path, capsys, argv, fragment
 
 def test_no_pickle_or_eval_in_the_package():
   """Checkpoints and configs load through Orbax/JSON and ast.literal_eval only."""
-  for path in (ROOT / "transformer_mt").glob("*.py"):
+  for path in (ROOT / "transformer_mt").rglob("*.py"):
     source = path.read_text(encoding="utf-8")
     for forbidden in ("import pickle", "pickle.load", "eval(", "exec(", "yaml.load("):
       hits = [

@@ -14,8 +14,13 @@ import numpy as np
 import pytest
 import test_hf_import
 
-from transformer_mt import checkpointing, cli, metrics, registry, train, translate
-from transformer_mt.tokenizer import VocabTokenizer
+from transformer_mt import cli
+from transformer_mt.config import registry
+from transformer_mt.data.tokenizer import VocabTokenizer
+from transformer_mt.decoding import translator as translate
+from transformer_mt.training import train
+from transformer_mt.workdir import checkpointing
+from transformer_mt.workdir import metrics_log as metrics
 
 pytestmark = pytest.mark.interop
 

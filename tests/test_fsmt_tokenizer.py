@@ -28,8 +28,8 @@ transformers = pytest.importorskip(
 import sacremoses  # noqa: E402
 import tokenizers  # noqa: E402
 
-from transformer_mt import fsmt_tokenizer  # noqa: E402
-from transformer_mt.fsmt_tokenizer import FsmtTokenizer, read_fsmt_tokenizer  # noqa: E402
+from transformer_mt.data import fsmt_tokenizer  # noqa: E402
+from transformer_mt.data.fsmt_tokenizer import FsmtTokenizer, read_fsmt_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.interop
 

@@ -37,7 +37,7 @@ pytest.importorskip(
 import hf_fakes  # noqa: E402
 from test_hf_models import BEAM_LENGTHS, decoded_sources, special_ids, trained  # noqa: E402, F401
 
-from transformer_mt import beam_search  # noqa: E402
+from transformer_mt.decoding import beam_search  # noqa: E402
 
 pytestmark = pytest.mark.interop
 

@@ -29,8 +29,11 @@ transformers = pytest.importorskip(
 import hf_fakes  # noqa: E402
 import sentencepiece as spm  # noqa: E402
 
-from transformer_mt import checkpointing, cli, hf_import, translate  # noqa: E402
-from transformer_mt.tokenizer import VocabTokenizer  # noqa: E402
+from transformer_mt import cli  # noqa: E402
+from transformer_mt.data.tokenizer import VocabTokenizer  # noqa: E402
+from transformer_mt.decoding import translator as translate  # noqa: E402
+from transformer_mt.interop import hf_import  # noqa: E402
+from transformer_mt.workdir import checkpointing  # noqa: E402
 
 pytestmark = pytest.mark.interop
 

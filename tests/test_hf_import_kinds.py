@@ -32,16 +32,14 @@ import test_finetune_import  # noqa: E402
 import test_fsmt_tokenizer  # noqa: E402
 import test_hf_languages  # noqa: E402
 
-from transformer_mt import (  # noqa: E402
-  checkpointing,
-  cli,
-  finetune,
-  input_pipeline,
-  registry,
-  run_setup,
-  translate,
-)
-from transformer_mt.fsmt_tokenizer import FsmtTokenizer  # noqa: E402
+from transformer_mt import cli  # noqa: E402
+from transformer_mt.config import registry  # noqa: E402
+from transformer_mt.data import input_pipeline  # noqa: E402
+from transformer_mt.data.fsmt_tokenizer import FsmtTokenizer  # noqa: E402
+from transformer_mt.decoding import translator as translate  # noqa: E402
+from transformer_mt.model import setup as run_setup  # noqa: E402
+from transformer_mt.training import finetune  # noqa: E402
+from transformer_mt.workdir import checkpointing  # noqa: E402
 
 pytestmark = pytest.mark.interop
 

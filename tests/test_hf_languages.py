@@ -35,14 +35,12 @@ transformers = pytest.importorskip(
 import hf_fakes  # noqa: E402
 import sentencepiece as spm  # noqa: E402
 
-from transformer_mt import (  # noqa: E402
-  beam_search,
-  checkpointing,
-  cli,
-  decode,
-  hf_tokenizers,
-  translate,
-)
+from transformer_mt import cli  # noqa: E402
+from transformer_mt.data import multilingual_tokenizers as hf_tokenizers  # noqa: E402
+from transformer_mt.decoding import beam_search  # noqa: E402
+from transformer_mt.decoding import incremental as decode  # noqa: E402
+from transformer_mt.decoding import translator as translate  # noqa: E402
+from transformer_mt.workdir import checkpointing  # noqa: E402
 
 pytestmark = pytest.mark.interop
 

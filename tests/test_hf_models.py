@@ -26,8 +26,9 @@ transformers = pytest.importorskip(
 
 import hf_fakes  # noqa: E402
 
-from transformer_mt import decode, hf_convert  # noqa: E402
-from transformer_mt.model import Transformer  # noqa: E402
+from transformer_mt.decoding import incremental as decode  # noqa: E402
+from transformer_mt.interop import hf_convert  # noqa: E402
+from transformer_mt.model.transformer import Transformer  # noqa: E402
 
 pytestmark = pytest.mark.interop
 

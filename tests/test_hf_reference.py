@@ -12,8 +12,9 @@ mapping is the one under test, there is no second one here. Each comparison runs
 batch (3 sentences of different lengths on each side, attention masks on both sides) and
 looks at the real target positions only.
 
-Which of our config fields differ from the Base row (experiments/transformer_base_wmt14_ende.py)
-is asserted, so the comparisons provably cover the model the paper rows train:
+Which of our config fields differ from the Base row
+(experiments/transformer_base_wmt14_ende.py) is asserted, so the comparisons
+provably cover the model the paper rows train:
 * Marian differs only in its sinusoid's layout (sines then cosines instead of interleaved)
   and a zero logits bias. The layouts are one permutation of the d_model coordinates apart,
   so Marian's weights with every "embed" axis permuted, run by the Base row's exact config
@@ -40,10 +41,12 @@ transformers = pytest.importorskip(
 
 import hf_fakes  # noqa: E402
 
-from experiments import transformer_base_wmt14_ende  # noqa: E402
-from transformer_mt import hf_convert  # noqa: E402
-from transformer_mt.config import TransformerConfig  # noqa: E402
-from transformer_mt.model import Transformer  # noqa: E402
+from transformer_mt.config import registry  # noqa: E402
+
+transformer_base_wmt14_ende = registry.experiment_module("transformer_base_wmt14_ende")
+from transformer_mt.interop import hf_convert  # noqa: E402
+from transformer_mt.model.transformer import Transformer  # noqa: E402
+from transformer_mt.model.transformer_config import TransformerConfig  # noqa: E402
 
 pytestmark = pytest.mark.interop
 
@@ -169,8 +172,8 @@ def _max_difference(ours, theirs, valid, label) -> float:
 
 
 def _base_row_config(**changes) -> TransformerConfig:
-  """The Base row's model section (experiments/transformer_base_wmt14_ende.py) at our tiny
-  sizes, float32, with PyTorch's LayerNorm epsilon (1e-5; the Base row: 1e-6)."""
+  """The Base row's model section (experiments/transformer_base_wmt14_ende.py)
+  at our tiny sizes, float32, with PyTorch's LayerNorm epsilon (1e-5; the Base row: 1e-6)."""
   section = transformer_base_wmt14_ende.get_config().model
   return TransformerConfig.from_mapping(
     section,

@@ -19,7 +19,8 @@ transformers = pytest.importorskip(
 
 import test_hf_import  # noqa: E402
 
-from transformer_mt import cli, hf_convert  # noqa: E402
+from transformer_mt import cli  # noqa: E402
+from transformer_mt.interop import hf_convert  # noqa: E402
 
 pytestmark = pytest.mark.interop
 

@@ -13,10 +13,11 @@ import orbax.checkpoint as ocp
 import pytest
 import shared_data
 
-from transformer_mt import cli, input_pipeline, text_files
-from transformer_mt.config import TransformerConfig
-from transformer_mt.model import Transformer
-from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer
+from transformer_mt import cli
+from transformer_mt.data import input_pipeline, text_files
+from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer
+from transformer_mt.model.transformer import Transformer
+from transformer_mt.model.transformer_config import TransformerConfig
 
 NEWS_TRAIN = [
   f"news/en-de/{name}"
@@ -361,7 +362,7 @@ def test_device_prefetch_resumes_exactly_with_workers(
   at batch k+1, not at the first batch prefetched but never used, and the filter counts
   continue from the saved ones (equal to the uninterrupted run's); a state saved with another
   number of workers is refused."""
-  from transformer_mt import sharding
+  from transformer_mt.runtime import sharding
 
   mesh_axes = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
   mesh = sharding.make_mesh(mesh_axes, cpu_devices[:4])  # 4 rows per micro-batch

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from transformer_mt import launch
+from transformer_mt.runtime import allocator as launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.skipif(
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(
 # the settings do to page faults is a measurement: benchmarks/page_faults.py.
 CHILD = """
 import os, sys
-from transformer_mt import launch
+from transformer_mt.runtime import allocator as launch
 if sys.argv[1] == "launch":
   launch.reexec_with_allocator_settings()
 print(os.getpid(), os.environ.get("GLIBC_TUNABLES"))

@@ -10,7 +10,8 @@ import os
 import jax
 import pytest
 
-from transformer_mt import cli, distributed, errors
+from transformer_mt import cli
+from transformer_mt.runtime import distributed, errors
 
 INTEL = "0x8086"
 GOOGLE = distributed.GOOGLE_PCI_VENDOR_ID

@@ -10,10 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_mt import cli, sharding, translate
-from transformer_mt.config import TransformerConfig
-from transformer_mt.model import Transformer
-from transformer_mt.tokenizer import EOS_ID, PAD_ID
+from transformer_mt import cli
+from transformer_mt.data.tokenizer import EOS_ID, PAD_ID
+from transformer_mt.decoding import translator as translate
+from transformer_mt.model.transformer import Transformer
+from transformer_mt.model.transformer_config import TransformerConfig
+from transformer_mt.runtime import sharding
 
 TABLE = 12  # rows of the learned position table
 CONFIG = TransformerConfig(
@@ -107,7 +109,8 @@ def test_an_ensemble_is_capped_by_its_smallest_table():
 
 @pytest.mark.parametrize("data_max_len,ok", [(TABLE + 1, False), (TABLE, True)])
 def test_training_rows_longer_than_the_table_are_an_error(tmp_path, capsys, data_max_len, ok):
-  from transformer_mt import registry, run_setup
+  from transformer_mt.config import registry
+  from transformer_mt.model import setup as run_setup
 
   config = registry.load_experiment(
     "demo", ["model.position_encoding='learned'", f"model.max_len={TABLE}"]

@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_mt import decode
-from transformer_mt.config import TransformerConfig
-from transformer_mt.model import Transformer, count_parameters
+from transformer_mt.decoding import incremental as decode
+from transformer_mt.model.transformer import Transformer, count_parameters
+from transformer_mt.model.transformer_config import TransformerConfig
 
 
 @pytest.fixture(autouse=True)
@@ -50,7 +50,8 @@ def small_config(**overrides) -> TransformerConfig:
 
 
 def seed_minimal_config(**overrides) -> TransformerConfig:
-  """The settings of experiments/seed_minimal.py, at d_model=8 (built here: no experiments.demo)."""
+  """The settings of experiments/seed_minimal.py, at d_model=8 (built here: no
+  experiments.demo)."""
   values = dict(
     vocab_size=11,
     target_vocab_size=13,
@@ -386,7 +387,7 @@ def _packed_pair(rng: np.random.Generator):
 def test_remat_gives_same_loss_and_gradients():
   """remat=True recomputes activations in the backward pass: same loss and gradients (1e-6),
   dropout included (each layer draws the same mask when it runs again)."""
-  from transformer_mt import losses
+  from transformer_mt.training import losses
 
   batch = _packed_pair(np.random.default_rng(5))
   targets = jnp.roll(batch["targets_in"], -1, axis=1) * (batch["targets_in"] > 0)
@@ -440,7 +441,7 @@ def test_fused_attention_matches_explicit_path():
 
 def test_tied_logits_gradients_match_autodiff():
   """The hand-written backward pass of x E^T equals autodiff of the plain product (1e-6)."""
-  from transformer_mt.model import tied_logits
+  from transformer_mt.model.transformer import tied_logits
 
   rng = np.random.default_rng(7)
   x = jnp.asarray(rng.normal(size=(2, 3, 4)), jnp.float32)

@@ -20,19 +20,15 @@ import numpy as np
 import pytest
 from test_training import assert_same_params_after_real_movement
 
-from transformer_mt import (
-  checkpointing,
-  input_pipeline,
-  metrics,
-  optimizer,
-  registry,
-  sharding,
-  train,
-  train_step,
-)
-from transformer_mt.model import Transformer
-from transformer_mt.run_setup import model_config_for, model_setup
-from transformer_mt.tokenizer import Tokenizer
+from transformer_mt.config import registry
+from transformer_mt.data import input_pipeline
+from transformer_mt.data.tokenizer import Tokenizer
+from transformer_mt.model.setup import model_config_for, model_setup
+from transformer_mt.model.transformer import Transformer
+from transformer_mt.runtime import sharding
+from transformer_mt.training import optimizer, train, train_step
+from transformer_mt.workdir import checkpointing
+from transformer_mt.workdir import metrics_log as metrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STEPS = 3
@@ -135,7 +131,7 @@ def reference_run(workdir, device):
   """One process, one device, the same global batches: returns (initial params, params, losses)."""
   config = registry.load_experiment("demo", OVERRIDES)
   tokenizer = Tokenizer.load(os.path.join(workdir, "tokenizer.model"))
-  from transformer_mt import data_sources
+  from transformer_mt.data import sources as data_sources
 
   pairs = data_sources.load_pairs(config.data)["train"]
   model_config = model_config_for(config, tokenizer)
@@ -218,7 +214,7 @@ def test_two_processes_train_like_one(tmp_path, cpu_devices):
 
 
 def test_launch_detection_and_flag_errors(monkeypatch):
-  from transformer_mt import distributed
+  from transformer_mt.runtime import distributed
 
   for name in ("SLURM_JOB_ID", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"):
     monkeypatch.delenv(name, raising=False)

@@ -6,9 +6,12 @@ import jax
 import ml_collections
 import pytest
 
-from transformer_mt import cli, run_setup, sharding, train_step
-from transformer_mt.config import TransformerConfig
-from transformer_mt.model import Transformer
+from transformer_mt import cli
+from transformer_mt.model import setup as run_setup
+from transformer_mt.model.transformer import Transformer
+from transformer_mt.model.transformer_config import TransformerConfig
+from transformer_mt.runtime import sharding
+from transformer_mt.training import train_step
 
 TINY = [
   "model.d_model=24",

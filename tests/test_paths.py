@@ -9,7 +9,9 @@ import orbax.checkpoint as ocp
 import pytest
 import tensorboardX
 
-from transformer_mt import checkpointing, cli, metrics
+from transformer_mt import cli
+from transformer_mt.workdir import checkpointing
+from transformer_mt.workdir import metrics_log as metrics
 
 pytestmark = pytest.mark.slow
 

@@ -13,11 +13,14 @@ import ml_collections
 import numpy as np
 import pytest
 
-from transformer_mt import decode, plots, sharding, tokenizer
-from transformer_mt.config import TransformerConfig
-from transformer_mt.model import Transformer
-from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_mt.translate import Translator
+from transformer_mt.data import tokenizer
+from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.decoding import incremental as decode
+from transformer_mt.decoding.translator import Translator
+from transformer_mt.evaluation import plots
+from transformer_mt.model.transformer import Transformer
+from transformer_mt.model.transformer_config import TransformerConfig
+from transformer_mt.runtime import sharding
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PAIRS = [

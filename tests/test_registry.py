@@ -2,7 +2,7 @@
 
 import pytest
 
-from transformer_mt import registry
+from transformer_mt.config import registry
 
 
 def test_every_experiment_loads_with_a_description():

@@ -15,12 +15,16 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from transformer_mt import cli, sampling, sharding, tokenizer, translate_command
-from transformer_mt.config import TransformerConfig
-from transformer_mt.model import Transformer
-from transformer_mt.sampling import SamplingSettings
-from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_mt.translate import Translator
+from transformer_mt import cli
+from transformer_mt.commands import translate as translate_command
+from transformer_mt.data import tokenizer
+from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.decoding import sampling
+from transformer_mt.decoding.sampling import SamplingSettings
+from transformer_mt.decoding.translator import Translator
+from transformer_mt.model.transformer import Transformer
+from transformer_mt.model.transformer_config import TransformerConfig
+from transformer_mt.runtime import sharding
 
 # A toy model's next-token distribution (ids: PAD 0, EOS 1, BOS 2, then content). Sorted by
 # probability: 3 .30, 4 .20, 5 .15, 6 .12, 7 .08, 8 .06, EOS .05, 9 .04; cumulative .30,

@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from transformer_mt import cli, sweep
-from transformer_mt.sweep import Sweep, choice, log_uniform, randint, uniform
+from transformer_mt import cli
+from transformer_mt.training import sweep
+from transformer_mt.training.sweep import Sweep, choice, log_uniform, randint, uniform
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STEPS = 80

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from transformer_mt import synthetic
-from transformer_mt.synthetic import OBJECT, OBLIQUE, PLURAL, SINGULAR, SUBJECT
+from transformer_mt.data import synthetic
+from transformer_mt.data.synthetic import OBJECT, OBLIQUE, PLURAL, SINGULAR, SUBJECT
 
 
 @pytest.fixture(scope="module")

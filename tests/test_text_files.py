@@ -6,8 +6,8 @@ import re
 import pytest
 import shared_data
 
-from transformer_mt import text_files
-from transformer_mt.text_files import DataError
+from transformer_mt.data import text_files
+from transformer_mt.data.text_files import DataError
 
 # The shared data folder (../shared/data): skipped when absent, failed under CI.
 DATA = shared_data.DIR

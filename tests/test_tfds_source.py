@@ -22,9 +22,10 @@ import requests
 import tensorflow_datasets as tfds
 import tree
 
-from transformer_mt import distributed, tfds_source
-from transformer_mt.text_files import DataError
-from transformer_mt.tfds_source import DataUnavailableError, TranslationPairs
+from transformer_mt.data import tfds_source
+from transformer_mt.data.text_files import DataError
+from transformer_mt.data.tfds_source import DataUnavailableError, TranslationPairs
+from transformer_mt.runtime import distributed
 
 NUM_RECORDS = 5
 
@@ -332,8 +333,10 @@ def test_tfrecord_copy_is_explained(prepared_data_dir, tmp_path):
 def test_experiment_config_reads_tfds_splits_in_its_direction(labelled_tfds, source, target):
   """The config path used by `run.py train`: data.source='tfds' gives all three splits, and the
   Grain training pipeline packs them (through TFDS's random-access data source)."""
-  from transformer_mt import data_sources, input_pipeline, registry
-  from transformer_mt.tokenizer import train_tokenizer
+  from transformer_mt.config import registry
+  from transformer_mt.data import input_pipeline
+  from transformer_mt.data import sources as data_sources
+  from transformer_mt.data.tokenizer import train_tokenizer
 
   config = registry.load_experiment(
     "transformer_base_wmt14_ende", [f"data.source_lang='{source}'", f"data.target_lang='{target}'"]

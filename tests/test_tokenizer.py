@@ -3,8 +3,8 @@
 import ml_collections
 import pytest
 
-from transformer_mt import input_pipeline, tokenizer
-from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.data import input_pipeline, tokenizer
+from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 PAIRS = [
   ("The cat sat on the mat.", "Die Katze saß auf der Matte."),

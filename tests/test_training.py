@@ -10,10 +10,12 @@ import numpy as np
 import optax
 import pytest
 
-from experiments import _defaults
-from transformer_mt import checkpointing, losses, optimizer, sharding, train_step
-from transformer_mt.config import TransformerConfig
-from transformer_mt.model import Transformer
+from transformer_mt.config import defaults as _defaults
+from transformer_mt.model.transformer import Transformer
+from transformer_mt.model.transformer_config import TransformerConfig
+from transformer_mt.runtime import sharding
+from transformer_mt.training import losses, optimizer, train_step
+from transformer_mt.workdir import checkpointing
 
 # The equivalence tests (8 devices vs 1, 4 micro-batches vs 1 batch, and tests/test_multihost.py)
 # train with plain SGD: its update -lr * g is linear in the gradient, so a wrong gradient scale
@@ -231,7 +233,7 @@ def test_checkpoint_restores_into_state_from_another_seed(tmp_path):
   """Save, then restore into a target initialized from a different seed: the saved values return."""
   import grain
 
-  from transformer_mt.tokenizer import Tokenizer, train_tokenizer
+  from transformer_mt.data.tokenizer import Tokenizer, train_tokenizer
 
   mesh = sharding.make_mesh(ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1}))
   model = Transformer(TINY_MODEL)

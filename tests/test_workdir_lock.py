@@ -1,4 +1,4 @@
-"""One writer per workdir (transformer_mt/workdir_lock.py): a second writer is refused with one
+"""One writer per workdir (transformer_mt/workdir/lock.py): a second writer is refused with one
 line naming the holder, a dead holder's lock is taken over, another host's needs --force_unlock,
 and readers never need the lock."""
 
@@ -16,7 +16,9 @@ import time
 
 import pytest
 
-from transformer_mt import cli, metrics, workdir_lock
+from transformer_mt import cli
+from transformer_mt.workdir import lock as workdir_lock
+from transformer_mt.workdir import metrics_log as metrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STEPS = 40
@@ -43,7 +45,7 @@ TINY = [
 # A process (not this one: its pid would nest) that holds the lock of argv[1] until killed.
 HOLDER = (
   "import sys, time\n"
-  "from transformer_mt import workdir_lock\n"
+  "from transformer_mt.workdir import lock as workdir_lock\n"
   "with workdir_lock.held(sys.argv[1]):\n"
   "  print('held', flush=True)\n"
   "  time.sleep(600)\n"

@@ -12,9 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_mt import decode, scoring
-from transformer_mt.config import TransformerConfig
-from transformer_mt.model import Transformer, parameter_shapes
+from transformer_mt.decoding import incremental as decode
+from transformer_mt.decoding import teacher_forcing as scoring
+from transformer_mt.model.transformer import Transformer, parameter_shapes
+from transformer_mt.model.transformer_config import TransformerConfig
 
 
 @pytest.fixture(autouse=True)

@@ -20,22 +20,24 @@ import os
 import sys
 import traceback
 
-from transformer_mt import errors, translate_command
+from transformer_mt.commands import translate as translate_command
 
 # Path resolution lives in command_paths; these names are the command line's too.
-from transformer_mt.command_paths import (  # noqa: F401
+from transformer_mt.commands.paths import (  # noqa: F401
   PATH_FLAGS,
   PATH_KEYS,
   absolute_path,
   absolute_source,
   resolve_paths,
 )
-from transformer_mt.command_paths import absolute_override as _absolute_override  # noqa: F401
-from transformer_mt.translate_command import inference_mesh as _inference_mesh
+from transformer_mt.commands.paths import absolute_override as _absolute_override  # noqa: F401
+from transformer_mt.commands.translate import inference_mesh as _inference_mesh
+from transformer_mt.runtime import errors
 
 
 def _cmd_list(args) -> None:
-  from transformer_mt import estimates, registry
+  from transformer_mt.config import registry
+  from transformer_mt.model import estimates
 
   rows = []
   for name in registry.experiment_names():
@@ -56,12 +58,12 @@ def _cmd_list(args) -> None:
     f"A100 h: training hours on one {estimates.DEVICE} at {estimates.UTILIZATION:.0%} of the "
     "peak of the dtype the row computes in on the GPU (float32: TF32; bfloat16, and 'auto' "
     "as the paper rows set it: bf16; see "
-    "transformer_mt/estimates.py); `reproduce --dry-run` shows the formula and its numbers."
+    "transformer_mt/model/estimates.py); `reproduce --dry-run` shows the formula and its numbers."
   )
 
 
 def _initialize_distributed(args) -> None:
-  from transformer_mt import distributed
+  from transformer_mt.runtime import distributed
 
   distributed.initialize(
     args.coordinator_address,
@@ -74,7 +76,9 @@ def _initialize_distributed(args) -> None:
 
 def _cmd_train(args) -> None:
   _initialize_distributed(args)
-  from transformer_mt import distributed, registry, train
+  from transformer_mt.config import registry
+  from transformer_mt.runtime import distributed
+  from transformer_mt.training import train
 
   config = registry.load_experiment(args.experiment, args.overrides)
   result = train.train(config, args.workdir, force_unlock=args.force_unlock)
@@ -85,7 +89,7 @@ def _cmd_train(args) -> None:
 
 
 def _cmd_import(args) -> None:
-  from transformer_mt import hf_import
+  from transformer_mt.interop import hf_import
 
   step_dir = hf_import.import_pretrained(
     args.from_,
@@ -98,7 +102,8 @@ def _cmd_import(args) -> None:
 
 
 def _cmd_score(args) -> None:
-  from transformer_mt import scoring, text_files
+  from transformer_mt.data import text_files
+  from transformer_mt.decoding import teacher_forcing as scoring
 
   pairs = text_files.read_parallel(args.source, args.target)  # one error line on a mismatch
   translator = translate_command.load_from_flags(args)
@@ -115,7 +120,7 @@ _DECODE_FLAGS = ("workdir", "step", "split", "beam", "alpha", "limit", "mesh", "
 
 
 def _cmd_evaluate(args) -> None:
-  from transformer_mt import evaluate
+  from transformer_mt.evaluation import test_set as evaluate
 
   if args.hypotheses:
     given = [f"--{name}" for name in _DECODE_FLAGS if getattr(args, name) is not None]
@@ -166,14 +171,15 @@ def _cmd_evaluate(args) -> None:
 
 
 def _cmd_average(args) -> None:
-  from transformer_mt import averaging
+  from transformer_mt.workdir import averaging
 
   output, steps = averaging.average_last(args.workdir, args.last, args.output)
   print(f"Averaged steps {steps} into {output} (use it as --workdir for translate/evaluate).")
 
 
 def _cmd_attention(args) -> None:
-  from transformer_mt import plots, translate
+  from transformer_mt.decoding import translator as translate
+  from transformer_mt.evaluation import plots
 
   translator = translate.load_translator(
     args.workdir, args.step, _inference_mesh(args), beam_size=1
@@ -186,7 +192,7 @@ def _cmd_attention(args) -> None:
 
 
 def _cmd_plot(args) -> None:
-  from transformer_mt import plots
+  from transformer_mt.evaluation import plots
 
   output = args.output or os.path.join(args.workdir, "curves.png")
   series = plots.training_curves(args.workdir, output)
@@ -194,7 +200,7 @@ def _cmd_plot(args) -> None:
 
 
 def _cmd_reproduce(args) -> None:
-  from transformer_mt import reproduce
+  from transformer_mt.training import reproduce
 
   if args.dry_run:
     print(reproduce.plan(args.experiment, args.workdir, args.overrides))
@@ -207,7 +213,7 @@ def _cmd_reproduce(args) -> None:
 
 
 def _cmd_sweep(args) -> None:
-  from transformer_mt import sweep
+  from transformer_mt.training import sweep
 
   sweep.check_metric(args.metric)
   if args.dry_run:
@@ -228,7 +234,7 @@ def _cmd_sweep(args) -> None:
 
 
 def _cmd_report(args) -> None:
-  from transformer_mt import reproduce, sweep
+  from transformer_mt.training import reproduce, sweep
 
   sweep.check_metric(args.metric)
   sweeps = [w for w in args.workdirs if sweep.is_sweep_dir(w)]
@@ -242,7 +248,7 @@ def _cmd_report(args) -> None:
 
 
 def _distributed_flags() -> argparse.ArgumentParser:
-  """Flags of a multi-process launch (see transformer_mt/distributed.py)."""
+  """Flags of a multi-process launch (see transformer_mt/runtime/distributed.py)."""
   flags = argparse.ArgumentParser(add_help=False)
   group = flags.add_argument_group(
     "multi-process launch (SLURM, Open MPI and TPU VMs are detected)"
@@ -269,7 +275,7 @@ def _distributed_flags() -> argparse.ArgumentParser:
 
 
 def _force_unlock_flag() -> argparse.ArgumentParser:
-  """--force_unlock of the commands that write a run (see transformer_mt/workdir_lock.py)."""
+  """--force_unlock of the commands that write a run (see transformer_mt/workdir/lock.py)."""
   flags = argparse.ArgumentParser(add_help=False)
   flags.add_argument(
     "--force_unlock",
@@ -442,7 +448,8 @@ def build_parser() -> argparse.ArgumentParser:
     "would have scored that target: logprob = summed log-probability of the target tokens, "
     "tokens = their count (EOS and a forced language tag included; the tag adds 0), "
     "per_token = logprob / tokens, score = logprob / length penalty (the config's alpha and "
-    "penalty). An empty source line gives tokens 0 and nan. See transformer_mt/scoring.py.",
+    "penalty). An empty source line gives tokens 0 and nan. See "
+    "transformer_mt/decoding/teacher_forcing.py.",
     parents=[mesh_flag, language_flags],
   )
   _model_workdirs_flag(p)
@@ -527,7 +534,7 @@ def main(argv=None) -> int:
   # tensorstore's failed reads of a damaged checkpoint surface as unretrieved asyncio futures;
   # the damage is reported once, by name, where the checkpoint is skipped.
   logging.getLogger("asyncio").setLevel(logging.CRITICAL)
-  from transformer_mt import compile_cache
+  from transformer_mt.runtime import compile_cache
 
   compile_cache.enable()  # before anything compiles
   try:

@@ -1,0 +1,1 @@
+"""One module per run.py command: add_parser(subparsers) and run(args)."""

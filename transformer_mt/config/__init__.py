@@ -1,0 +1,1 @@
+"""Experiment configs: the defaults of every key, the registry, overrides."""

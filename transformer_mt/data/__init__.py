@@ -1,0 +1,1 @@
+"""Sentence pairs and tokenizers: sources, text files, TFDS, the Grain input pipeline."""

@@ -1,0 +1,208 @@
+"""Where sentence pairs come from, behind one interface.
+
+`load_pairs(config.data)` returns {"train": pairs, "validation": pairs, "test": pairs}
+(a split may be missing), each a random-access sequence of (source, target) strings
+in the experiment's translation direction:
+
+  synthetic   the offline generated language pair (transformer_mt.data.synthetic)
+  tfds        a TFDS WMT builder read through `tfds.data_source` (transformer_mt.data.tfds_source)
+  local       line-aligned text files, e.g. ../shared/data (transformer_mt.data.text_files):
+              each split from its own files (data.train_prefixes, validation_prefixes,
+              test_prefixes), or all three cut from one corpus (data.split_prefixes, see
+              `split_by_source`)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+from collections.abc import Sequence
+
+import ml_collections
+
+from transformer_mt.runtime import errors
+
+SOURCES = ("synthetic", "tfds", "local")
+SPLITS = ("train", "validation", "test")
+
+# `data.root` defaults to the shared data folder beside the repository (../shared/data).
+DEFAULT_LOCAL_ROOT = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+# Where the WMT news test sets can be fetched; shown when data.root holds no such files.
+HOW_TO_GET_NEWS = (
+  "The WMT news test sets come with sacrebleu, e.g. the full newstest2014 EN-DE (3003 lines): "
+  "`sacrebleu -t wmt14/full -l en-de --echo src > DIR/news/en-de/newstest2014.en` and "
+  "`--echo ref > DIR/news/en-de/newstest2014.de` (wmt08..wmt20 likewise); all of news/ and "
+  "tatoeba/ are in the public Helsinki-NLP/OPUS-MT-testsets repository (testsets/en-de, "
+  "testsets/en-fr). See the README's Data section."
+)
+
+
+def local_root(data_config: ml_collections.ConfigDict) -> str:
+  """The folder local prefixes are read from: `data.root`, or ../shared/data beside the
+  repository when it is empty. A folder that does not exist is a one-line error saying
+  which `data.root` to pass and how to get the files, never a path the user never had."""
+  given = data_config.get("root") or ""
+  root = os.path.abspath(os.path.expanduser(given)) if given else str(DEFAULT_LOCAL_ROOT)
+  if not os.path.isdir(root):
+    wanted = ", ".join(
+      list(data_config.get("split_prefixes") or [])
+      + list(data_config.get("train_prefixes") or [])[:2]
+      + list(data_config.get("test_prefixes") or [])
+    )
+    where = f"data.root={root}" if given else f"The default data folder {root}"
+    raise errors.MissingFile(
+      f"{where} does not exist. This experiment reads line-aligned text files "
+      f"PREFIX.{data_config.source_lang} / PREFIX.{data_config.target_lang} under data.root "
+      f"({wanted}, ...): put them in a folder DIR and pass data.root=DIR. {HOW_TO_GET_NEWS}"
+    )
+  return root
+
+
+def load_pairs(
+  data_config: ml_collections.ConfigDict, require_train: bool = True
+) -> dict[str, Sequence[tuple[str, str]]]:
+  """The splits of `data_config.source`, read (or opened) without writing anything.
+
+  Args:
+    require_train: local text without train_prefixes is an error (False for evaluation,
+      e.g. of an imported model that is never trained).
+  """
+  source = data_config.source
+  if source == "synthetic":
+    from transformer_mt.data import synthetic
+
+    return synthetic.generate_splits(
+      data_config.num_train,
+      data_config.num_eval,
+      data_config.seed,
+      data_config.get("num_validation", 0),
+    )
+  if source == "tfds":
+    from transformer_mt.data import tfds_source
+
+    return {
+      split: tfds_source.load_tfds_pairs(
+        data_config.tfds_name,
+        data_config.source_lang,
+        data_config.target_lang,
+        split,
+        data_dir=data_config.tfds_data_dir or None,
+        manual_dir=data_config.tfds_manual_dir or None,
+      )
+      for split in SPLITS
+    }
+  if source == "local":
+    from transformer_mt.data import text_files
+
+    root = local_root(data_config)
+    split_prefixes = list(data_config.get("split_prefixes") or [])
+    given = [f"{split}_prefixes" for split in SPLITS if data_config.get(f"{split}_prefixes")]
+    if split_prefixes and given:
+      raise errors.BadValue(
+        f"data.split_prefixes cuts train, validation and test from one corpus, so "
+        f"{', '.join('data.' + key for key in given)} cannot be given with it: pass "
+        f"{' '.join(f'data.{key}=[]' for key in given)} or leave data.split_prefixes empty."
+      )
+    splits = {}
+    for split in ("split",) + SPLITS:
+      prefixes = list(data_config.get(f"{split}_prefixes") or [])
+      if prefixes:
+        splits[split] = _read_local(text_files, prefixes, data_config, root)
+    if "split" in splits:
+      splits = split_by_source(
+        splits.pop("split"),
+        data_config.get("test_size", 0),
+        data_config.get("validation_size", 0),
+        data_config.get("split_seed", 0),
+      )
+    if require_train and "train" not in splits:
+      raise errors.BadValue(
+        "data.source='local' needs data.train_prefixes (file prefixes such as "
+        "'news/en-de/newstest2012', read as PREFIX.<source_lang> / PREFIX.<target_lang>) "
+        "or data.split_prefixes (one corpus to cut into test, validation and train)."
+      )
+    return splits
+  raise errors.BadValue(f"data.source={source!r} is not one of {list(SOURCES)}.")
+
+
+def _read_local(text_files, prefixes, data_config, root) -> list[tuple[str, str]]:
+  """`text_files.read_corpus` under `root`, with a missing file's message saying where the
+  files were looked for and how to get them."""
+  try:
+    return text_files.read_corpus(
+      prefixes, data_config.source_lang, data_config.target_lang, root=root
+    )
+  except text_files.DataError as e:
+    if not str(e).startswith(("No such file", "Corpus pattern")):
+      raise
+    raise text_files.DataError(
+      f"{e} Files are read from data.root={root}; pass another data.root if they are "
+      f"elsewhere. {HOW_TO_GET_NEWS}"
+    ) from None
+
+
+def split_by_source(
+  pairs: Sequence[tuple[str, str]], test_size: int, validation_size: int, seed: int
+) -> dict[str, list[tuple[str, str]]]:
+  """One corpus cut into {"test", "validation", "train"} pairs by `split_indices`."""
+  indices = split_indices([source for source, _ in pairs], test_size, validation_size, seed)
+  return {name: [pairs[i] for i in chosen] for name, chosen in indices.items()}
+
+
+def split_indices(
+  sources: Sequence[str], test_size: int, validation_size: int, seed: int
+) -> dict[str, list[int]]:
+  """Line indices of {"test", "validation", "train"}: exactly `test_size` and
+  `validation_size` lines held out, the rest for training, the same on every machine.
+
+  Lines are grouped by their exact source text, so that a sentence with several
+  translations (Tatoeba has 635 German sentences with two to nine English ones, 1461 of
+  its 17,565 DE-EN pairs) is never both held out and trained on: a random split of the
+  pairs would test on memorized sources. The groups are ordered by
+  SHA-256(f"{seed}\t{source}"), a shuffle that depends on nothing but the text and the
+  seed (no library's random stream, platform or line order). Walking that order, each
+  group goes whole to the first of test, validation that still has room for all of it,
+  else to train. A split lists its lines in that shuffled order (file order within a
+  group), so the first N validation pairs (train.bleu_sentences) are a random sample
+  rather than the file's often sorted first lines. Empty lines are kept (the pipeline
+  drops them). The same target may still occur in two splits as the translation of
+  different sources: different inputs, so nothing to memorize.
+
+  Raises:
+    ValueError: a negative size, or sizes that leave no training lines or cannot be met
+      with whole groups.
+  """
+  if test_size < 0 or validation_size < 0:
+    raise errors.BadValue(
+      f"data.test_size={test_size} and data.validation_size={validation_size} must be >= 0."
+    )
+  groups: dict[str, list[int]] = {}
+  for index, source in enumerate(sources):
+    groups.setdefault(source, []).append(index)
+  ordered = sorted(groups, key=lambda text: _split_key(text, seed))
+  wanted = {"test": test_size, "validation": validation_size}
+  chosen: dict[str, list[int]] = {"test": [], "validation": [], "train": []}
+  for source in ordered:
+    group = groups[source]
+    split = next(
+      (name for name in wanted if len(chosen[name]) + len(group) <= wanted[name]), "train"
+    )
+    chosen[split].extend(group)
+  short = [f"data.{name}_size={size}" for name, size in wanted.items() if len(chosen[name]) < size]
+  if short or not chosen["train"]:
+    raise errors.BadValue(
+      f"Cannot hold out data.test_size={test_size} and data.validation_size="
+      f"{validation_size} of a {len(sources)}-pair corpus ({len(groups)} distinct "
+      "sources) and keep pairs for training"
+      + (f" ({', '.join(short)} not reached with whole groups)" if short else "")
+      + ": pass smaller sizes."
+    )
+  return chosen
+
+
+def _split_key(source: str, seed: int) -> bytes:
+  """The sort key that shuffles `split_by_source`'s groups."""
+  return hashlib.sha256(f"{seed}\t{source}".encode()).digest()

@@ -1,0 +1,1 @@
+"""From parameters to text: incremental decoding, beam search, sampling, the Translator."""

@@ -1,0 +1,443 @@
+"""Jitted beam search (GNMT or transformers-style scoring) over any incremental step function.
+
+`beam_search` only needs a step function `tokens_to_logits(tokens, position, cache)`,
+so it can be checked against brute-force enumeration on a toy model whose next-token
+distribution is known; `beam_decode` plugs in the Transformer (`decode.init_cache` +
+`decode.decode_step`).
+
+Design choices (each is tested in tests/test_beam_search.py, with the Transformer in
+tests/test_beam_decode.py):
+
+* Candidate pool (`candidate_pool`), ranked by summed log-prob at every step:
+  - "beam" (default): keep the `beam_size` best one-token extensions of the live beams.
+    Those that end (EOS, or the max length below) move to the finished set and leave a
+    dead slot (log-prob -inf) in the live beam until the next step refills it. With
+    beam_size 1 this is exactly greedy decoding: the single candidate is the argmax
+    (barring two logits that tie once shifted by the log-normalizer and the prefix
+    log-prob in float32), and if it is EOS the search ends there. Pick it for our own
+    models: the cheapest pool, and beam 1 == greedy.
+  - "2beam" (tensor2tensor, t5x, flax examples/wmt): rank the 2 * beam_size best; every
+    ending one among them may enter the finished set, and the live beams are the
+    beam_size best that do not end, so no slot is wasted on a finished hypothesis. A
+    single beam then also keeps the best non-EOS continuation alive and may return a
+    longer hypothesis than greedy. Pick it to compare with those codebases.
+  - "hf" (transformers' `generate`, `_beam_search`): rank the 2 * beam_size best; only
+    those ranked within the first beam_size that end may finish (an EOS ranked below is
+    dropped, neither finished nor live); the live beams are the beam_size best among the
+    2 * beam_size that do not end. At the max length every candidate ends, so the
+    beam_size best finish. Pick it (with "power") to reproduce an imported model's
+    Hugging Face translations token for token (tests/test_hf_beam.py).
+* Length. `len` counts the generated tokens including EOS (BOS excluded), so "a b EOS"
+  has len 3; the finished hypothesis' summed log-prob is divided by lp(len), with
+  `length_penalty` "gnmt" (default; Wu et al., 2016): lp = ((5 + len) / 6) ** alpha, or
+  "power" (transformers' `length_penalty`, which divides by (cur_len + 1 -
+  decoder_prompt_len) ** length_penalty: the same len): lp = len ** alpha. alpha = 0
+  scores by log-prob alone in both.
+* Maximum length. A hypothesis that reaches its sentence's maximum length
+  (`max_lengths[b]`, at most `max_len`) without EOS is finished there (forced finish),
+  scored like an EOS-terminated one of that length, and returned without EOS. With
+  "2beam" all 2 * beam_size candidates may finish there; with "hf" the beam_size best,
+  as under transformers' max-length stopping criterion. So every sentence ends with at
+  least one hypothesis, and beam 1 reproduces greedy decoding, which also returns
+  `max_len` tokens without EOS in that case. A sentence whose maximum length is 0 gets
+  the empty hypothesis (all PAD) with score 0.
+* Early stopping. A sentence is done when no live beam can beat the worst of its
+  `beam_size` best finished hypotheses (-inf while fewer have finished). Log-probs only
+  fall as a hypothesis grows and are <= 0, so a live beam with log-prob p can at best
+  finish with p / max lp(L) over the lengths L it can still reach (both penalties grow
+  with L for alpha >= 0 and fall for alpha < 0): for alpha >= 0 that is
+  p / lp(max_lengths[b]); for alpha < 0 it is p / lp(len + 1). The loop stops when
+  every sentence is done or at `max_len`. Stopping changes no result: later finished
+  hypotheses score <= the bound, and ties keep the hypothesis that finished first.
+* Cache reordering. When beam k of a sentence extends another beam, its cache rows must
+  be replaced by its parent's. Copying the whole cache after every step took a third to
+  a half of the step's time on CPU (benchmarks/decode.py). Now the copy is made at the
+  start of the next step (XLA then updates the cache in place), skipped (lax.cond) when
+  every beam of every sentence extends itself, and `gather_cache` lets the caller copy
+  less: beam_decode copies only the self-attention positions written so far and keeps
+  the cross-attention keys/values, equal across beams, out of the reordered cache (one
+  row per sentence, never copied per beam: the beams of a sentence attend to them as one
+  block of queries, `attention.decode_attention`). None of this changes a value, so
+  results are bit-identical to gathering the whole self-attention cache after every step
+  (`always_gather=True`, the reference path).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.decoding import incremental as decode
+from transformer_mt.runtime import errors
+
+# tokens int32 [batch * beam], position int32 [], cache -> (logits [batch * beam, vocab], cache).
+TokensToLogits = Callable[[jax.Array, jax.Array, Any], tuple[jax.Array, Any]]
+# cache (leaves [batch * beam, ...]), rows int32 [batch * beam] -> cache with row i := row rows[i].
+GatherCache = Callable[[Any, jax.Array], Any]
+
+NEG_INF = -jnp.inf
+
+
+LENGTH_PENALTIES = ("gnmt", "power")
+CANDIDATE_POOLS = ("beam", "2beam", "hf")
+
+
+def penalty(length: jax.Array, alpha: float, kind: str = "gnmt") -> jax.Array:
+  """lp(len), float32, same shape as `length`: what a finished hypothesis' log-prob is divided by.
+
+  "gnmt" (Wu et al., 2016): ((5 + len) / 6) ** alpha. "power" (transformers'
+  `length_penalty`): len ** alpha.
+  """
+  length = jnp.asarray(length, jnp.float32)
+  if kind == "power":
+    return length**alpha
+  return ((5.0 + length) / 6.0) ** alpha
+
+
+@flax.struct.dataclass
+class BeamState:
+  step: jax.Array  # int32 []: tokens generated so far (= the position fed next).
+  live_seqs: jax.Array  # int32 [batch, beam, max_len]: generated ids after BOS, PAD-filled.
+  live_log_probs: jax.Array  # float32 [batch, beam]: summed log-probs; -inf = dead slot.
+  finished_seqs: jax.Array  # int32 [batch, beam, max_len]: best finished, EOS then PAD.
+  finished_scores: jax.Array  # float32 [batch, beam]: log-prob / lp(len), sorted descending;
+  #   -inf where the slot is empty.
+  finished_flags: jax.Array  # bool [batch, beam]: the slot holds a finished hypothesis.
+  finished_log_probs: jax.Array  # float32 [batch, beam]: their summed log-probs (n-best
+  #   lists report both); -inf where the slot is empty.
+  cache: Any  # the step function's cache, leaves [batch * beam, ...] (scalars shared),
+  #   as the last step left it: row b * beam + k still belongs to the beam it extended.
+  parents: jax.Array  # int32 [batch, beam]: the beam (within the sentence) each live beam
+  #   extends; the next step reorders the cache rows accordingly before using them.
+  num_reorders: jax.Array  # int32 []: steps at which the cache rows were reordered.
+
+
+@flax.struct.dataclass
+class BeamSearchOutput:
+  sequences: jax.Array  # int32 [batch, max_len]: best hypothesis per sentence, EOS then PAD.
+  scores: jax.Array  # float32 [batch]: its score, log-prob / lp(len).
+  all_sequences: jax.Array  # int32 [batch, beam, max_len]: every returned hypothesis.
+  all_scores: jax.Array  # float32 [batch, beam]: sorted descending; -inf for empty slots.
+  all_log_probs: jax.Array  # float32 [batch, beam]: their summed log-probs (score * lp(len)).
+  num_steps: jax.Array  # int32 []: decoder steps run (< max_len when stopped early).
+  num_reorders: jax.Array  # int32 []: steps whose cache was reordered (the others copy nothing).
+
+
+def _expand_to_beams(tree: Any, batch_size: int, beam_size: int) -> Any:
+  """Repeats every row beam_size times: [batch, ...] -> [batch * beam, ...]; scalars as they are.
+
+  Row b * beam + k is beam k of sentence b, the layout `_parent_rows` indexes.
+  """
+
+  def expand(x):
+    x = jnp.asarray(x)
+    if x.ndim == 0:
+      return x
+    if x.shape[0] != batch_size:
+      raise ValueError(f"Cache leaf of shape {x.shape} has no leading batch axis of {batch_size}.")
+    return jnp.repeat(x, beam_size, axis=0)
+
+  return jax.tree.map(expand, tree)
+
+
+def _parent_rows(parents: jax.Array) -> jax.Array:
+  """int32 [batch * beam]: the cache row that beam k of sentence b continues, given
+  parents int32 [batch, beam], the beam (within the same sentence) each new beam extends."""
+  batch_size, beam_size = parents.shape
+  return (jnp.arange(batch_size, dtype=jnp.int32)[:, None] * beam_size + parents).reshape(-1)
+
+
+def gather_rows(tree: Any, rows: jax.Array) -> Any:
+  """The default `GatherCache`: takes every leaf whole, row i := row rows[i]; scalar leaves
+  (e.g. `cache_index`) are shared by all rows and are returned unchanged."""
+  return jax.tree.map(lambda x: x if x.ndim == 0 else jnp.take(x, rows, axis=0), tree)
+
+
+def beam_search(
+  tokens_to_logits: TokensToLogits,
+  initial_cache: Any,
+  batch_size: int,
+  beam_size: int,
+  max_len: int,
+  alpha: float = 0.6,
+  eos_id: int = EOS_ID,
+  bos_id: int = BOS_ID,
+  pad_id: int = PAD_ID,
+  max_lengths: jax.Array | None = None,
+  early_stopping: bool = True,
+  gather_cache: GatherCache = gather_rows,
+  always_gather: bool = False,
+  length_penalty: str = "gnmt",
+  candidate_pool: str = "beam",
+  normalize: bool = True,
+) -> BeamSearchOutput:
+  """Beam search over `tokens_to_logits`; call it inside `jax.jit` (it traces one loop).
+
+  Args:
+    tokens_to_logits: (tokens int32 [batch * beam], position int32 [], cache) ->
+      (logits float [batch * beam, vocab], new cache). Row b * beam + k is beam k of
+      sentence b.
+    initial_cache: the step function's cache for one row per sentence (leaves
+      [batch, ...], scalars allowed); expanded to [batch * beam, ...] here once.
+    batch_size, beam_size, max_len: static sizes; max_len bounds the generated tokens.
+    alpha: length-penalty exponent (0 = raw log-prob).
+    eos_id, bos_id: EOS ends a hypothesis; BOS is fed at position 0.
+    pad_id: fills the sequences after EOS.
+    max_lengths: optional int [batch], per-sentence maximum number of generated tokens
+      (e.g. source length + 50), clipped to [0, max_len]; defaults to max_len.
+    early_stopping: False runs all max_len steps (same results; for tests).
+    gather_cache: reorders the cache rows after a step where some beam changed parent;
+      it must return what `gather_rows` would (it may skip copying what is equal anyway).
+    always_gather: the reference path for tests and benchmarks (same results, slower):
+      the cache is reordered whole with `gather_rows` at the end of every step, even
+      when no beam changed parent, as beam search did before reordering was made lazy.
+    length_penalty: "gnmt" divides by ((5 + len) / 6) ** alpha, "power" by len ** alpha
+      (transformers' `length_penalty`); see the module docstring.
+    candidate_pool: "beam", "2beam" or "hf": which extensions are kept at each step and
+      which of them may finish; see the module docstring.
+    normalize: the step returns logits, turned into log-probabilities here (log-softmax).
+      False: it returns the per-token scores to add up as they are (an ensemble's mean of
+      its members' log-probabilities, `decode.model_step`), which need not sum to one.
+
+  Returns:
+    BeamSearchOutput: the best hypothesis per sentence and all `beam_size` of them.
+  """
+  if length_penalty not in LENGTH_PENALTIES:
+    raise errors.BadValue(f"length_penalty {length_penalty!r}: expected one of {LENGTH_PENALTIES}.")
+  if candidate_pool not in CANDIDATE_POOLS:
+    raise errors.BadValue(f"candidate_pool {candidate_pool!r}: expected one of {CANDIDATE_POOLS}.")
+  lp = functools.partial(penalty, alpha=alpha, kind=length_penalty)
+  # Extensions ranked per step: beam_size for "beam", 2 * beam_size for "2beam" and "hf".
+  num_candidates = beam_size if candidate_pool == "beam" else 2 * beam_size
+  if max_lengths is None:
+    max_lengths = jnp.full((batch_size,), max_len, jnp.int32)
+  max_lengths = jnp.clip(jnp.asarray(max_lengths, jnp.int32), 0, max_len)  # [batch]
+  batch_index = jnp.arange(batch_size)[:, None]  # [batch, 1], for per-sentence gathers
+
+  # Only beam 0 is alive at first: all beams are the same empty prefix, and keeping the
+  # copies alive would fill the beam with duplicates.
+  live_log_probs = jnp.tile(
+    jnp.array([0.0] + [NEG_INF] * (beam_size - 1), jnp.float32), (batch_size, 1)
+  )  # [batch, beam]
+  # A sentence with max length 0 is finished before the first step, with the empty hypothesis.
+  empty = (max_lengths == 0)[:, None] & (jnp.arange(beam_size) == 0)[None, :]  # [batch, beam]
+  initial = BeamState(
+    step=jnp.array(0, jnp.int32),
+    live_seqs=jnp.full((batch_size, beam_size, max_len), pad_id, jnp.int32),
+    live_log_probs=jnp.where((max_lengths == 0)[:, None], NEG_INF, live_log_probs),
+    finished_seqs=jnp.full((batch_size, beam_size, max_len), pad_id, jnp.int32),
+    finished_scores=jnp.where(empty, 0.0, NEG_INF).astype(jnp.float32),
+    finished_flags=empty,
+    finished_log_probs=jnp.where(empty, 0.0, NEG_INF).astype(jnp.float32),
+    cache=_expand_to_beams(initial_cache, batch_size, beam_size),
+    parents=jnp.tile(jnp.arange(beam_size, dtype=jnp.int32), (batch_size, 1)),
+    num_reorders=jnp.array(0, jnp.int32),
+  )
+
+  def best_possible_scores(state: BeamState) -> jax.Array:
+    """float32 [batch, beam]: upper bound on the final score of each live beam."""
+    # lp grows with length for alpha >= 0: the longest reachable length is best ([batch, 1]);
+    # it falls for alpha < 0: the shortest (one more token) is best.
+    max_penalty = lp(max_lengths)[:, None] if alpha >= 0 else lp(state.step + 1)
+    return state.live_log_probs / max_penalty
+
+  def not_done(state: BeamState) -> jax.Array:
+    if not early_stopping:
+      return state.step < max_len
+    best_live = jnp.max(best_possible_scores(state), axis=1)  # [batch]
+    worst_finished = state.finished_scores[:, -1]  # [batch]; sorted, -inf until full
+    # A dead sentence (all live -inf) is done too: -inf <= anything.
+    return (state.step < max_len) & ~jnp.all(best_live <= worst_finished)
+
+  def reorder_cache(cache: Any, parents: jax.Array) -> tuple[jax.Array, Any]:
+    """(bool [], whether rows were copied; the cache rows of the beams' parents).
+
+    Done at the start of the next step rather than at the end of the one that chose the
+    parents: XLA then writes the step's keys/values into the reordered cache in place,
+    whereas a gather between that write and the loop's end made it copy the cache again.
+    """
+    if beam_size == 1:  # the single beam always extends itself
+      return jnp.array(False), cache
+    # Any beam that changed parent means a gather; only when every beam of every sentence
+    # extends itself is there nothing to copy.
+    reorder = jnp.any(parents != jnp.arange(beam_size, dtype=jnp.int32))
+    return reorder, jax.lax.cond(
+      reorder, gather_cache, lambda cache, rows: cache, cache, _parent_rows(parents)
+    )
+
+  def body(state: BeamState) -> BeamState:
+    step = state.step
+    previous = jax.lax.dynamic_index_in_dim(
+      state.live_seqs, jnp.maximum(step - 1, 0), axis=2, keepdims=False
+    )  # [batch, beam]
+    tokens = jnp.where(step == 0, bos_id, previous).reshape(-1)  # [batch * beam]
+    if always_gather:  # the cache was reordered at the end of the previous step
+      reordered, cache = jnp.array(True), state.cache
+    else:
+      reordered, cache = reorder_cache(state.cache, state.parents)
+    logits, cache = tokens_to_logits(tokens, step, cache)
+    log_probs = logits.astype(jnp.float32)
+    if normalize:
+      log_probs = jax.nn.log_softmax(log_probs, axis=-1)
+    vocab = log_probs.shape[-1]
+    log_probs = log_probs.reshape(batch_size, beam_size, vocab)  # [batch, beam, vocab]
+
+    # The num_candidates (K) best extensions over all (beam, token) pairs of each sentence,
+    # best first (top_k puts the lower index first on ties).
+    candidates = state.live_log_probs[:, :, None] + log_probs  # [batch, beam, vocab]
+    top_log_probs, top_index = jax.lax.top_k(candidates.reshape(batch_size, -1), num_candidates)
+    parents = (top_index // vocab).astype(jnp.int32)  # [batch, K]
+    top_tokens = (top_index % vocab).astype(jnp.int32)  # [batch, K]
+    top_seqs = state.live_seqs[batch_index, parents]  # [batch, K, max_len]
+    top_seqs = top_seqs.at[:, :, step].set(top_tokens)
+
+    # An extension of a dead beam (or a zero-probability token) is no hypothesis at all.
+    valid = top_log_probs > NEG_INF  # [batch, K]
+    length = step + 1  # generated tokens, EOS included
+    ends = valid & ((top_tokens == eos_id) | (length >= max_lengths)[:, None])  # [batch, K]
+    # "hf": only the beam_size best may finish; an ending one ranked below is dropped.
+    finishing = ends & (jnp.arange(num_candidates) < beam_size) if candidate_pool == "hf" else ends
+    new_scores = jnp.where(finishing, top_log_probs / lp(length), NEG_INF)  # [batch, K]
+
+    # Merge with the finished set; existing entries come first, so top_k keeps them on ties.
+    all_seqs = jnp.concatenate([state.finished_seqs, top_seqs], axis=1)  # [batch, beam+K, len]
+    all_scores = jnp.concatenate([state.finished_scores, new_scores], axis=1)  # [batch, beam+K]
+    all_flags = jnp.concatenate([state.finished_flags, finishing], axis=1)
+    all_log_probs = jnp.concatenate(
+      [state.finished_log_probs, jnp.where(finishing, top_log_probs, NEG_INF)], axis=1
+    )  # [batch, beam+K]
+    finished_scores, keep = jax.lax.top_k(all_scores, beam_size)  # [batch, beam]
+
+    live_log_probs = jnp.where(valid & ~ends, top_log_probs, NEG_INF)  # [batch, K]
+    if candidate_pool != "beam":  # the beam_size best that do not end, in rank order
+      live_log_probs, live = jax.lax.top_k(live_log_probs, beam_size)  # [batch, beam]
+      parents = parents[batch_index, live]
+      top_seqs = top_seqs[batch_index, live]  # [batch, beam, max_len]
+    if always_gather:
+      cache = gather_rows(cache, _parent_rows(parents))
+
+    return BeamState(
+      step=step + 1,
+      live_seqs=top_seqs,
+      live_log_probs=live_log_probs,
+      finished_seqs=all_seqs[batch_index, keep],
+      finished_scores=finished_scores,
+      finished_flags=all_flags[batch_index, keep],
+      finished_log_probs=all_log_probs[batch_index, keep],
+      cache=cache,
+      parents=parents,
+      num_reorders=state.num_reorders + reordered.astype(jnp.int32),
+    )
+
+  final = jax.lax.while_loop(not_done, body, initial)
+
+  # Forced finishing at max length means every sentence has a finished hypothesis; the
+  # fallback to the live beams only guards against a step function that yields no valid
+  # token (e.g. NaN logits), so that no sentence comes back empty-handed silently.
+  has_finished = jnp.any(final.finished_flags, axis=1)  # [batch]
+  live_scores = final.live_log_probs / lp(final.step)
+  all_sequences = jnp.where(has_finished[:, None, None], final.finished_seqs, final.live_seqs)
+  all_scores = jnp.where(has_finished[:, None], final.finished_scores, live_scores)
+  all_log_probs = jnp.where(has_finished[:, None], final.finished_log_probs, final.live_log_probs)
+  return BeamSearchOutput(
+    sequences=all_sequences[:, 0],
+    scores=all_scores[:, 0],
+    all_sequences=all_sequences,
+    all_scores=all_scores,
+    all_log_probs=all_log_probs,
+    num_steps=final.step,
+    num_reorders=final.num_reorders,
+  )
+
+
+@functools.partial(
+  jax.jit,
+  static_argnames=(
+    "config",
+    "beam_size",
+    "max_len",
+    "alpha",
+    "always_gather",
+    "length_penalty",
+    "candidate_pool",
+    "forced_first_id",
+  ),
+)
+def beam_decode(
+  params: Any,
+  inputs: jax.Array,
+  config: decode.ModelConfig,
+  beam_size: int,
+  max_len: int,
+  alpha: float = 0.6,
+  max_lengths: jax.Array | None = None,
+  always_gather: bool = False,
+  forced_first_id: int | None = None,
+  length_penalty: str = "gnmt",
+  candidate_pool: str = "beam",
+) -> BeamSearchOutput:
+  """Beam search with the Transformer for `inputs` int [batch, src_len] (0 = pad).
+
+  The encoder runs once per sentence (`decode.init_cache` projects the cross-attention
+  keys/values there); the self-attention cache is then copied to the beams. The
+  cross-attention keys/values stay outside the beam search state, one row per sentence:
+  equal across a sentence's beams, they are neither copied per beam nor reordered (the
+  beams of a sentence attend to them as one query block, `attention.decode_attention`).
+  Empty source rows get the empty hypothesis (all PAD), as in `decode.greedy_decode`;
+  beam_size 1 reproduces `decode.greedy_decode` token for token.
+
+  Args:
+    max_lengths: optional int [batch], per-sentence maximum target length (e.g. source
+      length + 50); clipped to max_len, which sizes the cache and the outputs.
+    always_gather: the reference path (same results, slower): the whole self-attention cache
+      is reordered at every step.
+    forced_first_id: the first token of every hypothesis, at no cost to its score
+      (`decode.force_first_token`: a target language code), or None.
+    length_penalty, candidate_pool: as in `beam_search`; "power" and "hf" reproduce
+      transformers' `generate(num_beams=..., length_penalty=alpha, early_stopping="never")`.
+
+  An ensemble (`params` a tuple of parameter trees, `config` the tuple of their configs;
+  `decode`'s module docstring) searches over the mean of its members' log-probabilities.
+  """
+  batch = inputs.shape[0]
+  ids_config = decode.lead_config(config)
+  inputs_valid = inputs != ids_config.pad_id  # [batch, src_len]
+  if max_lengths is None:
+    max_lengths = jnp.full((batch,), max_len, jnp.int32)
+  max_lengths = jnp.where(jnp.any(inputs_valid, axis=1), max_lengths, 0)
+  beam_inputs_valid = jnp.repeat(inputs_valid, beam_size, axis=0)  # [batch * beam, src_len]
+  step = decode.model_step(params, beam_inputs_valid, config, forced_first_id)
+
+  # The cross-attention keys/values stay one row per sentence, [batch, heads, src_len, head_dim]
+  # (attention.decode_attention folds a sentence's beams into its query axis): never copied
+  # per beam, never reordered.
+  cache, cross_cache = decode.split_cache(decode.init_cache(params, inputs, config, max_len))
+
+  def tokens_to_logits(tokens, position, cache):
+    logits, cache = step(tokens, position, decode.merge_cache(cache, cross_cache))
+    return logits, decode.split_cache(cache)[0]
+
+  return beam_search(
+    tokens_to_logits,
+    cache,
+    batch_size=batch,
+    beam_size=beam_size,
+    max_len=max_len,
+    alpha=alpha,
+    max_lengths=max_lengths,
+    eos_id=ids_config.eos_id,
+    bos_id=ids_config.decoder_start_id,
+    pad_id=ids_config.pad_id,
+    length_penalty=length_penalty,
+    candidate_pool=candidate_pool,
+    # An ensemble's step gives mean log-probabilities, to be searched over as they are.
+    normalize=not decode.is_ensemble(config),
+    always_gather=always_gather,
+    gather_cache=decode.gather_written_rows,
+  )

@@ -1,0 +1,463 @@
+"""Lines of text in, the same number of translated lines out.
+
+Sentences are sorted by length and decoded in fixed-size batches padded to a few
+length buckets (so the decoder compiles a handful of times, not once per batch),
+then put back in input order. An empty line gives an empty line; an overlong line
+is truncated with a warning, never dropped.
+
+`Translator.nbest` returns the K best hypotheses of the beam search per line (`run.py
+translate --nbest K`), each with the beam search's own length-normalised score and its summed
+log-probability; `format_nbest` writes them as TSV rows
+
+    line_index<TAB>rank<TAB>score<TAB>logprob<TAB>text
+
+with exactly K rows per input line, in input order (line_index 0-based, rank 0 = best). An
+empty input line gets K rows too: rank 0 is the empty hypothesis (score 0, logprob 0, as
+beam search scores it) and the other ranks are empty slots. An empty slot (fewer than K
+hypotheses finished) has score and logprob -inf and empty text. Two ranks may show the same
+text (different token sequences can detokenize alike).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from transformer_mt.data import tokenizer as tokenizers
+from transformer_mt.data.input_pipeline import bucket_length
+from transformer_mt.data.tokenizer import AnyTokenizer
+from transformer_mt.decoding import beam_search, sampling
+from transformer_mt.decoding import incremental as decode
+from transformer_mt.model import setup as run_setup
+from transformer_mt.model.transformer_config import TransformerConfig
+from transformer_mt.runtime import errors, sharding
+from transformer_mt.workdir import checkpointing
+
+
+class Hypothesis(NamedTuple):
+  """One entry of an n-best list."""
+
+  text: str
+  # The beam search's length-normalised score: logprob / lp(len) (beam_search.penalty).
+  score: float
+  # Summed log-probability of the hypothesis' tokens (a forced first token adds 0).
+  logprob: float
+
+
+@dataclasses.dataclass
+class Translator:
+  """Holds trained parameters and the tokenizer; `translate` is the whole job."""
+
+  params: Any
+  model_config: TransformerConfig
+  tokenizer: AnyTokenizer
+  mesh: Mesh
+  batch_size: int = 64
+  # Longest source accepted (tokens, EOS included); longer lines are truncated.
+  max_source_len: int = 1024
+  # Target tokens generated at most: source length + `extra_len` (the paper's +50),
+  # capped at `max_target_len`.
+  extra_len: int = 50
+  max_target_len: int = 256
+  # 1 = greedy; the paper decodes with beam 4 and length penalty alpha 0.6.
+  beam_size: int = 1
+  alpha: float = 0.6
+  # The first target token, forced (mBART-50 and NLLB: the target language code), or None.
+  forced_first_id: int | None = None
+  # How beam search scores and keeps hypotheses (beam_search's module docstring): "gnmt" /
+  # "beam" for our models; "power" / "hf" reproduce transformers' generate for imports.
+  length_penalty: str = "gnmt"
+  candidate_pool: str = "beam"
+  # An ensemble (several workdirs, `load_translator`): the members' configs, with `params`
+  # the tuple of their parameter trees; `model_config` is then the first member's, whose
+  # ids (PAD, EOS, decoder start) and tokenizer every member shares. None: one model.
+  members: tuple[TransformerConfig, ...] | None = None
+
+  def __post_init__(self):
+    # Learned position tables end at max_len: no source token and no generated token may sit
+    # at a position past it (longer lines are truncated, with a warning; see encode_sources).
+    limit = self.position_limit
+    if limit is not None:
+      self.max_source_len = min(self.max_source_len, limit)
+      self.max_target_len = min(self.max_target_len, limit)
+
+  @property
+  def position_limit(self) -> int | None:
+    """Positions the models can address (the smallest learned table), None if unbounded."""
+    learned = [c.max_len for c in self.configs if c.position_encoding == "learned"]
+    return min(learned) if learned else None
+
+  @property
+  def decoder_config(self) -> decode.ModelConfig:
+    """The static config of the jitted decoders: the model's, or the ensemble's tuple."""
+    return self.members or self.model_config
+
+  @property
+  def configs(self) -> tuple[TransformerConfig, ...]:
+    """Every member's config (one for a single model)."""
+    return self.members or (self.model_config,)
+
+  def translate(self, lines: Sequence[str], progress: bool = False) -> list[str]:
+    outputs = [""] * len(lines)
+    for batch in self.source_batches(lines, progress, "translate"):
+      for (index, _), ids in zip(batch, self._decode_batch([ids for _, ids in batch])):
+        outputs[index] = self.tokenizer.decode(ids)
+    return outputs
+
+  def sample(
+    self,
+    lines: Sequence[str],
+    num_samples: int = 1,
+    settings: sampling.SamplingSettings | None = None,
+    seed: int = 0,
+    progress: bool = False,
+  ) -> list[list[str]]:
+    """`num_samples` sampled translations of each line (transformer_mt/decoding/sampling.py): a list
+    per line, empty for an empty line's samples. The same seed gives the same samples whatever
+    the batch size or the mesh: a row's draws depend on (seed, line index, sample index).
+    `settings` default: temperature 1, no top-k, no top-p (the model's own distribution)."""
+    if num_samples < 1:
+      raise errors.BadValue(f"--num_samples {num_samples}: must be at least 1.")
+    settings = (settings or sampling.SamplingSettings()).check()
+    seed = sampling.check_seed(seed)
+    outputs = [[""] * num_samples for _ in lines]
+    # The samples of a line are rows of their own, next to each other in the length order.
+    rows = [
+      ((index, number), ids)
+      for index, ids in enumerate(self.encode_sources(lines))
+      if ids is not None
+      for number in range(num_samples)
+    ]
+    for batch in self._batches(rows, progress, "sample"):
+      decoded = self._sample_batch(
+        [ids for _, ids in batch], [key for key, _ in batch], settings, seed
+      )
+      for ((index, number), _), ids in zip(batch, decoded):
+        outputs[index][number] = self.tokenizer.decode(ids)
+    return outputs
+
+  def source_batches(
+    self, lines: Sequence[str], progress: bool = False, desc: str = "translate"
+  ) -> list[list[tuple[int, list[int]]]]:
+    """The non-empty lines as (index, source ids) in batches of `batch_size`, sorted by length
+    so each batch pads little; an overlong line is truncated with a warning."""
+    todo = [(i, ids) for i, ids in enumerate(self.encode_sources(lines)) if ids is not None]
+    return self._batches(todo, progress, desc)
+
+  def _batches(self, todo: list, progress: bool, desc: str) -> Iterable[list]:
+    """(key, source ids) items sorted by source length (so each batch pads little), in
+    batches of `batch_size`."""
+    todo = sorted(todo, key=lambda item: len(item[1]))
+    batches = [todo[i : i + self.batch_size] for i in range(0, len(todo), self.batch_size)]
+    if progress:
+      from tqdm import tqdm
+
+      return tqdm(batches, desc=desc, unit="batch")
+    return batches
+
+  def encode_sources(self, lines: Sequence[str]) -> list[list[int] | None]:
+    """Source ids of every line (None for an empty one); an overlong line is truncated to
+    `max_source_len` tokens, EOS kept, with a warning."""
+    encoded = self.tokenizer.encode([line.strip() for line in lines])
+    sources = []
+    for index, (line, ids) in enumerate(zip(lines, encoded)):
+      if line.strip() and len(ids) > self.max_source_len:
+        logging.warning(
+          "Line %d has %d tokens; using only its first %d.",
+          index + 1,
+          len(ids),
+          self.max_source_len,
+        )
+        ids = ids[: self.max_source_len - 1] + [self.model_config.eos_id]
+      sources.append(list(ids) if line.strip() else None)
+    return sources
+
+  def nbest(self, lines: Sequence[str], k: int, progress: bool = False) -> list[list[Hypothesis]]:
+    """The `k` best beam-search hypotheses of every line, best first (module docstring).
+
+    Always decodes with beam search (beam 1 included, which equals greedy), so every
+    hypothesis has the search's own score.
+
+    Raises:
+      ValueError: k < 1 or k > beam_size.
+    """
+    if not 1 <= k <= self.beam_size:
+      raise errors.BadValue(
+        f"--nbest {k}: must be between 1 and the beam size ({self.beam_size}); pass "
+        f"--beam {max(k, 1)} or more, or a smaller --nbest."
+      )
+    empty_slot = Hypothesis("", float("-inf"), float("-inf"))
+    # An empty line: beam search's empty hypothesis (score 0) then empty slots.
+    outputs = [[Hypothesis("", 0.0, 0.0)] + [empty_slot] * (k - 1) for _ in lines]
+    for batch in self.source_batches(lines, progress, "n-best"):
+      result = self._search_batch([ids for _, ids in batch])
+      for row, (index, _) in enumerate(batch):
+        outputs[index] = [
+          Hypothesis(self.tokenizer.decode(ids), float(score), float(logprob))
+          if np.isfinite(score)
+          else empty_slot
+          for ids, score, logprob in zip(
+            result.all_sequences[row, :k], result.all_scores[row, :k], result.all_log_probs[row, :k]
+          )
+        ]
+    return outputs
+
+  def _search_batch(self, sources: list[list[int]]) -> beam_search.BeamSearchOutput:
+    """Beam search over `sources`: every hypothesis and its scores, on the host, one row per
+    source (the padding rows dropped)."""
+    inputs, max_lengths, max_len = self.padded_batch(sources)
+    with jax.set_mesh(self.mesh):
+      output = self._beam_decode(
+        sharding.global_batch_from_host(inputs, self.mesh), max_lengths, max_len
+      )
+    return jax.tree.map(lambda x: sharding.to_host(x)[: len(sources)] if x.ndim else x, output)
+
+  def _sample_batch(
+    self,
+    sources: list[list[int]],
+    keys: list[tuple[int, int]],
+    settings: sampling.SamplingSettings,
+    seed: int,
+  ) -> list[np.ndarray]:
+    """One sample per source; keys[i] = (line index, sample index) of sources[i]."""
+    inputs, max_lengths, max_len = self.padded_batch(sources)
+    line_ids = np.zeros(len(inputs), np.int32)  # padding rows: any key, they emit nothing
+    sample_ids = np.zeros(len(inputs), np.int32)
+    line_ids[: len(keys)], sample_ids[: len(keys)] = np.array(keys, np.int32).T
+    with jax.set_mesh(self.mesh):
+      rows = sharding.global_batch_from_host((inputs, max_lengths, line_ids, sample_ids), self.mesh)
+      outputs = sampling.sample_decode(
+        self.params,
+        rows[0],
+        np.uint32(seed),
+        rows[2],
+        rows[3],
+        self.decoder_config,
+        max_len,
+        settings,
+        max_lengths=rows[1],
+        forced_first_id=self.forced_first_id,
+      )
+    return list(sharding.to_host(outputs)[: len(sources)])
+
+  def padded_batch(self, sources: list[list[int]]) -> tuple[np.ndarray, np.ndarray, int]:
+    """(inputs int32 [rows, src_len], max_lengths int32 [rows], max_len) for the decoder.
+
+    Rows are padded to a fixed count (a multiple of the device count) with empty rows and
+    the source length to a bucket, so a few shapes cover every batch.
+    """
+    src_len = bucket_length(max(len(s) for s in sources))
+    if self.position_limit is not None:  # the bucket's padding stays inside the table too
+      src_len = max(min(src_len, self.position_limit), max(len(s) for s in sources))
+    rows = bucket_length(self.batch_size, self.mesh.devices.size)
+    pad_id = self.model_config.pad_id
+    inputs = np.full((rows, src_len), pad_id, np.int32)
+    for row, ids in enumerate(sources):
+      inputs[row, : len(ids)] = ids
+    max_len = min(self.max_target_len, src_len + self.extra_len)
+    # Each sentence may grow to its own source length + extra_len (the paper's +50).
+    max_lengths = np.minimum((inputs != pad_id).sum(axis=1) + self.extra_len, max_len)
+    return inputs, max_lengths.astype(np.int32), max_len
+
+  def _beam_decode(
+    self, inputs: jax.Array, max_lengths: np.ndarray, max_len: int
+  ) -> beam_search.BeamSearchOutput:
+    """Beam search with this translator's settings over global `inputs` (inside its mesh)."""
+    return beam_search.beam_decode(
+      self.params,
+      inputs,
+      self.decoder_config,
+      self.beam_size,
+      max_len,
+      self.alpha,
+      sharding.global_batch_from_host(max_lengths, self.mesh),
+      forced_first_id=self.forced_first_id,
+      length_penalty=self.length_penalty,
+      candidate_pool=self.candidate_pool,
+    )
+
+  def _decode_batch(self, sources: list[list[int]]) -> list[np.ndarray]:
+    inputs, max_lengths, max_len = self.padded_batch(sources)
+    with jax.set_mesh(self.mesh):
+      # Every process decodes the same sentences, each device its slice of the rows.
+      inputs = sharding.global_batch_from_host(inputs, self.mesh)
+      if self.beam_size > 1:
+        outputs = self._beam_decode(inputs, max_lengths, max_len).sequences
+      else:
+        outputs = decode.greedy_decode(
+          self.params,
+          inputs,
+          self.decoder_config,
+          max_len,
+          forced_first_id=self.forced_first_id,
+          max_lengths=sharding.global_batch_from_host(max_lengths, self.mesh),
+        )
+    return list(sharding.to_host(outputs)[: len(sources)])
+
+
+def format_nbest(nbest: Sequence[Sequence[Hypothesis]]) -> str:
+  """TSV rows `line_index<TAB>rank<TAB>score<TAB>logprob<TAB>text`, one per hypothesis, in
+  input order. Scores have 6 decimals (-inf for an empty slot); tabs and
+  newlines inside a text (which no detokenizer should produce) become spaces."""
+  rows = []
+  for index, hypotheses in enumerate(nbest):
+    for rank, h in enumerate(hypotheses):
+      text = h.text.replace("\t", " ").replace("\n", " ").replace("\r", " ")
+      rows.append(f"{index}\t{rank}\t{h.score:.6f}\t{h.logprob:.6f}\t{text}\n")
+  return "".join(rows)
+
+
+def load_translator(
+  workdir: str | Sequence[str],
+  step: int | None = None,
+  mesh: Mesh | None = None,
+  beam_size: int | None = None,
+  alpha: float | None = None,
+  source_lang: str | None = None,
+  target_lang: str | None = None,
+) -> Translator:
+  """A Translator from a checkpoint directory alone (its config and tokenizer are inside).
+
+  Only the checkpoint's `params` item is read, and no optimizer is built. The mesh is
+  the one inference runs on (default: every device on the data axis), never the training
+  mesh in the config, so a model trained with FSDP on 8 devices translates on 1.
+  Beam size and alpha default to the experiment's `decode` section; the languages of a
+  multilingual import (`source_lang`, `target_lang`: language codes) to its `data` section.
+
+  Several workdirs make an ensemble (`decode`'s module docstring): each member's checkpoint
+  at `step` (default: its latest), decoded together from the mean of their log-probabilities
+  with the first workdir's decode settings. Their architectures may differ; their tokenizer,
+  ids and language tags may not.
+
+  Raises:
+    ValueError: the members' tokenizers or ids differ (one line naming both workdirs).
+  """
+  workdirs = [workdir] if isinstance(workdir, str) else list(workdir)
+  if not workdirs:
+    raise errors.BadValue("No --workdir given.")
+  mesh = mesh or sharding.make_mesh(sharding.inference_mesh_config())
+  # Every member's config and tokenizer are read and checked before any parameters are.
+  prepared = [_prepare(w, step, mesh, beam_size, alpha, source_lang, target_lang) for w in workdirs]
+  first = prepared[0][0]
+  for (other, _), other_dir in zip(prepared[1:], workdirs[1:]):
+    _check_same_vocabulary(first, workdirs[0], other, other_dir)
+  params = []
+  for (translator, member_step), member_dir in zip(prepared, workdirs):
+    params.append(checkpointing.restore_params(member_dir, member_step, translator.params))
+    logging.info("Loaded step %d from %s onto mesh %s.", member_step, member_dir, dict(mesh.shape))
+  if len(prepared) == 1:
+    return dataclasses.replace(first, params=params[0])
+  logging.info("Ensemble of %d models: %s.", len(prepared), ", ".join(workdirs))
+  return dataclasses.replace(
+    first, params=tuple(params), members=tuple(t.model_config for t, _ in prepared)
+  )
+
+
+def _check_same_vocabulary(first: Translator, first_dir: str, other: Translator, other_dir: str):
+  """An ensemble averages log-probabilities id by id: its members must read and write the
+  same ids, so they must have one tokenizer (byte-identical files), the same special ids and
+  the same forced first token (language tag)."""
+  if tokenizers.to_files(first.tokenizer) != tokenizers.to_files(other.tokenizer):
+    raise errors.BadValue(
+      f"--workdir {other_dir} has a different tokenizer from --workdir {first_dir}: an ensemble's "
+      "models must share one tokenizer (ensemble checkpoints trained or fine-tuned from the "
+      "same tokenizer), or translate with each separately."
+    )
+  names = ("pad_id", "eos_id", "decoder_start_id", "vocab_size", "output_vocab_size")
+  ids = [(n, getattr(first.model_config, n), getattr(other.model_config, n)) for n in names]
+  ids.append(("forced first token", first.forced_first_id, other.forced_first_id))
+  for name, a, b in ids:
+    if a != b:
+      raise errors.BadValue(
+        f"--workdir {other_dir} has {name} {b}, --workdir {first_dir} has {a}: an ensemble's "
+        "models must share their ids and language tags; import or train them alike."
+      )
+
+
+def _prepare(
+  workdir: str,
+  step: int | None,
+  mesh: Mesh,
+  beam_size: int | None,
+  alpha: float | None,
+  source_lang: str | None,
+  target_lang: str | None,
+) -> tuple[Translator, int]:
+  """(one model's Translator holding its abstract parameters, the checkpoint step): all of
+  `load_translator` but reading the parameters."""
+  config, tokenizer, step = checkpointing.read_config(workdir, step)
+  tokenizer, model_config, forced_first_id = with_languages(
+    tokenizer, config, source_lang, target_lang, workdir
+  )
+  setup = run_setup.model_setup(config, tokenizer, mesh)
+  translator = Translator(
+    params=setup.abstract_params,
+    model_config=model_config or setup.model_config,
+    tokenizer=tokenizer,
+    mesh=mesh,
+    forced_first_id=forced_first_id,
+    **run_setup.decode_settings(config, beam_size, alpha),
+  )
+  return translator, step
+
+
+def with_languages(
+  tokenizer: AnyTokenizer,
+  config,
+  source_lang: str | None,
+  target_lang: str | None,
+  workdir: str,
+) -> tuple[AnyTokenizer, TransformerConfig | None, int | None]:
+  """(tokenizer, model config or None to keep the checkpoint's, forced first token or None)
+  for translating `source_lang` -> `target_lang` (default: the config's data languages).
+
+  A multilingual import (a tokenizer with `languages`) tags the source with its language and
+  starts the target with its own (mBART-cc25: as the decoder's first input; mBART-50, NLLB:
+  as the forced first token). Any other model has no language tags and takes no languages.
+
+  Raises:
+    ValueError: languages for a model without tags, a model with tags but no languages,
+      or a code the model does not know (naming the closest ones).
+  """
+  if not hasattr(tokenizer, "languages"):
+    given = [f for f, v in (("--src_lang", source_lang), ("--tgt_lang", target_lang)) if v]
+    if given:
+      raise errors.BadValue(
+        f"{' and '.join(given)}: the model in {workdir} has no language tags (only imported "
+        "mBART and NLLB models do); drop the flag."
+      )
+    return tokenizer, None, None
+  source = source_lang or config.data.get("source_code") or None
+  target = target_lang or config.data.get("target_code") or None
+  missing = [f for f, v in (("--src_lang", source), ("--tgt_lang", target)) if not v]
+  if missing:
+    raise errors.BadValue(
+      f"{workdir} holds a multilingual {tokenizer.kind} model imported without a source and "
+      f"target language: pass {' and '.join(missing)} (codes such as "
+      f"{', '.join(tokenizer.languages[:3])}), or import it with them."
+    )
+  tokenizer = tokenizer.with_languages(source, target)
+  decoder_start_id, forced_first_id = tokenizer.target_ids()
+  model_config = run_setup.model_config_for(config, tokenizer)
+  if decoder_start_id is not None:
+    model_config = model_config.replace(decoder_start_id=decoder_start_id)
+  return tokenizer, model_config, forced_first_id
+
+
+def read_lines(stream: Iterable[bytes | str]) -> list[str]:
+  """Lines without their newline; undecodable bytes become U+FFFD (with a warning)."""
+  lines = []
+  for number, line in enumerate(stream, start=1):
+    if isinstance(line, bytes):
+      text = line.decode("utf-8", errors="replace")
+      if "\ufffd" in text and b"\xef\xbf\xbd" not in line:
+        logging.warning("Line %d is not valid UTF-8; undecodable bytes were replaced.", number)
+      line = text
+    lines.append(line.rstrip("\r\n"))
+  return lines

@@ -1,0 +1,1 @@
+"""BLEU and chrF, test-set evaluation, plots."""

@@ -1,0 +1,1 @@
+"""Hugging Face checkpoints: conversion and import."""

@@ -1,0 +1,1 @@
+"""The Transformer: its config, attention, parameter layout, size estimates."""

@@ -1,0 +1,448 @@
+"""Multi-head scaled dot-product attention, with a KV cache for incremental decoding.
+
+Self-attention during decoding appends one key/value per step to a cache of fixed
+length (so the decode loop has static shapes). Cross-attention during decoding
+projects the encoder output to keys/values once, when the cache is created, and
+only reads them afterwards: the per-step cost is then independent of the source
+projection, which is what beam search needs.
+
+The attention itself goes through `jax.nn.dot_product_attention` (which a backend may
+replace with a fused kernel that never stores the probabilities) unless the
+probabilities are needed as an array: for attention dropout while training, or when a
+caller collects them with `mutable=["intermediates"]` (the attention plots). Decoding
+against the cache goes through `decode_attention` instead: the cache is kept head-major
+and the cross-attention keys/values may be one row per sentence for all its beams.
+
+Teacher-forced calls describe their mask as an `AttentionMask` (valid tokens, causality,
+packing) rather than a dense [batch, 1, q, k] array, so the cuDNN kernel can be told
+`is_causal` and the sequence lengths: a dense mask reaches cuDNN only as an additive bias
+it must read in full, and a causal flag lets it skip the blocks above the diagonal.
+Softmax statistics are float32 on every path, whatever the compute dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_mt.model.transformer_config import TransformerConfig
+from transformer_mt.runtime import errors
+
+
+def dense_init(logical_axes: tuple[str, ...]):
+  return nn.with_logical_partitioning(nn.initializers.xavier_uniform(), logical_axes)
+
+
+def bias_init(logical_axes: tuple[str, ...]):
+  return nn.with_logical_partitioning(nn.initializers.zeros_init(), logical_axes)
+
+
+def padding_mask(query_valid: jax.Array, key_valid: jax.Array) -> jax.Array:
+  """[batch, q] and [batch, k] booleans -> [batch, 1, q, k]: True where both are real tokens."""
+  return query_valid[:, None, :, None] & key_valid[:, None, None, :]
+
+
+def causal_mask(length: int) -> jax.Array:
+  """[1, 1, length, length]: position i may attend to positions <= i."""
+  return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
+
+
+def segment_mask(query_segments: jax.Array, key_segments: jax.Array) -> jax.Array:
+  """[batch, 1, q, k]: True where query and key belong to the same packed sentence."""
+  return query_segments[:, None, :, None] == key_segments[:, None, None, :]
+
+
+def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
+  masks = [m for m in masks if m is not None]
+  if not masks:
+    return None
+  return functools.reduce(jnp.logical_and, masks)
+
+
+@flax.struct.dataclass
+class AttentionMask:
+  """Who may attend to whom in a teacher-forced (non-decode) attention, by its parts.
+
+  Padding is trailing in every batch the model sees (right-padded evaluation batches;
+  packed rows fill from the left), so the valid tokens of a row are a prefix and their
+  count is the row's sequence length.
+
+  Attributes:
+    query_valid, key_valid: bool [batch, q] / [batch, k]; False at padding.
+    query_segments, key_segments: int [batch, q] / [batch, k] packed-sentence ids, or None
+      for unpacked rows.
+    causal: query i sees keys <= i (decoder self-attention); static.
+  """
+
+  query_valid: jax.Array
+  key_valid: jax.Array
+  query_segments: jax.Array | None = None
+  key_segments: jax.Array | None = None
+  causal: bool = flax.struct.field(pytree_node=False, default=False)
+
+  def dense(self) -> jax.Array:
+    """bool [batch, 1, q, k]: True = attend."""
+    mask = padding_mask(self.query_valid, self.key_valid)
+    if self.causal:
+      mask = combine_masks(mask, causal_mask(self.query_valid.shape[1]))
+    if self.query_segments is not None:
+      mask = combine_masks(mask, segment_mask(self.query_segments, self.key_segments))
+    return mask
+
+  def flags(self) -> dict:
+    """The same mask as `jax.nn.dot_product_attention` keywords: `is_causal` and the
+    sequence lengths; only packed rows keep a dense part, their segment mask
+    [batch, 1, q, k], because the public API (JAX 0.10) has no segment ids: cuDNN's packed
+    layout (q_offsets/kv_offsets) is reachable only through jax._src.
+
+    Outputs at padded query positions differ from the dense mask's (zeros here, an average
+    of the values there); nothing reads them: later layers mask them as keys and the loss
+    weighs them 0.
+    """
+    segments = None
+    if self.query_segments is not None:
+      segments = segment_mask(self.query_segments, self.key_segments)
+    return dict(
+      mask=segments,
+      is_causal=self.causal,
+      query_seq_lengths=jnp.sum(self.query_valid, axis=-1, dtype=jnp.int32),
+      key_value_seq_lengths=jnp.sum(self.key_valid, axis=-1, dtype=jnp.int32),
+    )
+
+
+def fused_attention(
+  query: jax.Array,
+  key: jax.Array,
+  value: jax.Array,
+  mask: AttentionMask | jax.Array | None,
+  implementation: str = "auto",
+  use_flags: bool | None = None,
+) -> jax.Array:
+  """`jax.nn.dot_product_attention` over [batch, len, heads, head_dim] arrays.
+
+  Args:
+    mask: an `AttentionMask`, or a dense boolean mask broadcastable to [batch, heads, q, k].
+    implementation: "auto" (JAX's choice), "xla" or "cudnn".
+    use_flags: pass an `AttentionMask` as flags (`AttentionMask.flags`) rather than dense;
+      default: for "cudnn" only, where flags select the causal/padding kernels. XLA builds
+      the same dense mask from flags itself, so there the dense path costs nothing more and
+      keeps outputs at padded queries as they were.
+  """
+  if use_flags is None:
+    use_flags = implementation == "cudnn"
+  if isinstance(mask, AttentionMask):
+    masking = mask.flags() if use_flags else dict(mask=mask.dense())
+  else:
+    masking = dict(mask=mask)
+  return jax.nn.dot_product_attention(
+    query,
+    key,
+    value,
+    **masking,
+    implementation=None if implementation == "auto" else implementation,
+  )
+
+
+def _flat_xavier_uniform(in_ndim: int):
+  """Glorot init of the equivalent 2-D matrix [prod(in dims), prod(out dims)], reshaped."""
+
+  def init(key, shape, dtype=jnp.float32):
+    fan_in, fan_out = math.prod(shape[:in_ndim]), math.prod(shape[in_ndim:])
+    return nn.initializers.xavier_uniform()(key, (fan_in, fan_out), dtype).reshape(shape)
+
+  return init
+
+
+class HeadsProjection(nn.Module):
+  """y = x W + b contracting the trailing `in_shape` dims of x into `out_shape` dims.
+
+  Used for Q/K/V ([d_model] -> [heads, head_dim]) and the output projection W^O
+  ([heads, head_dim] -> [d_model]); `axes` names the kernel's dims for sharding.
+  """
+
+  config: TransformerConfig
+  in_shape: tuple[int, ...]
+  out_shape: tuple[int, ...]
+  axes: tuple[str, ...]
+  use_bias: bool = True
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    cfg = self.config
+    n_in = len(self.in_shape)
+    kernel = self.param(
+      "kernel",
+      nn.with_logical_partitioning(_flat_xavier_uniform(n_in), self.axes),
+      self.in_shape + self.out_shape,
+      cfg.weight_dtype,
+    )
+    letters = "abcdefgh"
+    x_dims, in_dims, out_dims = (
+      "xyz"[: x.ndim - n_in],
+      letters[:n_in],
+      letters[n_in : n_in + len(self.out_shape)],
+    )
+    y = jnp.einsum(
+      f"{x_dims}{in_dims},{in_dims}{out_dims}->{x_dims}{out_dims}",
+      x.astype(cfg.compute_dtype),
+      kernel.astype(cfg.compute_dtype),
+    )
+    if self.use_bias:
+      bias = self.param("bias", bias_init(self.axes[n_in:]), self.out_shape, cfg.weight_dtype)
+      y = y + bias.astype(cfg.compute_dtype)
+    return y
+
+
+class MultiHeadAttention(nn.Module):
+  """Attention(Q, K, V) = softmax(QK^T / sqrt(d_k)) V over `num_heads` heads.
+
+  Attributes:
+    config: model hyperparameters.
+    is_cross_attention: keys/values come from the encoder; when decoding they are
+      projected once into the cache and reused at every step.
+  """
+
+  config: TransformerConfig
+  is_cross_attention: bool = False
+
+  def _projection(self, name: str) -> HeadsProjection:
+    cfg = self.config
+    # Keys get no bias: a key bias b_k shifts every logit of a query by the same q.b_k,
+    # which softmax cancels. Its gradient is exactly zero, and Adam (eps 1e-9) would
+    # turn the rounding noise in it into full-size random updates.
+    return HeadsProjection(
+      cfg,
+      in_shape=(cfg.d_model,),
+      out_shape=(cfg.num_heads, cfg.per_head_dim),
+      axes=("embed", "heads", "kv"),
+      use_bias=cfg.use_bias and name != "key",
+      name=name,
+    )
+
+  @nn.compact
+  def __call__(
+    self,
+    queries: jax.Array,
+    key_value_inputs: jax.Array | None,
+    mask: AttentionMask | jax.Array | None,
+    cache_length: int | None = None,
+  ) -> jax.Array:
+    """Attends from `queries` [batch, q, d_model] to `key_value_inputs` [batch, k, d_model].
+
+    Args:
+      queries: [batch, q_len, d_model].
+      key_value_inputs: [batch, kv_len, d_model]; the encoder output for cross-attention.
+        May be None for cross-attention once the decode cache holds the keys/values.
+      mask: an `AttentionMask` (teacher-forced calls), or boolean, broadcastable to
+        [batch, heads, q_len, kv_len]; True = attend. While decoding self-attention, the
+        mask over the cache is built here.
+      cache_length: while decoding, the number of target positions the self-attention
+        cache holds (only read when the cache is created).
+
+    Returns:
+      [batch, q_len, d_model].
+    """
+    cfg = self.config
+    if isinstance(mask, AttentionMask) and (cfg.decode or self._needs_weights()):
+      mask = mask.dense()  # Only the fused call takes a mask by its parts.
+    query = self._projection("query")(queries)  # [batch, q, heads, head_dim]
+
+    if cfg.decode and self.is_cross_attention:
+      key, value = self._cached_cross_key_value(key_value_inputs)  # [batch, heads, k, head_dim]
+    else:
+      key = self._projection("key")(key_value_inputs)  # [batch, k, heads, head_dim]
+      value = self._projection("value")(key_value_inputs)
+      if cfg.decode:  # [batch, heads, cache_length, head_dim] from here on
+        key, value, mask = self._append_to_self_attention_cache(key, value, mask, cache_length)
+
+    query = nn.with_logical_constraint(query, ("batch", "length", "heads", "kv"))
+    if cfg.decode and not self._needs_weights():
+      context = decode_attention(query, key, value, mask)
+    elif self._needs_weights():
+      if cfg.decode:  # the cache's layout, one row per sentence or per beam, back to the usual
+        key, value = (_rows_first(x, query.shape[0]) for x in (key, value))
+      context = self._attend_with_weights(query, key, value, mask)
+    else:
+      # No probabilities are needed afterwards: the fused op may skip materializing them
+      # (a flash kernel where the backend has one; the same XLA ops on CPU).
+      context = fused_attention(query, key, value, mask, cfg.attention_implementation)
+    # context: [batch, q, heads, head_dim]
+
+    if cfg.attention_output_projection:
+      out = HeadsProjection(
+        cfg,
+        in_shape=(cfg.num_heads, cfg.per_head_dim),
+        out_shape=(cfg.d_model,),
+        axes=("heads", "kv", "embed"),
+        use_bias=cfg.use_bias,
+        name="out",
+      )(context)
+    else:
+      if cfg.num_heads * cfg.per_head_dim != cfg.d_model:
+        raise errors.BadValue(
+          "attention_output_projection=False needs num_heads * head_dim == d_model, "
+          f"got {cfg.num_heads} * {cfg.per_head_dim} != {cfg.d_model}"
+        )
+      out = context.reshape(context.shape[:2] + (cfg.d_model,))
+    return out  # [batch, q, d_model]
+
+  def _needs_weights(self) -> bool:
+    """The probabilities must exist as an array: someone collects them (attention plots
+    apply with mutable=["intermediates"]), or attention dropout is applied to them."""
+    cfg = self.config
+    return self.is_mutable_collection("intermediates") or (
+      cfg.attention_dropout_rate > 0 and not cfg.deterministic
+    )
+
+  def _attend_with_weights(self, query, key, value, mask) -> jax.Array:
+    """softmax(QK^T / sqrt(d_k)) V spelled out, sowing the probabilities [batch, heads, q, k]."""
+    cfg = self.config
+    query = query / jnp.sqrt(query.shape[-1]).astype(query.dtype)
+    logits = jnp.einsum(
+      "bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32
+    )  # [batch, heads, q, k]
+    if mask is not None:
+      logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
+    weights = jax.nn.softmax(logits, axis=-1).astype(cfg.compute_dtype)
+    # Kept only when the caller asks (mutable=["intermediates"]), e.g. for attention plots.
+    self.sow("intermediates", "attention_weights", weights)  # [batch, heads, q, k]
+    if cfg.attention_dropout_rate > 0:
+      weights = nn.Dropout(cfg.attention_dropout_rate)(weights, deterministic=cfg.deterministic)
+    return jnp.einsum("bhqk,bkhd->bqhd", weights, value)  # [batch, q, heads, head_dim]
+
+  def _cached_cross_key_value(self, encoded: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+    """Encoder keys/values [batch, heads, src_len, head_dim], projected when the cache is
+    created and read back afterwards (head-major: `decode_attention`)."""
+    if not self.has_variable("cache", "cross_key") and encoded is None:
+      raise ValueError("Cross-attention cache is empty: create it with the encoder output first.")
+    key_proj, value_proj = self._projection("key"), self._projection("value")
+    # Initializers run only when the variable does not exist yet, i.e. once per sentence batch.
+    key = self.variable("cache", "cross_key", lambda: jnp.swapaxes(key_proj(encoded), 1, 2))
+    value = self.variable("cache", "cross_value", lambda: jnp.swapaxes(value_proj(encoded), 1, 2))
+    return key.value, value.value
+
+  def _append_to_self_attention_cache(self, key, value, mask, cache_length):
+    """Writes this step's key/value at `cache_index`; returns the whole cache and its mask.
+
+    The cache is head-major, [batch, heads, cache_length, head_dim] (`decode_attention`), and
+    so are the keys/values returned.
+    """
+    is_initialized = self.has_variable("cache", "cached_key")
+    batch, _, heads, depth = key.shape
+    if not is_initialized and cache_length is None:
+      raise ValueError("cache_length is required to create the decoder self-attention cache.")
+    key, value = jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)  # [batch, heads, q, head_dim]
+    shape = (batch, heads, cache_length or 0, depth)
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, shape, key.dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros, shape, value.dtype)
+    cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+    if not is_initialized:
+      # Cache creation: nothing is written; the step that follows starts at index 0.
+      return key, value, mask
+    if key.shape[2] != 1:
+      raise ValueError(f"Incremental decoding takes one token per step, got {key.shape[2]}.")
+    index = cache_index.value
+    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (0, 0, index, 0))
+    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, 0, index, 0))
+    cache_index.value = index + 1
+    total = cached_key.value.shape[2]
+    # The new token sees every cached position up to and including itself.
+    step_mask = (jnp.arange(total) <= index)[None, None, None, :]  # [1, 1, 1, cache_len]
+    return cached_key.value, cached_value.value, combine_masks(mask, step_mask)
+
+
+def _rows_first(x: jax.Array, rows: int) -> jax.Array:
+  """A head-major cache array [batch, heads, k, head_dim] as [rows, k, heads, head_dim], its
+  rows repeated to one per beam if it holds one per sentence."""
+  return jnp.repeat(jnp.swapaxes(x, 1, 2), rows // x.shape[0], axis=0)
+
+
+def decode_attention(
+  query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array | None
+) -> jax.Array:
+  """softmax(q K^T / sqrt(d_k)) V against a decode cache: head-major keys/values, beams folded.
+
+  The cache is kept head-major, [batch, heads, len, head_dim]: both products then have
+  their batch dimensions (batch, heads) leading, as XLA's dot wants them. Kept
+  [batch, len, heads, head_dim], as `jax.nn.dot_product_attention` takes it, XLA
+  transposed the whole cache at every step (on CPU ~7x the time of the attention itself at
+  128 rows x 64 cached positions).
+
+  Beams folded into the query axis: when the keys/values have fewer rows than `query` (the
+  cross-attention keys/values, one row per source sentence instead of a copy per beam),
+  query row r attends to key row r // beam, beam = query rows / key rows: rows
+  b * beam ... b * beam + beam - 1 are the beams of sentence b (beam_search's layout), and
+  the beam_size queries of a sentence go through one product with its keys.
+
+  Logits are float32 (scaled after the product) and softmax runs in float32, masked
+  positions get a large negative number: as in `jax.nn.dot_product_attention`.
+
+  Args:
+    query: [rows, q, heads, head_dim].
+    key, value: [batch, heads, kv_len, head_dim], rows a multiple of batch.
+    mask: boolean, broadcastable to [rows, heads, q, kv_len]; True = attend.
+
+  Returns:
+    [rows, q, heads, head_dim].
+  """
+  rows, q_len, heads, depth = query.shape
+  batch, _, kv_len, _ = key.shape
+  beam = rows // batch
+
+  def fold(x):  # [rows, h, q, ...] -> [batch, h, beam * q, ...]
+    x = jnp.swapaxes(x.reshape((batch, beam) + x.shape[1:]), 1, 2)  # [batch, h, beam, q, ...]
+    return x.reshape((batch, x.shape[1], beam * q_len) + x.shape[4:])
+
+  query = fold(jnp.swapaxes(query, 1, 2))  # [batch, heads, beam * q, head_dim]
+  logits = jnp.einsum(
+    "bhqd,bhkd->bhqk", query, key, preferred_element_type=jnp.float32
+  )  # [batch, heads, beam * q, kv_len]
+  logits = logits * jnp.float32(1.0 / math.sqrt(depth))
+  if mask is not None:
+    mask = jnp.broadcast_to(mask, (rows, mask.shape[1], q_len, kv_len))
+    logits = jnp.where(fold(mask), logits, -0.7 * jnp.finfo(jnp.float32).max)
+  probs = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
+  context = jnp.einsum("bhqk,bhkd->bhqd", probs, value)  # [batch, heads, beam * q, head_dim]
+  context = context.reshape(batch, heads, beam, q_len, depth)
+  return jnp.transpose(context, (0, 2, 3, 1, 4)).reshape(rows, q_len, heads, depth)
+
+
+def sinusoidal_encoding(
+  positions: jax.Array, d_model: int, layout: str = "sinusoidal"
+) -> jax.Array:
+  """Sinusoidal position encodings, in one of three published layouts.
+
+  "sinusoidal" (the paper): PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same).
+  "sinusoidal_halves" (Marian): the same sines in the first ceil(d/2) dims, cosines after them.
+  "sinusoidal_fairseq" (fairseq, FSMT, M2M100): sines then cosines of pos * 10000^(-i/(d/2-1)),
+  i < d/2, and a zero last dim when d is odd.
+
+  Computed from the positions themselves, so packed rows (positions restart at each
+  sentence) and decode steps need no table of maximum length.
+
+  Args:
+    positions: integer [batch, length].
+  Returns:
+    float32 [batch, length, d_model].
+  """
+  if layout == "sinusoidal_fairseq":
+    half = d_model // 2
+    inverse_frequency = np.exp(np.arange(half) * -(math.log(10000.0) / (half - 1)))
+  else:
+    two_i = np.arange(0, d_model, 2, dtype=np.float32)  # [ceil(d/2)]
+    inverse_frequency = 1.0 / (10000.0 ** (two_i / d_model))
+  inverse_frequency = jnp.asarray(inverse_frequency, jnp.float32)
+  angles = positions[..., None].astype(jnp.float32) * inverse_frequency  # [b, l, ceil(d/2)]
+  if layout == "sinusoidal":
+    encoding = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # [b, l, ceil(d/2), 2]
+    return encoding.reshape(positions.shape + (-1,))[..., :d_model]
+  sines, cosines = jnp.sin(angles), jnp.cos(angles)[..., : d_model // 2]
+  if layout == "sinusoidal_fairseq" and d_model % 2:
+    cosines = jnp.pad(cosines, [(0, 0)] * (cosines.ndim - 1) + [(0, 1)])
+  return jnp.concatenate([sines, cosines], axis=-1)  # [b, l, d_model]

@@ -1,0 +1,164 @@
+"""What a run needs, built in one place from (config, tokenizer, mesh).
+
+Training, translation, averaging and the benchmarks all take their model config, model,
+shardings and abstract (restore-target) trees from here, so they cannot drift apart.
+Inference uses `model_setup`, which builds no optimizer: a checkpoint's parameters are
+restored alone, without the Adam moments that would triple the memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import ml_collections
+import optax
+from jax.sharding import Mesh
+
+from transformer_mt.data.tokenizer import AnyTokenizer
+from transformer_mt.decoding import beam_search
+from transformer_mt.model.transformer import Transformer
+from transformer_mt.model.transformer_config import TransformerConfig
+from transformer_mt.runtime import errors, sharding
+from transformer_mt.training import optimizer, train_step
+
+
+def model_config_for(
+  config: ml_collections.ConfigDict, tokenizer: AnyTokenizer | None = None
+) -> TransformerConfig:
+  """The experiment's model section with the vocabulary size of its tokenizer (before one is
+  trained: the configured `tokenizer.vocab_size`).
+
+  An imported model's section (`run.py import`) has its own `vocab_size`, kept as it is: its
+  embedding table may have more rows than its tokenizer has pieces.
+  """
+  if "vocab_size" in config.model:
+    return TransformerConfig.from_mapping(config.model.to_dict())
+  vocab_size = tokenizer.vocab_size if tokenizer else config.tokenizer.vocab_size
+  return TransformerConfig.from_mapping(config.model.to_dict(), vocab_size=vocab_size)
+
+
+def decode_settings(config, beam_size: int | None = None, alpha: float | None = None) -> dict:
+  """Translator keyword arguments from an experiment's `decode` section (with overrides).
+
+  `length_penalty` and `candidate_pool` (beam_search's options) are read with defaults, so
+  configs saved before they existed decode as they did.
+
+  Raises:
+    ValueError: one of them names no option of beam_search.
+  """
+  decode_config = config.decode
+  settings = {
+    "batch_size": decode_config.batch_size,
+    "max_target_len": decode_config.max_len,
+    "extra_len": decode_config.get("extra_len", 50),
+    "beam_size": beam_size or decode_config.get("beam_size", 1),
+    "alpha": decode_config.get("alpha", 0.6) if alpha is None else alpha,
+    "length_penalty": decode_config.get("length_penalty", "gnmt"),
+    "candidate_pool": decode_config.get("candidate_pool", "beam"),
+  }
+  for key, allowed in (
+    ("length_penalty", beam_search.LENGTH_PENALTIES),
+    ("candidate_pool", beam_search.CANDIDATE_POOLS),
+  ):
+    if settings[key] not in allowed:
+      raise errors.BadValue(
+        f"decode.{key}={settings[key]!r} in the experiment config: expected one of "
+        f"{', '.join(allowed)}; fix the config (or the override that set it)."
+      )
+  return settings
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSetup:
+  """The model on a mesh: enough to restore parameters and decode."""
+
+  model_config: TransformerConfig
+  model: Transformer
+  mesh: Mesh
+  param_shardings: Any  # NamedSharding per parameter, from its logical axis names.
+  abstract_params: Any  # ShapeDtypeStructs with those shardings: the `params` restore target.
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingSetup(ModelSetup):
+  """The model plus the optimizer and the whole train state's layout."""
+
+  tx: optax.GradientTransformation
+  schedule: optax.Schedule
+  state_shardings: Any  # a TrainState of NamedShardings.
+  abstract_state: Any  # a TrainState of sharded ShapeDtypeStructs.
+
+
+def model_setup(
+  config: ml_collections.ConfigDict, tokenizer: AnyTokenizer | None, mesh: Mesh
+) -> ModelSetup:
+  """Model config, model and parameter layout on `mesh`; no optimizer is built."""
+  model_config = model_config_for(config, tokenizer)
+  model = Transformer(model_config)
+  return ModelSetup(
+    model_config=model_config,
+    model=model,
+    mesh=mesh,
+    param_shardings=train_step.param_shardings(model, mesh),
+    abstract_params=train_step.abstract_params(model, mesh),
+  )
+
+
+def check_learned_positions(config: ml_collections.ConfigDict, model_config: TransformerConfig):
+  """Raises if training rows (data.max_len tokens) would reach past the learned position table
+  (model.max_len rows): those positions have no embedding to learn or to use."""
+  if model_config.position_encoding == "learned" and config.data.max_len > model_config.max_len:
+    raise errors.BadValue(
+      f"data.max_len={config.data.max_len} exceeds model.max_len={model_config.max_len}, the "
+      "rows of the learned position table: lower data.max_len or raise model.max_len."
+    )
+
+
+def check_parameter_layout(config: ml_collections.ConfigDict, model: Transformer, mesh: Mesh):
+  """Raises a one-line error naming each parameter dimension `mesh` cannot shard evenly (e.g.
+  6 heads over tensor=4), unless the config opts in to replicating those dimensions with
+  mesh.allow_replicated_fallback=True. A replicated dimension costs memory and speed that a
+  larger mesh axis was asked to save; training should not quietly pay for it."""
+  if config.mesh.get("allow_replicated_fallback", False):
+    return
+  problems = sharding.undivided_dimensions(train_step.logical_params(model), mesh)
+  if problems:
+    shown = "; ".join(problems[:4]) + (
+      f"; ... ({len(problems)} in all)" if len(problems) > 4 else ""
+    )
+    raise errors.BadValue(
+      f"mesh {dict(mesh.shape)} cannot shard these parameters evenly: {shown}. Choose mesh "
+      "sizes that divide them (or model sizes the mesh divides), or set "
+      "mesh.allow_replicated_fallback=True to replicate those dimensions instead."
+    )
+
+
+def training_setup(
+  config: ml_collections.ConfigDict,
+  tokenizer: AnyTokenizer | None,
+  mesh: Mesh,
+  model_config: TransformerConfig | None = None,
+) -> TrainingSetup:
+  """Everything `model_setup` gives, plus Adam with the paper's schedule and the train state.
+
+  Args:
+    model_config: use this instead of the config's model section (benchmarks that vary it).
+  """
+  model_config = model_config or model_config_for(config, tokenizer)
+  model = Transformer(model_config)
+  check_parameter_layout(config, model, mesh)
+  tx, schedule = optimizer.make_optimizer(config.train, model_config.d_model)
+  abstract_state = train_step.abstract_state(model, tx, mesh)
+  state_shardings = train_step.state_shardings(model, tx, mesh)
+  return TrainingSetup(
+    model_config=model_config,
+    model=model,
+    mesh=mesh,
+    param_shardings=state_shardings.params,
+    abstract_params=abstract_state.params,
+    tx=tx,
+    schedule=schedule,
+    state_shardings=state_shardings,
+    abstract_state=abstract_state,
+  )

@@ -1,0 +1,1 @@
+"""Processes, devices and files: errors, multi-process setup, the mesh, the compile cache."""

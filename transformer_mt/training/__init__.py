@@ -1,0 +1,1 @@
+"""The train step, the loop, resuming, fine-tuning, sweeps, paper reproduction."""

@@ -1,0 +1,280 @@
+"""The train state, born sharded, and the jitted train step over a device mesh.
+
+State creation follows big_vision: `jax.eval_shape(init)` gives the shapes and the
+logical axis names, `sharding.logical_shardings` turns those into NamedShardings,
+and `jax.jit(init, out_shardings=...)` materializes every parameter and optimizer
+slot directly on its shard (no full copy on one device first).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh
+
+from transformer_mt.model.transformer import Transformer
+from transformer_mt.runtime import errors, sharding
+from transformer_mt.training import losses, optimizer
+
+
+class NonFiniteError(errors.UserError, RuntimeError):
+  """Training stopped on a NaN/Inf loss or gradient (policy train.nonfinite='stop')."""
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array  # int32 []: steps taken, skipped non-finite ones included (see train_step).
+  params: Any  # the model's parameters (unboxed).
+  opt_state: Any  # optax state, sharded like the params.
+  rng: jax.Array  # uint32 [2]: raw key data; step k's dropout key is fold_in(rng, k).
+
+
+def _init_params(key: jax.Array, model: Transformer) -> Any:
+  dummy = jnp.ones((1, 2), jnp.int32)
+  return model.init(key, dummy, dummy)["params"]  # boxed with logical axis names
+
+
+def logical_params(model: Transformer) -> Any:
+  """The parameters' abstract arrays, boxed with their logical axis names (nothing computed)."""
+  return jax.eval_shape(functools.partial(_init_params, model=model), jax.random.key(0))
+
+
+def _create_state(
+  key: jax.Array, model: Transformer, tx: optax.GradientTransformation, boxed: bool
+) -> TrainState:
+  param_key, dropout_key = jax.random.split(key)
+  state = _state_around(_init_params(param_key, model), dropout_key, tx)
+  return state if boxed else nn.unbox(state)
+
+
+def _state_around(params: Any, dropout_key: jax.Array, tx: optax.GradientTransformation):
+  """Step 0 of training `params`: a fresh optimizer state and the dropout RNG."""
+  return TrainState(
+    step=jnp.array(0, jnp.int32),
+    params=params,
+    opt_state=tx.init(params),
+    rng=jax.random.key_data(dropout_key),
+  )
+
+
+def state_shardings(model: Transformer, tx: optax.GradientTransformation, mesh: Mesh) -> Any:
+  """NamedShardings for every leaf of the train state, from its logical axis names."""
+  abstract = jax.eval_shape(
+    functools.partial(_create_state, model=model, tx=tx, boxed=True), jax.random.key(0)
+  )
+  return sharding.logical_shardings(abstract, mesh)
+
+
+def abstract_state(model: Transformer, tx: optax.GradientTransformation, mesh: Mesh) -> Any:
+  """ShapeDtypeStructs with shardings: the target for restoring a checkpoint."""
+  shapes = jax.eval_shape(
+    functools.partial(_create_state, model=model, tx=tx, boxed=False), jax.random.key(0)
+  )
+  return jax.tree.map(
+    lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+    shapes,
+    state_shardings(model, tx, mesh),
+  )
+
+
+def param_shardings(model: Transformer, mesh: Mesh) -> Any:
+  """NamedShardings of the parameters alone (the same as `state_shardings(...).params`)."""
+  boxed = jax.eval_shape(functools.partial(_init_params, model=model), jax.random.key(0))
+  return sharding.logical_shardings(boxed, mesh)
+
+
+def abstract_params(model: Transformer, mesh: Mesh) -> Any:
+  """Sharded ShapeDtypeStructs of the parameters: the target for restoring them without
+  building an optimizer (inference, averaging)."""
+  shapes = nn.unbox(jax.eval_shape(functools.partial(_init_params, model=model), jax.random.key(0)))
+  return jax.tree.map(
+    lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+    shapes,
+    param_shardings(model, mesh),
+  )
+
+
+def create_sharded_state(
+  seed: int, model: Transformer, tx: optax.GradientTransformation, mesh: Mesh
+) -> TrainState:
+  """Initializes the train state directly in its sharded layout."""
+  init = jax.jit(
+    functools.partial(_create_state, model=model, tx=tx, boxed=False),
+    out_shardings=state_shardings(model, tx, mesh),
+  )
+  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
+    return init(jax.random.key(seed))
+
+
+def sharded_state_from_params(
+  params: Any, seed: int, model: Transformer, tx: optax.GradientTransformation, mesh: Mesh
+) -> TrainState:
+  """Step 0 of training given (already sharded) parameters, e.g. an imported model's.
+
+  The same state as `create_sharded_state(seed, ...)` with `params` in place of the random
+  ones (the optimizer state and dropout RNG do not depend on the parameter values), but no
+  random parameters are ever made: fine-tuning a large model needs no second copy of it.
+  """
+  _, dropout_key = jax.random.split(jax.random.key(seed))
+  init = jax.jit(
+    functools.partial(_state_around, tx=tx), out_shardings=state_shardings(model, tx, mesh)
+  )
+  with jax.set_mesh(mesh):
+    return init(params, dropout_key)
+
+
+def _micro_batch_sums(params, micro_batch, dropout_key, model, label_smoothing):
+  logits = model.apply(
+    {"params": params},
+    micro_batch["inputs"],
+    micro_batch["targets_in"],
+    inputs_positions=micro_batch.get("inputs_positions"),
+    targets_positions=micro_batch.get("targets_positions"),
+    inputs_segmentation=micro_batch.get("inputs_segment_ids"),
+    targets_segmentation=micro_batch.get("targets_segment_ids"),
+    rngs=None if dropout_key is None else {"dropout": dropout_key},
+  )
+  # Not `> 0`: an imported Marian vocabulary numbers EOS 0 and pads with its last id.
+  weights = (micro_batch["targets"] != model.config.pad_id).astype(jnp.float32)
+  sums = losses.cross_entropy_sums(logits, micro_batch["targets"], weights, label_smoothing)
+  return sums["loss"], sums
+
+
+def train_step(
+  state: TrainState,
+  batch: dict[str, jax.Array],
+  *,
+  model: Transformer,
+  tx: optax.GradientTransformation,
+  schedule: optax.Schedule,
+  label_smoothing: float,
+  inject_nonfinite_at: int = 0,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One optimizer update from a batch of [accum_steps, micro_batch, len] arrays.
+
+  Gradients of the summed loss are accumulated over the micro-batches with
+  `lax.scan` and divided once by the batch's total number of target tokens, so
+  k micro-batches give exactly the gradient of one k-times larger batch.
+
+  A non-finite loss or gradient never reaches the parameters, with the semantics of
+  `optax.apply_if_finite`: the step is as if its batch had never been seen by the optimizer.
+  Params and the whole optimizer state (Adam's moments, and its and the schedule's counts)
+  stay bit-identical, and `metrics["nonfinite"]` is 1; only `state.step` advances, since it
+  numbers the batches (checkpoints, logs, the data iterator) and keys the dropout RNG. The
+  host then applies the policy (skip and count, or stop). So after k skipped steps the
+  optimizer has applied `state.step - k` updates, and the learning rate, both applied and
+  logged, is the schedule at that count (`optimizer.updates_applied`), not at `state.step`.
+  `inject_nonfinite_at` (> 0) poisons that step's loss with NaN: a fault-injection hook
+  for tests and drills.
+  """
+  step_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+  grad_fn = jax.grad(_micro_batch_sums, has_aux=True)
+
+  def accumulate(carry, micro):
+    grads_sum, sums_total = carry
+    micro_batch, index = micro
+    grads, sums = grad_fn(
+      state.params, micro_batch, jax.random.fold_in(step_key, index), model, label_smoothing
+    )
+    return (jax.tree.map(jnp.add, grads_sum, grads), jax.tree.map(jnp.add, sums_total, sums)), None
+
+  zero_sums = {k: jnp.zeros((), jnp.float32) for k in ("loss", "nll", "correct", "num_tokens")}
+  zero_grads = jax.tree.map(jnp.zeros_like, state.params)
+  num_micro = jax.tree.leaves(batch)[0].shape[0]
+  (grads, sums), _ = jax.lax.scan(
+    accumulate, (zero_grads, zero_sums), (batch, jnp.arange(num_micro))
+  )
+  num_tokens = jnp.maximum(sums["num_tokens"], 1.0)
+  if inject_nonfinite_at:
+    poison = jnp.where(state.step + 1 == inject_nonfinite_at, jnp.nan, 1.0)
+    grads = jax.tree.map(lambda g: g * poison, grads)
+    sums = dict(sums, loss=sums["loss"] * poison)
+  grads = jax.tree.map(lambda g: g / num_tokens, grads)
+  grad_norm = optax.global_norm(grads)
+  finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  keep_if_finite = lambda new, old: jax.tree.map(  # noqa: E731
+    lambda n, o: jnp.where(finite, n, o), new, old
+  )
+  params = keep_if_finite(params, state.params)
+  opt_state = keep_if_finite(opt_state, state.opt_state)
+  metrics = {
+    "loss": sums["loss"] / num_tokens,
+    "nll": sums["nll"] / num_tokens,
+    "accuracy": sums["correct"] / num_tokens,
+    "num_tokens": sums["num_tokens"],
+    "grad_norm": grad_norm,
+    "param_norm": optax.global_norm(params),
+    # The rate this update used (the schedule at the optimizer's own count), which is not
+    # schedule(state.step) once a non-finite step has been skipped.
+    "learning_rate": schedule(optimizer.updates_applied(state.opt_state)),
+    "nonfinite": 1.0 - finite.astype(jnp.float32),
+  }
+  return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def jit_train_step(
+  model: Transformer,
+  tx: optax.GradientTransformation,
+  schedule: optax.Schedule,
+  label_smoothing: float,
+  mesh: Mesh,
+  shardings: Any,
+  inject_nonfinite_at: int = 0,
+) -> Callable:
+  """`train_step` compiled with sharded inputs/outputs and the state buffers donated."""
+  step = functools.partial(
+    train_step,
+    model=model,
+    tx=tx,
+    schedule=schedule,
+    label_smoothing=label_smoothing,
+    inject_nonfinite_at=inject_nonfinite_at,
+  )
+  batch_sharding = sharding.batch_sharding(mesh, ndim=3, batch_dim=1)
+  compiled = jax.jit(
+    step,
+    in_shardings=(shardings, batch_sharding),
+    out_shardings=(shardings, sharding.replicated(mesh)),
+    donate_argnums=0,
+  )
+
+  def run(state, batch):
+    with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
+      return compiled(state, batch)
+
+  return run
+
+
+def jit_eval_step(model: Transformer, mesh: Mesh, shardings: Any) -> Callable:
+  """Summed loss/accuracy of a padded [1, batch, len] batch, dropout off.
+
+  Sums (not means) so that batches of different fill add up exactly; the caller
+  divides by the total token count.
+  """
+  eval_model = model.clone(config=model.config.replace(deterministic=True))
+
+  def eval_step(params, batch):
+    micro = jax.tree.map(lambda x: x[0], batch)
+    _, sums = _micro_batch_sums(params, micro, None, eval_model, 0.0)
+    return sums
+
+  compiled = jax.jit(
+    eval_step,
+    in_shardings=(shardings.params, sharding.batch_sharding(mesh, ndim=3, batch_dim=1)),
+    out_shardings=sharding.replicated(mesh),
+  )
+
+  def run(params, batch):
+    with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
+      return compiled(params, batch)
+
+  return run

@@ -1,0 +1,1 @@
+"""What a run leaves on disk: checkpoints, the writer lock, metrics, averaging."""
