@@ -117,7 +117,7 @@ class TokenizePair:
 
   def __getstate__(self):
     languages = None
-    if hasattr(self._tokenizer, "with_languages"):
+    if tokenizers.has_language_tags(self._tokenizer):
       languages = (self._tokenizer.source_lang, self._tokenizer.target_lang)
     return {"files": tokenizers.to_files(self._tokenizer), "languages": languages}
 

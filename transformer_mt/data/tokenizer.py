@@ -10,9 +10,11 @@ vocabulary (vocab.json) numbers the pieces, with the model's own pad/eos/unk ids
 imported kinds have modules of their own (fsmt_tokenizer.py, hf_tokenizers.py); `to_files` /
 `from_files` store and rebuild any of them.
 
-All have `encode`, `decode`, `pieces`, `vocab_size`, `pad_id` and `eos_id`, so translation
-and evaluation take either. The files travel inside every checkpoint, so a checkpoint
-directory is enough to translate.
+All meet `AnyTokenizer` (`encode`, `encode_targets`, `decode`, `pieces`, `vocab_size`,
+`pad_id`, `eos_id`), so translation, training and evaluation take any of them. Multilingual
+imports (mBART, NLLB) also meet `LanguageTags`; `has_language_tags` tells them apart, and
+`check_language_flags` / `require_codes` are the one place the language flags are checked.
+The files travel inside every checkpoint, so a checkpoint directory is enough to translate.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import io
 import json
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Protocol, TypeGuard, runtime_checkable
 
 import numpy as np
 import sentencepiece as spm
@@ -196,10 +199,96 @@ TOKENIZER_KINDS: dict[str, type] = {
 # The marker: {"kind": ...}.
 KIND_FILENAME = "tokenizer_kind.json"
 
-# Any of them: what translation, evaluation, training and checkpoints take. Each has
-# `encode` (source text), `encode_targets` (target text, for training), `decode`, `pieces`,
-# `vocab_size`, `pad_id` and `eos_id`.
-AnyTokenizer = Tokenizer | VocabTokenizer | FsmtTokenizer | LanguageTagTokenizer
+
+class AnyTokenizer(Protocol):
+  """What translation, evaluation, training and checkpoints take: any of the tokenizers above
+  (ours, Marian's, FSMT's, mBART's / NLLB's). A protocol rather than a union of the classes,
+  so a module that only encodes and decodes need not know which kinds exist."""
+
+  pad_id: int
+  eos_id: int
+
+  @property
+  def vocab_size(self) -> int: ...
+
+  def encode(self, texts: Sequence[str]) -> list[list[int]]:
+    """Source texts as ids, each ending with EOS."""
+    ...
+
+  def encode_targets(self, texts: Sequence[str]) -> list[list[int]]:
+    """Target texts as the decoder is trained to produce them (training references)."""
+    ...
+
+  def decode(self, ids: Iterable[int]) -> str:
+    """Text of target ids, stopping at the first EOS."""
+    ...
+
+  def pieces(self, ids: Iterable[int]) -> list[str]: ...
+
+
+@runtime_checkable
+class LanguageTags(Protocol):
+  """The capability of a multilingual import (`LanguageTagTokenizer`): language codes that tag
+  the source and choose the target, set per translation direction with `with_languages`.
+  Checked at run time by `has_language_tags`, so callers ask for the capability instead of a
+  class or an attribute name."""
+
+  kind: str
+  languages: tuple[str, ...]
+  source_lang: str | None
+  target_lang: str | None
+
+  def with_languages(self, source_lang: str | None, target_lang: str | None) -> LanguageTags: ...
+
+  def language_id(self, code: str, flag: str = "language") -> int: ...
+
+  def target_ids(self) -> tuple[int | None, int | None]: ...
+
+
+def has_language_tags(tokenizer: object) -> TypeGuard[LanguageTags]:
+  """Whether `tokenizer` takes language codes (mBART, NLLB); other models take none."""
+  return isinstance(tokenizer, LanguageTags)
+
+
+def check_language_flags(
+  tokenizer: object, given: Mapping[str, str | None], no_tags_tail: str
+) -> None:
+  """Refuses language codes for a model without language tags.
+
+  Args:
+    given: flag (e.g. "--src_lang") -> the code given for it, or None / "" if none was.
+    no_tags_tail: what the error says after the flags: why, and what to do instead.
+
+  Raises:
+    ValueError: "{flags}: {no_tags_tail}", naming every flag given a code, when `tokenizer`
+      has no language tags. A model with tags checks its codes itself (`language_id`).
+  """
+  if has_language_tags(tokenizer):
+    return
+  flags = [flag for flag, code in given.items() if code]
+  if flags:
+    raise errors.BadValue(f"{' and '.join(flags)}: {no_tags_tail}")
+
+
+def require_codes(
+  tokenizer: LanguageTags,
+  codes: Mapping[str, str | None],
+  missing_message: Callable[[str, str], str],
+) -> None:
+  """Refuses a multilingual model's direction without both its language codes.
+
+  Args:
+    codes: where each code comes from (a flag or a config key) -> the code, or None / "".
+    missing_message: the error line, given the names of the missing codes ("--src_lang and
+      --tgt_lang") and three of the model's codes as examples ("ar_AR, cs_CZ, de_DE").
+
+  Raises:
+    ValueError: with `missing_message`'s line when any code is missing.
+  """
+  missing = [name for name, code in codes.items() if not code]
+  if missing:
+    examples = ", ".join(tokenizer.languages[:3])
+    raise errors.BadValue(missing_message(" and ".join(missing), examples))
 
 
 def kind_named(marker: bytes, where: str = "the tokenizer") -> str:

@@ -417,7 +417,7 @@ def with_languages(
   """(tokenizer, model config or None to keep the checkpoint's, forced first token or None)
   for translating `source_lang` -> `target_lang` (default: the config's data languages).
 
-  A multilingual import (a tokenizer with `languages`) tags the source with its language and
+  A multilingual import (a tokenizer with `LanguageTags`) tags the source with its language and
   starts the target with its own (mBART-cc25: as the decoder's first input; mBART-50, NLLB:
   as the forced first token). Any other model has no language tags and takes no languages.
 
@@ -425,23 +425,26 @@ def with_languages(
     ValueError: languages for a model without tags, a model with tags but no languages,
       or a code the model does not know (naming the closest ones).
   """
-  if not hasattr(tokenizer, "languages"):
-    given = [f for f, v in (("--src_lang", source_lang), ("--tgt_lang", target_lang)) if v]
-    if given:
-      raise errors.BadValue(
-        f"{' and '.join(given)}: the model in {workdir} has no language tags (only imported "
-        "mBART and NLLB models do); drop the flag."
-      )
+  tokenizers.check_language_flags(
+    tokenizer,
+    {"--src_lang": source_lang, "--tgt_lang": target_lang},
+    f"the model in {workdir} has no language tags (only imported mBART and NLLB models do); "
+    "drop the flag.",
+  )
+  if not tokenizers.has_language_tags(tokenizer):
     return tokenizer, None, None
+  # `.get`: the config is a checkpoint's as saved, and multilingual imports written before
+  # data.source_code existed lack the keys (they then ask for the flags).
   source = source_lang or config.data.get("source_code") or None
   target = target_lang or config.data.get("target_code") or None
-  missing = [f for f, v in (("--src_lang", source), ("--tgt_lang", target)) if not v]
-  if missing:
-    raise errors.BadValue(
+  tokenizers.require_codes(
+    tokenizer,
+    {"--src_lang": source, "--tgt_lang": target},
+    lambda missing, examples: (
       f"{workdir} holds a multilingual {tokenizer.kind} model imported without a source and "
-      f"target language: pass {' and '.join(missing)} (codes such as "
-      f"{', '.join(tokenizer.languages[:3])}), or import it with them."
-    )
+      f"target language: pass {missing} (codes such as {examples}), or import it with them."
+    ),
+  )
   tokenizer = tokenizer.with_languages(source, target)
   decoder_start_id, forced_first_id = tokenizer.target_ids()
   model_config = run_setup.model_config_for(config, tokenizer)

@@ -37,6 +37,8 @@ from transformer_mt.data.tokenizer import (
   TARGET_SPM,
   VOCAB_FILENAME,
   VocabTokenizer,
+  check_language_flags,
+  has_language_tags,
 )
 from transformer_mt.interop import hf_convert
 from transformer_mt.model.transformer_config import TransformerConfig
@@ -316,17 +318,19 @@ def _set_languages(
     config.data.source_code = source_code
   if target_code:
     config.data.target_code = target_code
-  if not hasattr(tokenizer, "languages"):
-    given = [f for f, v in (("--src_lang", source_code), ("--tgt_lang", target_code)) if v]
-    if given:
-      raise errors.BadValue(
-        f"{' and '.join(given)}: this model has no language tags (only mBART and NLLB "
-        "models do); set data.source_lang/data.target_lang instead to name the languages."
-      )
+  check_language_flags(
+    tokenizer,
+    {"--src_lang": source_code, "--tgt_lang": target_code},
+    "this model has no language tags (only mBART and NLLB models do); set "
+    "data.source_lang/data.target_lang instead to name the languages.",
+  )
+  if not has_language_tags(tokenizer):
     return
+  # Always there: run_config writes both keys, and a data section given to the import is an
+  # experiment's (config/defaults.py sets them).
   for flag, code in (
-    ("--src_lang", config.data.get("source_code")),
-    ("--tgt_lang", config.data.get("target_code")),
+    ("--src_lang", config.data.source_code),
+    ("--tgt_lang", config.data.target_code),
   ):
     if code:
       tokenizer.language_id(code, flag)
@@ -363,7 +367,7 @@ def import_pretrained(
   directory, name, from_hub = resolve_source(source)
   hf_config = read_hf_config(directory)
   tokenizer, tokenizer_config = read_tokenizer(directory, hf_config["model_type"])
-  if hasattr(tokenizer, "languages") and hf_config.get("decoder_start_token_id") is None:
+  if has_language_tags(tokenizer) and hf_config.get("decoder_start_token_id") is None:
     # mBART-cc25's config names no decoder start: it is the target language code, set at
     # translate time (translate.with_languages); EOS stands in until then.
     hf_config = {**hf_config, "decoder_start_token_id": hf_config.get("eos_token_id")}

@@ -29,7 +29,7 @@ from typing import Any
 import ml_collections
 from etils import epath
 
-from transformer_mt.data.tokenizer import AnyTokenizer
+from transformer_mt.data.tokenizer import AnyTokenizer, has_language_tags, require_codes
 from transformer_mt.runtime import errors
 from transformer_mt.workdir import checkpointing
 
@@ -125,15 +125,18 @@ def with_languages(
     ValueError: a multilingual import without both codes, or a code it does not know.
   """
   tokenizer = imported.tokenizer
-  if not hasattr(tokenizer, "languages"):
+  if not has_language_tags(tokenizer):
     return imported, None
-  source, target = config.data.get("source_code"), config.data.get("target_code")
-  if not (source and target):
-    raise errors.BadValue(
+  # The merged config of an experiment: config/defaults.py sets both keys.
+  source, target = config.data.source_code, config.data.target_code
+  require_codes(
+    tokenizer,
+    {"data.source_code": source, "data.target_code": target},
+    lambda _, examples: (
       f"init.from={imported.directory} is a multilingual {tokenizer.kind} model: set "
-      "data.source_code and data.target_code to its language codes (e.g. "
-      f"{', '.join(tokenizer.languages[:3])})."
-    )
+      f"data.source_code and data.target_code to its language codes (e.g. {examples})."
+    ),
+  )
   tokenizer = tokenizer.with_languages(source, target)
   decoder_start_id, forced_first_id = tokenizer.target_ids()
   if decoder_start_id is not None:
