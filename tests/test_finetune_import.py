@@ -15,6 +15,7 @@ import pytest
 import test_hf_import
 
 from transformer_mt import cli
+from transformer_mt.commands import paths
 from transformer_mt.config import registry
 from transformer_mt.data.tokenizer import VocabTokenizer
 from transformer_mt.decoding import translator as translate
@@ -105,7 +106,7 @@ def test_step_zero_is_the_import_with_a_fresh_optimizer(imported, data_root, tmp
 
 def cli_overrides(overrides: list[str]) -> list[str]:
   """The overrides as the CLI passes them on (paths made absolute)."""
-  return [cli._absolute_override(o) for o in overrides]
+  return [paths.absolute_override(o) for o in overrides]
 
 
 def test_finetune_learns_resumes_exactly_and_translates(imported, data_root, tmp_path, capsys):

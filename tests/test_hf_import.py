@@ -30,6 +30,7 @@ import hf_fakes  # noqa: E402
 import sentencepiece as spm  # noqa: E402
 
 from transformer_mt import cli  # noqa: E402
+from transformer_mt.commands import paths  # noqa: E402
 from transformer_mt.data.tokenizer import VocabTokenizer  # noqa: E402
 from transformer_mt.decoding import translator as translate  # noqa: E402
 from transformer_mt.interop import hf_import  # noqa: E402
@@ -246,8 +247,8 @@ def test_import_errors_are_one_line_and_write_nothing(marian_dir, tmp_path, caps
 def test_relative_sources_become_absolute_and_hub_names_stay(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   (tmp_path / "models" / "opus").mkdir(parents=True)
-  assert cli.absolute_source("hf:models/opus") == f"hf:{tmp_path}/models/opus"
-  assert cli.absolute_source("hf:Helsinki-NLP/opus-mt-en-de") == "hf:Helsinki-NLP/opus-mt-en-de"
+  assert paths.absolute_source("hf:models/opus") == f"hf:{tmp_path}/models/opus"
+  assert paths.absolute_source("hf:Helsinki-NLP/opus-mt-en-de") == "hf:Helsinki-NLP/opus-mt-en-de"
 
 
 def test_hub_downloads_one_weight_format():

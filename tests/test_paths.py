@@ -10,6 +10,7 @@ import pytest
 import tensorboardX
 
 from transformer_mt import cli
+from transformer_mt.commands import paths
 from transformer_mt.workdir import checkpointing
 from transformer_mt.workdir import metrics_log as metrics
 
@@ -107,7 +108,7 @@ def test_home_and_path_overrides_are_resolved_once(tmp_path, monkeypatch):
       "train.num_steps=3",
     ]
   )
-  cli.resolve_paths(args)
+  paths.resolve_paths(args)
   assert args.workdir == str(tmp_path / "runs" / "x")
   assert args.overrides == [
     f"data.root={str(tmp_path / 'corpus')!r}",
@@ -119,7 +120,7 @@ def test_home_and_path_overrides_are_resolved_once(tmp_path, monkeypatch):
   args = cli.build_parser().parse_args(
     ["translate", "--workdir", "gs://bucket/run", "--input", "-", "--output", "-"]
   )
-  cli.resolve_paths(args)
+  paths.resolve_paths(args)
   # translate takes --workdir repeatedly (an ensemble): a list.
   assert (args.workdir, args.input, args.output) == (["gs://bucket/run"], "-", "-")
 

@@ -1,38 +1,34 @@
 """`run.py translate`: its flags, their checks, and what it writes.
 
 Three outputs from one command: one translation per input line (beam search or greedy),
-`--nbest K` TSV rows (translate.format_nbest), or `--sample` draws (sampling.samples_tsv).
+`--nbest K` TSV rows (format_nbest), or `--sample` draws (sampling.samples_tsv).
 Flag combinations are checked before the checkpoint is read, so a bad one costs nothing.
 """
 
 from __future__ import annotations
 
-import argparse
+import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
+from transformer_mt.commands import flags
 from transformer_mt.runtime import errors
 
-
-def inference_mesh(args):
-  """The mesh of `--mesh` over this machine's devices (see sharding.inference_mesh_config)."""
-  from transformer_mt.runtime import sharding
-
-  return sharding.make_mesh(sharding.inference_mesh_config(args.mesh))
+if TYPE_CHECKING:
+  from transformer_mt.decoding.translator import Hypothesis
 
 
-def add_parser(
-  commands,
-  parents: Sequence[argparse.ArgumentParser],
-  workdirs_flag: Callable[[argparse.ArgumentParser], None],
-) -> None:
-  """The `translate` subcommand on `commands` (argparse subparsers); `workdirs_flag` adds
-  --workdir (repeatable: an ensemble) and --step, as on evaluate and score."""
-  p = commands.add_parser(
-    "translate", help="translate lines with a trained checkpoint", parents=parents
+def add_parser(subparsers) -> None:
+  """The `translate` subcommand; --workdir (repeatable: an ensemble) and --step as on evaluate
+  and score."""
+  p = subparsers.add_parser(
+    "translate",
+    help="translate lines with a trained checkpoint",
+    parents=[flags.mesh_flag(), flags.language_flags()],
   )
-  workdirs_flag(p)
+  flags.model_workdirs_flag(p)
   p.add_argument("--input", default="-", help="file to translate (default: stdin)")
   p.add_argument("--output", default="-", help="where to write translations (default: stdout)")
   p.add_argument(
@@ -100,44 +96,26 @@ def add_parser(
   p.set_defaults(func=run)
 
 
-def load_from_flags(args, beam_size: int | None = None):
-  """The Translator (or ensemble) named by the flags `translate` and `score` share: --workdir
-  (repeatable), --step, --mesh, --alpha, --src_lang, --tgt_lang."""
-  from transformer_mt.decoding import translator as translate
-
-  return translate.load_translator(
-    args.workdir,
-    args.step,
-    inference_mesh(args),
-    beam_size=beam_size,
-    alpha=args.alpha,
-    source_lang=args.src_lang,
-    target_lang=args.tgt_lang,
-  )
-
-
 def run(args) -> None:
   """`run.py translate`: translations, an n-best list or samples of the input lines."""
-  from transformer_mt.decoding import translator as translate
-
   nbest = getattr(args, "nbest", None)
   if nbest is not None:
     check_nbest(nbest, args.beam)
     if args.sample:
       raise errors.BadValue("--nbest with --sample: n-best lists come from beam search; use one.")
   options = sampling_options(args)
-  translator = load_from_flags(args, beam_size=args.beam)
+  translator = flags.load_from_flags(args, beam_size=args.beam)
   if nbest is not None and args.beam is None:  # the config's beam, widened to hold K
     translator.beam_size = max(translator.beam_size, nbest)
   if args.input == "-":
-    lines = translate.read_lines(sys.stdin.buffer)
+    lines = read_lines(sys.stdin.buffer)
   else:
     if not os.path.exists(args.input):
       raise errors.MissingFile(f"Input file {args.input} does not exist.")
     with open(args.input, "rb") as f:
-      lines = translate.read_lines(f)
+      lines = read_lines(f)
   if nbest is not None:
-    text = translate.format_nbest(translator.nbest(lines, nbest, progress=args.input != "-"))
+    text = format_nbest(translator.nbest(lines, nbest, progress=args.input != "-"))
   else:
     text = translations_text(translator, lines, options, progress=args.input != "-")
   if args.output == "-":
@@ -201,3 +179,28 @@ def translations_text(translator, lines: list[str], options, progress: bool) -> 
   if num_samples == 1:
     return "".join(texts[0] + "\n" for texts in samples)
   return sampling.samples_tsv(samples)
+
+
+def read_lines(stream: Iterable[bytes | str]) -> list[str]:
+  """Lines without their newline; undecodable bytes become U+FFFD (with a warning)."""
+  lines = []
+  for number, line in enumerate(stream, start=1):
+    if isinstance(line, bytes):
+      text = line.decode("utf-8", errors="replace")
+      if "\ufffd" in text and b"\xef\xbf\xbd" not in line:
+        logging.warning("Line %d is not valid UTF-8; undecodable bytes were replaced.", number)
+      line = text
+    lines.append(line.rstrip("\r\n"))
+  return lines
+
+
+def format_nbest(nbest: Sequence[Sequence[Hypothesis]]) -> str:
+  """TSV rows `line_index<TAB>rank<TAB>score<TAB>logprob<TAB>text`, one per hypothesis, in
+  input order. Scores have 6 decimals (-inf for an empty slot); tabs and
+  newlines inside a text (which no detokenizer should produce) become spaces."""
+  rows = []
+  for index, hypotheses in enumerate(nbest):
+    for rank, h in enumerate(hypotheses):
+      text = h.text.replace("\t", " ").replace("\n", " ").replace("\r", " ")
+      rows.append(f"{index}\t{rank}\t{h.score:.6f}\t{h.logprob:.6f}\t{text}\n")
+  return "".join(rows)

@@ -7,7 +7,7 @@ is truncated with a warning, never dropped.
 
 `Translator.nbest` returns the K best hypotheses of the beam search per line (`run.py
 translate --nbest K`), each with the beam search's own length-normalised score and its summed
-log-probability; `format_nbest` writes them as TSV rows
+log-probability; `run.py translate --nbest` writes them as TSV rows
 
     line_index<TAB>rank<TAB>score<TAB>logprob<TAB>text
 
@@ -301,18 +301,6 @@ class Translator:
     return list(sharding.to_host(outputs)[: len(sources)])
 
 
-def format_nbest(nbest: Sequence[Sequence[Hypothesis]]) -> str:
-  """TSV rows `line_index<TAB>rank<TAB>score<TAB>logprob<TAB>text`, one per hypothesis, in
-  input order. Scores have 6 decimals (-inf for an empty slot); tabs and
-  newlines inside a text (which no detokenizer should produce) become spaces."""
-  rows = []
-  for index, hypotheses in enumerate(nbest):
-    for rank, h in enumerate(hypotheses):
-      text = h.text.replace("\t", " ").replace("\n", " ").replace("\r", " ")
-      rows.append(f"{index}\t{rank}\t{h.score:.6f}\t{h.logprob:.6f}\t{text}\n")
-  return "".join(rows)
-
-
 def load_translator(
   workdir: str | Sequence[str],
   step: int | None = None,
@@ -451,16 +439,3 @@ def with_languages(
   if decoder_start_id is not None:
     model_config = model_config.replace(decoder_start_id=decoder_start_id)
   return tokenizer, model_config, forced_first_id
-
-
-def read_lines(stream: Iterable[bytes | str]) -> list[str]:
-  """Lines without their newline; undecodable bytes become U+FFFD (with a warning)."""
-  lines = []
-  for number, line in enumerate(stream, start=1):
-    if isinstance(line, bytes):
-      text = line.decode("utf-8", errors="replace")
-      if "\ufffd" in text and b"\xef\xbf\xbd" not in line:
-        logging.warning("Line %d is not valid UTF-8; undecodable bytes were replaced.", number)
-      line = text
-    lines.append(line.rstrip("\r\n"))
-  return lines
