@@ -176,20 +176,23 @@ def test_decode_options_reach_beam_decode(monkeypatch):
   without them keep the defaults, and an unknown value is refused when settings are read."""
   import ml_collections
 
+  from transformer_mt.config import defaults
   from transformer_mt.decoding import translator as translate
   from transformer_mt.model import setup as run_setup
   from transformer_mt.runtime import sharding
 
   section = dict(batch_size=2, max_len=8, beam_size=3, alpha=1.0)
-  old = run_setup.decode_settings(ml_collections.ConfigDict({"decode": section}))
+  old = run_setup.decode_settings(defaults.complete(ml_collections.ConfigDict({"decode": section})))
   assert (old["length_penalty"], old["candidate_pool"]) == ("gnmt", "beam")
-  config = ml_collections.ConfigDict(
-    {"decode": dict(section, length_penalty="power", candidate_pool="hf")}
+  config = defaults.complete(
+    ml_collections.ConfigDict(
+      {"decode": dict(section, length_penalty="power", candidate_pool="hf")}
+    )
   )
   settings = run_setup.decode_settings(config)
   with pytest.raises(ValueError, match=r"decode.candidate_pool='top'.*beam, 2beam, hf"):
     run_setup.decode_settings(
-      ml_collections.ConfigDict({"decode": dict(section, candidate_pool="top")})
+      defaults.complete(ml_collections.ConfigDict({"decode": dict(section, candidate_pool="top")}))
     )
 
   calls = []

@@ -41,8 +41,8 @@ def model_config_for(
 def decode_settings(config, beam_size: int | None = None, alpha: float | None = None) -> dict:
   """Translator keyword arguments from an experiment's `decode` section (with overrides).
 
-  `length_penalty` and `candidate_pool` (beam_search's options) are read with defaults, so
-  configs saved before they existed decode as they did.
+  A config saved before `length_penalty` or `candidate_pool` existed reads back with their
+  defaults ("gnmt", "beam"; `checkpointing.read_config` completes it), so it decodes as it did.
 
   Raises:
     ValueError: one of them names no option of beam_search.
@@ -51,11 +51,11 @@ def decode_settings(config, beam_size: int | None = None, alpha: float | None = 
   settings = {
     "batch_size": decode_config.batch_size,
     "max_target_len": decode_config.max_len,
-    "extra_len": decode_config.get("extra_len", 50),
-    "beam_size": beam_size or decode_config.get("beam_size", 1),
-    "alpha": decode_config.get("alpha", 0.6) if alpha is None else alpha,
-    "length_penalty": decode_config.get("length_penalty", "gnmt"),
-    "candidate_pool": decode_config.get("candidate_pool", "beam"),
+    "extra_len": decode_config.extra_len,
+    "beam_size": beam_size or decode_config.beam_size,
+    "alpha": decode_config.alpha if alpha is None else alpha,
+    "length_penalty": decode_config.length_penalty,
+    "candidate_pool": decode_config.candidate_pool,
   }
   for key, allowed in (
     ("length_penalty", beam_search.LENGTH_PENALTIES),
@@ -120,7 +120,7 @@ def check_parameter_layout(config: ml_collections.ConfigDict, model: Transformer
   6 heads over tensor=4), unless the config opts in to replicating those dimensions with
   mesh.allow_replicated_fallback=True. A replicated dimension costs memory and speed that a
   larger mesh axis was asked to save; training should not quietly pay for it."""
-  if config.mesh.get("allow_replicated_fallback", False):
+  if config.mesh.allow_replicated_fallback:
     return
   problems = sharding.undivided_dimensions(train_step.logical_params(model), mesh)
   if problems:
