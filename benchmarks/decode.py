@@ -77,6 +77,7 @@ from transformer_mt.data.tokenizer import EOS_ID, PAD_ID, train_tokenizer  # noq
 from transformer_mt.decoding import beam_search  # noqa: E402
 from transformer_mt.decoding import incremental as decode
 from transformer_mt.decoding import translator as translate
+from transformer_mt.decoding.settings import decode_settings  # noqa: E402
 from transformer_mt.model import setup as run_setup  # noqa: E402
 from transformer_mt.runtime import sharding  # noqa: E402
 
@@ -108,7 +109,7 @@ def load_model(args):
     model_config=setup.model_config,
     tokenizer=tokenizer,
     mesh=setup.mesh,
-    **run_setup.decode_settings(config),
+    **decode_settings(config),
   )
   return translator, f"random init of {args.experiment}"
 

@@ -172,24 +172,27 @@ def test_transformer_lazy_reordering_equals_always_gather():
 
 def test_decode_options_reach_beam_decode(monkeypatch):
   """An experiment's decode.length_penalty / decode.candidate_pool go through
-  `run_setup.decode_settings` and the Translator to beam_decode's static arguments; configs
+  `settings.decode_settings` and the Translator to beam_decode's static arguments; configs
   without them keep the defaults, and an unknown value is refused when settings are read."""
   import ml_collections
 
+  from transformer_mt.config import defaults
   from transformer_mt.decoding import translator as translate
-  from transformer_mt.model import setup as run_setup
+  from transformer_mt.decoding.settings import decode_settings
   from transformer_mt.runtime import sharding
 
   section = dict(batch_size=2, max_len=8, beam_size=3, alpha=1.0)
-  old = run_setup.decode_settings(ml_collections.ConfigDict({"decode": section}))
+  old = decode_settings(defaults.complete(ml_collections.ConfigDict({"decode": section})))
   assert (old["length_penalty"], old["candidate_pool"]) == ("gnmt", "beam")
-  config = ml_collections.ConfigDict(
-    {"decode": dict(section, length_penalty="power", candidate_pool="hf")}
+  config = defaults.complete(
+    ml_collections.ConfigDict(
+      {"decode": dict(section, length_penalty="power", candidate_pool="hf")}
+    )
   )
-  settings = run_setup.decode_settings(config)
+  settings = decode_settings(config)
   with pytest.raises(ValueError, match=r"decode.candidate_pool='top'.*beam, 2beam, hf"):
-    run_setup.decode_settings(
-      ml_collections.ConfigDict({"decode": dict(section, candidate_pool="top")})
+    decode_settings(
+      defaults.complete(ml_collections.ConfigDict({"decode": dict(section, candidate_pool="top")}))
     )
 
   calls = []
@@ -212,15 +215,15 @@ def test_decode_options_reach_beam_decode(monkeypatch):
 def test_imported_models_decode_as_generate():
   """hf_import.run_config: beam and alpha from the generation config (transformers' own
   default length_penalty 1.0 when it has none), with the "hf" pool and "power" penalty."""
+  from transformer_mt.decoding.settings import decode_settings
   from transformer_mt.interop import hf_import
-  from transformer_mt.model import setup as run_setup
 
   def decode_section(generation):
     tokenizer = type("Tokenizer", (), {"vocab_size": CONFIG.vocab_size})()
     config = hf_import.run_config(
       CONFIG, tokenizer, {"model_type": "marian"}, generation, {}, "tiny", from_hub=False
     )
-    return run_setup.decode_settings(config)
+    return decode_settings(config)
 
   settings = decode_section({"num_beams": 4, "length_penalty": 0.6, "max_length": 64})
   assert (settings["beam_size"], settings["alpha"]) == (4, 0.6)

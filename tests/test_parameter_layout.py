@@ -7,6 +7,7 @@ import ml_collections
 import pytest
 
 from transformer_mt import cli
+from transformer_mt.config import defaults
 from transformer_mt.model import setup as run_setup
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.model.transformer_config import TransformerConfig
@@ -87,7 +88,9 @@ def test_check_parameter_layout_honours_the_opt_in():
       vocab_size=98, d_model=16, num_heads=4, d_ff=24, num_encoder_layers=1, num_decoder_layers=1
     )
   )
-  config = ml_collections.ConfigDict({"mesh": {"data": -1, "fsdp": 1, "tensor": 4}})
+  config = defaults.complete(
+    ml_collections.ConfigDict({"mesh": {"data": -1, "fsdp": 1, "tensor": 4}})
+  )
   with pytest.raises(ValueError, match="source_embedder/embedding/embedding"):
     run_setup.check_parameter_layout(config, model, mesh)
   config.mesh.allow_replicated_fallback = True

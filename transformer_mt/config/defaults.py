@@ -164,3 +164,27 @@ def base_config() -> ml_collections.ConfigDict:
   # Sentences translated per decode batch.
   config.decode.batch_size = 64
   return config
+
+
+def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Fills in, in place, every key of `base_config()` that `config` lacks, section by section;
+  a key that is present is never changed. Returns `config`.
+
+  Code reads every key as `config.section.key`, and this is where a config that lacks some
+  gets them: one saved before a key was declared (an older checkpoint), or one partial by
+  design (`run.py import` writes no `train` section and a short `data` one). Imports stay
+  recognisable: the defaults add neither `init.source` nor `model.vocab_size`.
+  """
+  with config.unlocked():
+    _fill(config, base_config())
+  return config
+
+
+def _fill(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigDict) -> None:
+  for key, default in defaults.items():
+    if key not in config:
+      config[key] = default
+    elif isinstance(default, ml_collections.ConfigDict) and isinstance(
+      config[key], ml_collections.ConfigDict
+    ):
+      _fill(config[key], default)

@@ -44,13 +44,13 @@ def local_root(data_config: ml_collections.ConfigDict) -> str:
   """The folder local prefixes are read from: `data.root`, or ../shared/data beside the
   repository when it is empty. A folder that does not exist is a one-line error saying
   which `data.root` to pass and how to get the files, never a path the user never had."""
-  given = data_config.get("root") or ""
+  given = data_config.root
   root = os.path.abspath(os.path.expanduser(given)) if given else str(DEFAULT_LOCAL_ROOT)
   if not os.path.isdir(root):
     wanted = ", ".join(
-      list(data_config.get("split_prefixes") or [])
-      + list(data_config.get("train_prefixes") or [])[:2]
-      + list(data_config.get("test_prefixes") or [])
+      list(data_config.split_prefixes or [])
+      + list(data_config.train_prefixes or [])[:2]
+      + list(data_config.test_prefixes or [])
     )
     where = f"data.root={root}" if given else f"The default data folder {root}"
     raise errors.MissingFile(
@@ -78,7 +78,7 @@ def load_pairs(
       data_config.num_train,
       data_config.num_eval,
       data_config.seed,
-      data_config.get("num_validation", 0),
+      data_config.num_validation,
     )
   if source == "tfds":
     from transformer_mt.data import tfds_source
@@ -98,8 +98,8 @@ def load_pairs(
     from transformer_mt.data import text_files
 
     root = local_root(data_config)
-    split_prefixes = list(data_config.get("split_prefixes") or [])
-    given = [f"{split}_prefixes" for split in SPLITS if data_config.get(f"{split}_prefixes")]
+    split_prefixes = list(data_config.split_prefixes or [])
+    given = [f"{split}_prefixes" for split in SPLITS if data_config[f"{split}_prefixes"]]
     if split_prefixes and given:
       raise errors.BadValue(
         f"data.split_prefixes cuts train, validation and test from one corpus, so "
@@ -108,15 +108,15 @@ def load_pairs(
       )
     splits = {}
     for split in ("split",) + SPLITS:
-      prefixes = list(data_config.get(f"{split}_prefixes") or [])
+      prefixes = list(data_config[f"{split}_prefixes"] or [])
       if prefixes:
         splits[split] = _read_local(text_files, prefixes, data_config, root)
     if "split" in splits:
       splits = split_by_source(
         splits.pop("split"),
-        data_config.get("test_size", 0),
-        data_config.get("validation_size", 0),
-        data_config.get("split_seed", 0),
+        data_config.test_size,
+        data_config.validation_size,
+        data_config.split_seed,
       )
     if require_train and "train" not in splits:
       raise errors.BadValue(

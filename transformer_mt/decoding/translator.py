@@ -34,6 +34,7 @@ from transformer_mt.data.input_pipeline import bucket_length
 from transformer_mt.data.tokenizer import AnyTokenizer
 from transformer_mt.decoding import beam_search, sampling
 from transformer_mt.decoding import incremental as decode
+from transformer_mt.decoding.settings import decode_settings
 from transformer_mt.model import setup as run_setup
 from transformer_mt.model.transformer_config import TransformerConfig
 from transformer_mt.runtime import errors, sharding
@@ -390,7 +391,7 @@ def _prepare(
     tokenizer=tokenizer,
     mesh=mesh,
     forced_first_id=forced_first_id,
-    **run_setup.decode_settings(config, beam_size, alpha),
+    **decode_settings(config, beam_size, alpha),
   )
   return translator, step
 

@@ -29,8 +29,8 @@ from transformer_mt.workdir import checkpointing
 def bleu_language(config, target_code: str | None = None) -> str:
   """The target language BLEU tokenizes for: data.target_lang, else the language part of a
   multilingual model's target code (de_DE -> de; NLLB's deu_Latn -> deu)."""
-  code = target_code or config.data.get("target_code") or ""
-  return config.data.get("target_lang") or code.split("_")[0] or "en"
+  code = target_code or config.data.target_code or ""
+  return config.data.target_lang or code.split("_")[0] or "en"
 
 
 def evaluate(
@@ -68,7 +68,7 @@ def evaluate(
     pairs = text_files.read_parallel(source_file, reference_file)
     name = os.path.basename(source_file)
   else:
-    if config.data.get("source") == "none":  # an imported model (run.py import)
+    if config.data.source == "none":  # an imported model (run.py import)
       raise errors.BadValue(
         f"{workdir} holds an imported model, with no data splits of its own: pass --source "
         "and --reference."

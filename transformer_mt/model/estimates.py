@@ -127,7 +127,7 @@ def parameter_parts(config: ml_collections.ConfigDict) -> dict[str, int]:
 def not_estimated(config: ml_collections.ConfigDict) -> str | None:
   """Why a row has no estimate: "import" (a published model evaluated as it is) or
   "fine-tune" (its model is the import's, known once imported); None: it has one."""
-  if config.init.get("from"):
+  if config.init["from"]:
     return "import" if config.train.num_steps == 0 else "fine-tune"
   return None
 

@@ -16,7 +16,6 @@ import optax
 from jax.sharding import Mesh
 
 from transformer_mt.data.tokenizer import AnyTokenizer
-from transformer_mt.decoding import beam_search
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.model.transformer_config import TransformerConfig
 from transformer_mt.runtime import errors, sharding
@@ -36,37 +35,6 @@ def model_config_for(
     return TransformerConfig.from_mapping(config.model.to_dict())
   vocab_size = tokenizer.vocab_size if tokenizer else config.tokenizer.vocab_size
   return TransformerConfig.from_mapping(config.model.to_dict(), vocab_size=vocab_size)
-
-
-def decode_settings(config, beam_size: int | None = None, alpha: float | None = None) -> dict:
-  """Translator keyword arguments from an experiment's `decode` section (with overrides).
-
-  `length_penalty` and `candidate_pool` (beam_search's options) are read with defaults, so
-  configs saved before they existed decode as they did.
-
-  Raises:
-    ValueError: one of them names no option of beam_search.
-  """
-  decode_config = config.decode
-  settings = {
-    "batch_size": decode_config.batch_size,
-    "max_target_len": decode_config.max_len,
-    "extra_len": decode_config.get("extra_len", 50),
-    "beam_size": beam_size or decode_config.get("beam_size", 1),
-    "alpha": decode_config.get("alpha", 0.6) if alpha is None else alpha,
-    "length_penalty": decode_config.get("length_penalty", "gnmt"),
-    "candidate_pool": decode_config.get("candidate_pool", "beam"),
-  }
-  for key, allowed in (
-    ("length_penalty", beam_search.LENGTH_PENALTIES),
-    ("candidate_pool", beam_search.CANDIDATE_POOLS),
-  ):
-    if settings[key] not in allowed:
-      raise errors.BadValue(
-        f"decode.{key}={settings[key]!r} in the experiment config: expected one of "
-        f"{', '.join(allowed)}; fix the config (or the override that set it)."
-      )
-  return settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +88,7 @@ def check_parameter_layout(config: ml_collections.ConfigDict, model: Transformer
   6 heads over tensor=4), unless the config opts in to replicating those dimensions with
   mesh.allow_replicated_fallback=True. A replicated dimension costs memory and speed that a
   larger mesh axis was asked to save; training should not quietly pay for it."""
-  if config.mesh.get("allow_replicated_fallback", False):
+  if config.mesh.allow_replicated_fallback:
     return
   problems = sharding.undivided_dimensions(train_step.logical_params(model), mesh)
   if problems:

@@ -48,10 +48,9 @@ class Import:
 
 
 def source(config: ml_collections.ConfigDict) -> str:
-  """The `init.from` directory of `config`, or "" (training from scratch; also for configs
-  saved before the key existed)."""
-  init = config.get("init") or {}
-  return init.get("from", "") or ""
+  """The `init.from` directory of `config`, or "" (training from scratch; a config saved
+  before the key existed reads back with that default)."""
+  return config.init["from"] or ""
 
 
 # Where `init.from=hf:...` is imported, inside the run's workdir.
@@ -85,7 +84,7 @@ def read_import(directory: str) -> Import:
     raise errors.MissingFile(f"init.from={directory}: no such directory.")
   config, tokenizer, step = checkpointing.read_config(directory)
   step_dir = epath.Path(checkpointing.checkpoint_dir(directory)) / str(step)
-  imported = "source" in (config.get("init") or {}) and "vocab_size" in config.model
+  imported = "source" in config.init and "vocab_size" in config.model
   if (step_dir / "train_state").exists() or not imported:
     raise errors.BadValue(
       f"init.from={directory} is not a workdir written by `run.py import` (its checkpoint "

@@ -37,8 +37,9 @@ def paper_learning_rate(d_model: int, warmup_steps: int, scale: float = 1.0) -> 
 
 
 def optimizer_name(train_config: ml_collections.ConfigDict) -> str:
-  """`train.optimizer`, checked ("adam" for configs saved before the field existed)."""
-  name = train_config.get("optimizer", "adam")
+  """`train.optimizer`, checked (a config saved before the field existed reads back with its
+  default, "adam": `checkpointing.read_config` completes it)."""
+  name = train_config.optimizer
   if name not in OPTIMIZERS:
     raise errors.BadValue(
       f"train.optimizer={name!r} is not one of {', '.join(map(repr, OPTIMIZERS))}; "

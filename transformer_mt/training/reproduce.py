@@ -45,7 +45,7 @@ def plan(name: str, workdir: str, overrides: Sequence[str] = ()) -> str:
   """What `reproduce` would do, with the training estimate (`--dry-run`): reads the
   experiment only; trains, imports and writes nothing."""
   config = registry.load_experiment(name, overrides)
-  source = config.init.get("from")
+  source = config.init["from"]
   lines = [f"{name}: {config.description}"]
   if source:
     lines.append(f"import {source} into {os.path.join(workdir, 'pretrained')}")
@@ -56,7 +56,7 @@ def plan(name: str, workdir: str, overrides: Sequence[str] = ()) -> str:
       f"train {config.train.num_steps:,} updates in {workdir} (resuming from its latest "
       f"checkpoint), {config.train.batch_tokens:,} target-token slots per update"
     )
-    last_n = config.evaluate.get("average_last", 0)
+    last_n = config.evaluate.average_last
     lines.append(
       f"average the last {last_n} checkpoints" if last_n > 1 else "no checkpoint averaging"
     )
@@ -94,7 +94,7 @@ def _reproduce(name: str, workdir: str, overrides: Sequence[str], config) -> dic
     trained = train.train(config, workdir)
     if trained.get("preempted"):
       raise errors.Stopped("Training was stopped by a signal; rerun the same command to resume.")
-    last_n = config.evaluate.get("average_last", 0)
+    last_n = config.evaluate.average_last
     eval_dir, averaged = (
       _averaged_dir(workdir, last_n)
       if last_n > 1
@@ -108,8 +108,8 @@ def _reproduce(name: str, workdir: str, overrides: Sequence[str], config) -> dic
   results = {
     "experiment": name,
     "description": config.description,
-    "paper_bleu": config.get("paper_bleu"),
-    "paper_bleu_source": config.get("paper_bleu_source"),
+    "paper_bleu": config.paper_bleu,
+    "paper_bleu_source": config.paper_bleu_source,
     "sacrebleu": scores["sacrebleu"],
     "sacrebleu_signature": scores["sacrebleu_signature"],
     "paper_comparable_bleu": scores["paper_bleu"],

@@ -174,7 +174,7 @@ def plan(
   for index, values in enumerate(sweep.trials()):
     trial_name = f"trial_{index:03d}"
     config = registry.load_experiment(name, list(overrides) + trial_overrides(values))
-    if not config.train.get("bleu_every"):
+    if not config.train.bleu_every:
       raise errors.BadValue(
         "Sweeps rank trials by validation BLEU or chrF: set train.bleu_every > 0."
       )

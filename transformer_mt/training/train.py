@@ -26,10 +26,11 @@ from tqdm import tqdm
 from transformer_mt.data import input_pipeline
 from transformer_mt.data import sources as data_sources
 from transformer_mt.data.tokenizer import load_or_train
+from transformer_mt.decoding.settings import decode_settings
 from transformer_mt.decoding.translator import Translator
 from transformer_mt.evaluation import corpus_scores as evaluation
 from transformer_mt.model import setup as run_setup
-from transformer_mt.model.setup import decode_settings, model_config_for
+from transformer_mt.model.setup import model_config_for
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.runtime import distributed, errors, sharding
 from transformer_mt.training import finetune, optimizer, preemption, resume, train_step

@@ -35,6 +35,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 from etils import epath
 
+from transformer_mt.config import defaults
 from transformer_mt.data import tokenizer as tokenizers
 from transformer_mt.data.tokenizer import KIND_FILENAME, AnyTokenizer
 from transformer_mt.runtime import errors
@@ -366,7 +367,10 @@ def restore_training(
 def read_config(
   workdir: str, step: int | None = None
 ) -> tuple[ml_collections.ConfigDict, AnyTokenizer, int]:
-  """Config, tokenizer and step of a checkpoint (default: the latest), without any arrays."""
+  """Config, tokenizer and step of a checkpoint (default: the latest), without any arrays.
+
+  The config is completed from `config/defaults.py` (`defaults.complete`): a checkpoint saved
+  before a key was declared, or an import's partial config, reads back with every key."""
   manager = make_manager(resolve_workdir(workdir), read_only=True)
   steps = manager.all_steps()
   if not steps:
@@ -388,7 +392,8 @@ def read_config(
     config=ocp.args.JsonRestore(),
     tokenizer=TokenizerRestore(),
   )
-  return ml_collections.ConfigDict(restored["config"]), restored["tokenizer"], step
+  config = defaults.complete(ml_collections.ConfigDict(restored["config"]))
+  return config, restored["tokenizer"], step
 
 
 def restore_params(workdir: str, step: int, abstract_params: Any) -> Any:

@@ -1,0 +1,45 @@
+"""The decode settings of a run: its config's `decode` section as Translator keyword arguments.
+
+Here rather than beside the model setup because the options it checks are beam_search's: the
+model stage imports nothing from decoding.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from transformer_mt.decoding import beam_search
+from transformer_mt.runtime import errors
+
+
+def decode_settings(
+  config: ml_collections.ConfigDict, beam_size: int | None = None, alpha: float | None = None
+) -> dict:
+  """Translator keyword arguments from an experiment's `decode` section (with overrides).
+
+  A config saved before `length_penalty` or `candidate_pool` existed reads back with their
+  defaults ("gnmt", "beam"; `checkpointing.read_config` completes it), so it decodes as it did.
+
+  Raises:
+    ValueError: one of them names no option of beam_search.
+  """
+  decode_config = config.decode
+  settings = {
+    "batch_size": decode_config.batch_size,
+    "max_target_len": decode_config.max_len,
+    "extra_len": decode_config.extra_len,
+    "beam_size": beam_size or decode_config.beam_size,
+    "alpha": decode_config.alpha if alpha is None else alpha,
+    "length_penalty": decode_config.length_penalty,
+    "candidate_pool": decode_config.candidate_pool,
+  }
+  for key, allowed in (
+    ("length_penalty", beam_search.LENGTH_PENALTIES),
+    ("candidate_pool", beam_search.CANDIDATE_POOLS),
+  ):
+    if settings[key] not in allowed:
+      raise errors.BadValue(
+        f"decode.{key}={settings[key]!r} in the experiment config: expected one of "
+        f"{', '.join(allowed)}; fix the config (or the override that set it)."
+      )
+  return settings
