@@ -22,12 +22,8 @@ SECTION_NAMES = {"data_config", "decode_config", "train_config", "init"}
 HF_JSON = {"data/fsmt_tokenizer.py"}
 # Reads being converted on other branches (None: all of a module's); empty this once they
 # are merged.
-LANGUAGE_READS = {"config.data.get('source_code')", "config.data.get('target_code')"}
 IN_CONVERSION = {
   "training/train.py": None,
-  "decoding/translator.py": LANGUAGE_READS,
-  "interop/hf_import.py": LANGUAGE_READS,
-  "training/finetune.py": LANGUAGE_READS,
 }
 
 

@@ -422,10 +422,11 @@ def with_languages(
   )
   if not tokenizers.has_language_tags(tokenizer):
     return tokenizer, None, None
-  # `.get`: the config is a checkpoint's as saved, and multilingual imports written before
-  # data.source_code existed lack the keys (they then ask for the flags).
-  source = source_lang or config.data.get("source_code") or None
-  target = target_lang or config.data.get("target_code") or None
+  # The config comes from checkpointing.read_config, completed from the defaults ("" when a
+  # multilingual import written before data.source_code existed lacks the keys: the flags
+  # are then asked for).
+  source = source_lang or config.data.source_code or None
+  target = target_lang or config.data.target_code or None
   tokenizers.require_codes(
     tokenizer,
     {"--src_lang": source, "--tgt_lang": target},
