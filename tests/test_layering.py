@@ -49,7 +49,6 @@ ALLOWED_UPWARD: set[tuple[str, str]] = {
 ALLOWED_LONG: set[str] = {
   "transformer_mt.cli",
   "transformer_mt.decoding.translator",
-  "transformer_mt.workdir.checkpointing",
 }
 
 
