@@ -11,7 +11,7 @@ Hardware: 2 CPU cores. Expected: see the README's results table (BLEU >= 90 in <
 """
 
 from transformer_mt.config import defaults as _defaults
-from transformer_mt.training.sweep import Sweep
+from transformer_mt.config.search_space import Sweep
 
 
 def get_config():

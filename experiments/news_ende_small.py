@@ -12,7 +12,7 @@ Hardware: 2 CPU cores (see the README's results table for what N minutes give).
 """
 
 from transformer_mt.config import defaults as _defaults
-from transformer_mt.training.sweep import Sweep, choice, uniform
+from transformer_mt.config.search_space import Sweep, choice, uniform
 
 TRAIN_SETS = ["news-test2008", "newssyscomb2009"] + [
   f"newstest{year}" for year in (2009, 2010, 2011, 2012, 2015, 2016, 2017, 2018, 2019, 2020)

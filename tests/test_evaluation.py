@@ -20,6 +20,7 @@ import shared_data
 
 from transformer_mt import cli
 from transformer_mt.evaluation import corpus_scores as evaluation
+from transformer_mt.evaluation import reports
 from transformer_mt.training import reproduce
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -320,4 +321,4 @@ def test_report_shows_chrf_and_a_dash_for_old_results(tmp_path, capsys):
   assert f"chrF signature(s): {chrf['chrf_signature']}" in lines
   assert f"chrF++ signature(s): {chrf['chrf_plus_plus_signature']}" in lines
   # Only old rows: no chrF signature line at all.
-  assert "chrF signature" not in reproduce.report([str(old)])
+  assert "chrF signature" not in reports.report([str(old)])

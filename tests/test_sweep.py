@@ -11,8 +11,9 @@ import time
 import pytest
 
 from transformer_mt import cli
+from transformer_mt.config.search_space import Sweep, choice, log_uniform, randint, uniform
+from transformer_mt.evaluation import reports
 from transformer_mt.training import sweep
-from transformer_mt.training.sweep import Sweep, choice, log_uniform, randint, uniform
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STEPS = 80
@@ -100,7 +101,7 @@ def test_ranking_orders_by_validation_bleu_with_unfinished_last(tmp_path):
         }
       )
     )
-  table = sweep.ranking_table(str(tmp_path)).splitlines()
+  table = reports.ranking_table(str(tmp_path)).splitlines()
   rows = [line for line in table if line.startswith("| ") and "trial_" in line]
   # BLEU first; the tie at 12.5 goes to the lower final loss; the unfinished trial comes last.
   assert [row.split(" | ")[1] for row in rows] == [
@@ -142,7 +143,7 @@ def test_ranking_by_chrf_puts_trials_without_it_last(tmp_path, capsys):
     (tmp_path / name / sweep.TRIAL_FILENAME).write_text(json.dumps(status))
 
   def ranked(metric):
-    table = sweep.ranking_table(str(tmp_path), metric).splitlines()
+    table = reports.ranking_table(str(tmp_path), metric).splitlines()
     assert table[0].endswith(f"ranked by validation {'chrF' if metric == 'chrf' else 'BLEU'}")
     return [line.split(" | ") for line in table if line.startswith("| ") and "trial_" in line]
 

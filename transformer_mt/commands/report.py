@@ -19,14 +19,14 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> None:
-  from transformer_mt.training import reproduce, sweep
+  from transformer_mt.evaluation import reports
 
-  sweep.check_metric(args.metric)
-  sweeps = [w for w in args.workdirs if sweep.is_sweep_dir(w)]
+  reports.check_metric(args.metric)
+  sweeps = [w for w in args.workdirs if reports.is_sweep_dir(w)]
   rows = [w for w in args.workdirs if w not in sweeps]
   for root in sweeps:
-    print(sweep.ranking_table(root, args.metric) + "\n")
+    print(reports.ranking_table(root, args.metric) + "\n")
   if rows:
-    print(reproduce.report(rows, args.chart))
+    print(reports.report(rows, args.chart))
     if args.chart:
       print(f"chart: {args.chart}")

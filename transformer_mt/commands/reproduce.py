@@ -29,6 +29,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> None:
+  from transformer_mt.evaluation import reports
   from transformer_mt.training import reproduce
 
   if args.dry_run:
@@ -37,5 +38,5 @@ def run(args) -> None:
   results = reproduce.reproduce(
     args.experiment, args.workdir, args.overrides, force_unlock=args.force_unlock
   )
-  print(reproduce.markdown_table([results]))
-  print(f"results: {os.path.join(args.workdir, reproduce.RESULTS_FILENAME)}")
+  print(reports.markdown_table([results]))
+  print(f"results: {os.path.join(args.workdir, reports.RESULTS_FILENAME)}")

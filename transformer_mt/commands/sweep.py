@@ -43,9 +43,10 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> None:
+  from transformer_mt.evaluation import reports
   from transformer_mt.training import sweep
 
-  sweep.check_metric(args.metric)
+  reports.check_metric(args.metric)
   if args.dry_run:
     print("\n".join(sweep.dry_run_commands(args.experiment, args.workdir, args.overrides)))
     return
@@ -58,6 +59,6 @@ def run(args) -> None:
     force_unlock=args.force_unlock,
   )
   if args.trial is None:
-    print(sweep.ranking_table(args.workdir, args.metric))
+    print(reports.ranking_table(args.workdir, args.metric))
   else:
     print(f"trial {args.trial}: {statuses[args.trial]['status']}")

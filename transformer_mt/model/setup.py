@@ -16,6 +16,7 @@ import optax
 from jax.sharding import Mesh
 
 from transformer_mt.data.tokenizer import AnyTokenizer
+from transformer_mt.model import layout
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.model.transformer_config import TransformerConfig
 from transformer_mt.runtime import errors, sharding
@@ -68,8 +69,8 @@ def model_setup(
     model_config=model_config,
     model=model,
     mesh=mesh,
-    param_shardings=train_step.param_shardings(model, mesh),
-    abstract_params=train_step.abstract_params(model, mesh),
+    param_shardings=layout.param_shardings(model, mesh),
+    abstract_params=layout.abstract_params(model, mesh),
   )
 
 
@@ -90,7 +91,7 @@ def check_parameter_layout(config: ml_collections.ConfigDict, model: Transformer
   larger mesh axis was asked to save; training should not quietly pay for it."""
   if config.mesh.allow_replicated_fallback:
     return
-  problems = sharding.undivided_dimensions(train_step.logical_params(model), mesh)
+  problems = sharding.undivided_dimensions(layout.logical_params(model), mesh)
   if problems:
     shown = "; ".join(problems[:4]) + (
       f"; ... ({len(problems)} in all)" if len(problems) > 4 else ""

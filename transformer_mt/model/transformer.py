@@ -22,15 +22,17 @@ from transformer_mt.model.attention import (
   dense_init,
   sinusoidal_encoding,
 )
-from transformer_mt.model.transformer_config import TransformerConfig
+from transformer_mt.model.transformer_config import ACTIVATIONS, TransformerConfig
 
-ACTIVATIONS = {
+# The function of each activation TransformerConfig accepts (its ACTIVATIONS, the names).
+ACTIVATION_FUNCTIONS = {
   "relu": nn.relu,
   # Hugging Face's "gelu" is the exact erf form; jax.nn.gelu defaults to the tanh approximation.
   "gelu": functools.partial(nn.gelu, approximate=False),
   "gelu_tanh": functools.partial(nn.gelu, approximate=True),
   "swish": nn.swish,
 }
+assert set(ACTIVATION_FUNCTIONS) == set(ACTIVATIONS), "the two lists of activations differ"
 
 
 class FeedForward(nn.Module):
@@ -53,7 +55,7 @@ class FeedForward(nn.Module):
         name=name,
       )
 
-    hidden = ACTIVATIONS[cfg.activation](dense(cfg.d_ff, ("embed", "mlp"), "wi")(x))
+    hidden = ACTIVATION_FUNCTIONS[cfg.activation](dense(cfg.d_ff, ("embed", "mlp"), "wi")(x))
     # hidden: [batch, len, d_ff]
     hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
     if cfg.relu_dropout_rate > 0:

@@ -21,6 +21,7 @@ import jax
 from transformer_mt.config import registry
 from transformer_mt.data import text_files
 from transformer_mt.evaluation import test_set as evaluate
+from transformer_mt.evaluation.reports import RESULTS_FILENAME
 from transformer_mt.model import estimates
 from transformer_mt.model.setup import model_config_for
 from transformer_mt.model.transformer import count_parameters
@@ -28,8 +29,6 @@ from transformer_mt.runtime import errors
 from transformer_mt.training import finetune, train
 from transformer_mt.workdir import averaging, checkpointing
 from transformer_mt.workdir import lock as workdir_lock
-
-RESULTS_FILENAME = "results.json"
 
 
 def _averaged_dir(workdir: str, last_n: int) -> tuple[str, list[int]]:
@@ -132,84 +131,3 @@ def _reproduce(name: str, workdir: str, overrides: Sequence[str], config) -> dic
     os.path.join(workdir, RESULTS_FILENAME), json.dumps(results, indent=2)
   )
   return results
-
-
-def load_results(workdirs: Sequence[str]) -> list[dict[str, Any]]:
-  rows = []
-  for workdir in workdirs:
-    path = os.path.join(workdir, RESULTS_FILENAME)
-    if not os.path.exists(path):
-      raise errors.MissingFile(
-        f"{path} does not exist; run `run.py reproduce NAME --workdir {workdir}` first."
-      )
-    rows.append(dict(text_files.read_json(path), workdir=workdir))
-  return rows
-
-
-def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
-  """The rows beside the published BLEU. chrF and chrF++ are read with .get: a results.json
-  written before they were reported lacks them and shows "–"."""
-
-  def fmt(value, spec=".2f"):
-    return "–" if value is None else format(value, spec)
-
-  lines = [
-    "| experiment | published BLEU | ours: paper-comparable | ours: sacreBLEU | ours: chrF "
-    "| ours: chrF++ | params | steps | wall time (this run) | hardware |",
-    "|---|---|---|---|---|---|---|---|---|---|",
-  ]
-  for r in rows:
-    lines.append(
-      f"| {r['experiment']} | {fmt(r.get('paper_bleu'), '.1f')} | "
-      f"{fmt(r['paper_comparable_bleu'])} | {fmt(r['sacrebleu'])} | "
-      f"{fmt(r.get('chrf'))} | {fmt(r.get('chrf_plus_plus'))} | "
-      f"{r['parameters'] / 1e6:.1f}M | {r['steps']} | "
-      f"{r['wall_seconds_this_run'] / 60:.1f} min | {r['hardware']} |"
-    )
-  lines.append("")
-  lines.append(
-    "sacreBLEU signature(s): " + "; ".join(sorted({r["sacrebleu_signature"] for r in rows}))
-  )
-  for label, key in (("chrF", "chrf_signature"), ("chrF++", "chrf_plus_plus_signature")):
-    signatures = sorted({r[key] for r in rows if r.get(key)})
-    if signatures:
-      lines.append(f"{label} signature(s): " + "; ".join(signatures))
-  # Rows of published models say where their figure comes from (the paper rows: its table 2).
-  sources = [(r["experiment"], r["paper_bleu_source"]) for r in rows if r.get("paper_bleu_source")]
-  if sources:
-    lines.append("")
-    lines += ["Published figures:"] + [f"- {name}: {source}" for name, source in sources]
-  return "\n".join(lines)
-
-
-def bar_chart(rows: Sequence[dict[str, Any]], path: str) -> None:
-  from matplotlib.figure import Figure
-
-  figure = Figure(figsize=(max(5, 1.6 * len(rows)), 4))
-  axes = figure.add_subplot()
-  names = [r["experiment"] for r in rows]
-  positions = range(len(rows))
-  axes.bar(
-    [p - 0.2 for p in positions], [r.get("paper_bleu") or 0 for r in rows], 0.4, label="paper"
-  )
-  axes.bar(
-    [p + 0.2 for p in positions],
-    [r["paper_comparable_bleu"] for r in rows],
-    0.4,
-    label="ours (paper-comparable)",
-  )
-  axes.set_xticks(list(positions), names, rotation=20, ha="right", fontsize=8)
-  axes.set_ylabel("BLEU")
-  axes.legend()
-  figure.tight_layout()
-  try:
-    figure.savefig(path, dpi=120)
-  except OSError as e:
-    raise text_files.DataError(text_files.cannot_write(path, e)) from e
-
-
-def report(workdirs: Sequence[str], chart_path: str | None = None) -> str:
-  rows = load_results(workdirs)
-  if chart_path:
-    bar_chart(rows, chart_path)
-  return markdown_table(rows)

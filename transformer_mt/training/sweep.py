@@ -1,6 +1,6 @@
 """Hyperparameter sweeps: an experiment declares a grid and/or random search over config keys.
 
-An experiment file opts in with a `get_sweep()` returning a `Sweep`:
+An experiment file opts in with a `get_sweep()` returning a `Sweep` (config/search_space.py):
 
     def get_sweep():
       return Sweep(grid={"train.lr_scale": [0.5, 1.0], "train.warmup_steps": [250, 500]},
@@ -15,20 +15,17 @@ CPU, XLA_FLAGS). A trial whose trial.json says
 "finished" is skipped and an unfinished one resumes from its checkpoint, so rerunning an
 interrupted sweep continues it. `--dry-run` prints one `--trial i` command per trial,
 for a SLURM job array (launch/slurm_sweep.sbatch). Trials are ranked by the validation
-BLEU of their last step (`run.py report ROOT`), or by its chrF (`--metric chrf`), which
-training logs beside BLEU from the same hypotheses. Trials recorded before chrF was logged
-have none: they are ranked after those that do, shown as "–".
+BLEU of their last step (`run.py report ROOT`, evaluation/reports.py), or by its chrF
+(`--metric chrf`), which training logs beside BLEU from the same hypotheses. Trials recorded
+before chrF was logged have none: they are ranked after those that do, shown as "–".
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import dataclasses
-import itertools
 import json
 import logging
-import math
 import os
 import queue
 import re
@@ -42,94 +39,18 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from transformer_mt.config import registry
+from transformer_mt.config.search_space import Sweep
 from transformer_mt.data import text_files
+from transformer_mt.evaluation.reports import (
+  RANKING_METRICS,
+  SWEEP_FILENAME,
+  TRIAL_FILENAME,
+  trial_status,
+)
 from transformer_mt.runtime import distributed, errors
 from transformer_mt.workdir import lock as workdir_lock
 from transformer_mt.workdir import metrics_log as metrics
-
-SWEEP_FILENAME = "sweep.json"
-TRIAL_FILENAME = "trial.json"
-# --metric name -> (the validation score's key in metrics.jsonl, in trial.json, its label).
-RANKING_METRICS = {
-  "bleu": ("validation/bleu", "validation_bleu", "validation BLEU"),
-  "chrf": ("validation/chrf", "validation_chrf", "validation chrF"),
-}
-
-
-def check_metric(metric: str) -> None:
-  """Fails before any work (a sweep may run for hours before it ranks) on an unknown name."""
-  if metric not in RANKING_METRICS:
-    raise errors.BadValue(
-      f"--metric {metric!r} is not a ranking metric: use one of {', '.join(RANKING_METRICS)}."
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class Distribution:
-  """A random-search distribution: uniform, log-uniform, a random integer or a choice."""
-
-  kind: str
-  low: float = 0.0
-  high: float = 1.0
-  choices: tuple = ()
-
-  def sample(self, rng: np.random.Generator):
-    if self.kind == "uniform":
-      return float(rng.uniform(self.low, self.high))
-    if self.kind == "log_uniform":
-      return float(math.exp(rng.uniform(math.log(self.low), math.log(self.high))))
-    if self.kind == "int":
-      return int(rng.integers(self.low, self.high + 1))
-    if self.kind == "choice":
-      return self.choices[int(rng.integers(len(self.choices)))]
-    raise errors.BadValue(
-      f"Unknown distribution {self.kind!r}: use uniform, log_uniform, int or choice."
-    )
-
-
-def uniform(low: float, high: float) -> Distribution:
-  return Distribution("uniform", low, high)
-
-
-def log_uniform(low: float, high: float) -> Distribution:
-  if low <= 0:
-    raise errors.BadValue(f"log_uniform({low}, {high}) needs low > 0.")
-  return Distribution("log_uniform", low, high)
-
-
-def randint(low: int, high: int) -> Distribution:
-  """An integer in [low, high], both included."""
-  return Distribution("int", low, high)
-
-
-def choice(*choices) -> Distribution:
-  return Distribution("choice", choices=tuple(choices))
-
-
-@dataclasses.dataclass(frozen=True)
-class Sweep:
-  """A grid (key -> list of values) and/or random search (key -> Distribution) with a seed."""
-
-  grid: dict[str, list] = dataclasses.field(default_factory=dict)
-  random: dict[str, Distribution] = dataclasses.field(default_factory=dict)
-  num_random: int = 0
-  seed: int = 0
-
-  def trials(self) -> list[dict[str, Any]]:
-    """Each trial's {key: value}, in a fixed order: grid points, each with its random draws."""
-    if self.random and self.num_random < 1:
-      raise errors.BadValue("A sweep with random keys needs num_random >= 1 draws.")
-    keys = list(self.grid)
-    points = [dict(zip(keys, values)) for values in itertools.product(*self.grid.values())]
-    rng = np.random.default_rng(self.seed)
-    trials = []
-    for point in points:
-      for _ in range(self.num_random if self.random else 1):
-        trials.append(dict(point, **{k: d.sample(rng) for k, d in self.random.items()}))
-    return trials
 
 
 def _literal(value) -> str:
@@ -200,13 +121,6 @@ def plan(
         "the same experiment and overrides."
       )
   return trials, record
-
-
-def trial_status(workdir: str) -> dict[str, Any] | None:
-  path = os.path.join(workdir, TRIAL_FILENAME)
-  if not os.path.exists(path):
-    return None
-  return text_files.read_json(path)
 
 
 def _final_validation_score(workdir: str, step: int, name: str) -> float | None:
@@ -471,52 +385,3 @@ def dry_run_commands(name: str, root: str, overrides: Sequence[str] = ()) -> lis
     f"{shlex.join(base + ['--trial', str(i)])}  # {' '.join(t['overrides'])}"
     for i, t in enumerate(trials)
   ]
-
-
-def ranking_table(root: str, metric: str = "bleu") -> str:
-  """The trials of the sweep in ROOT as a markdown table, best validation `metric` ("bleu" or
-  "chrf") first. A finished trial without that score (chrF of a trial run before chrF was
-  logged) is ranked after every trial with one."""
-  check_metric(metric)
-  _, field, label = RANKING_METRICS[metric]
-  record = text_files.read_json(os.path.join(root, SWEEP_FILENAME))
-  rows = [
-    trial_status(os.path.join(root, t["name"]))
-    or {"status": "unfinished", "trial": t["name"], "overrides": t["overrides"]}
-    for t in record["trials"]
-  ]
-  # Best score first; ties (e.g. all 0 after a few steps) by lower final loss.
-  finished = sorted(
-    (r for r in rows if r["status"] == "finished"),
-    key=lambda r: (
-      -(r[field] if r.get(field) is not None else -math.inf),
-      r["final_loss"] if r["final_loss"] is not None else math.inf,
-    ),
-  )
-  unfinished = [r for r in rows if r["status"] != "finished"]
-
-  def fmt(value, spec=".2f"):
-    return "–" if value is None else format(value, spec)
-
-  lines = [
-    f"Sweep {record['experiment']} in {root}"
-    + (f" (overrides: {' '.join(record['overrides'])})" if record["overrides"] else "")
-    + f", ranked by {label}",
-    "",
-    "| rank | trial | overrides | validation BLEU | validation chrF | test BLEU | final loss "
-    "| steps |",
-    "|---|---|---|---|---|---|---|---|",
-  ]
-  for rank, r in enumerate(finished, start=1):
-    lines.append(
-      f"| {rank} | {r['trial']} | {' '.join(r['overrides'])} | "
-      f"{fmt(r['validation_bleu'])} | {fmt(r.get('validation_chrf'))} | "
-      f"{fmt(r['test_bleu'])} | {fmt(r['final_loss'], '.3f')} | {r['steps']} |"
-    )
-  for r in unfinished:
-    lines.append(f"| – | {r['trial']} | {' '.join(r['overrides'])} | unfinished | | | | |")
-  return "\n".join(lines)
-
-
-def is_sweep_dir(path: str) -> bool:
-  return os.path.exists(os.path.join(path, SWEEP_FILENAME))

@@ -19,6 +19,13 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
+# The parameter layout lives in the model stage; train_step.param_shardings etc. still name it.
+from transformer_mt.model.layout import (  # noqa: F401
+  abstract_params,
+  init_params,
+  logical_params,
+  param_shardings,
+)
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.runtime import errors, sharding
 from transformer_mt.training import losses, optimizer
@@ -36,21 +43,11 @@ class TrainState:
   rng: jax.Array  # uint32 [2]: raw key data; step k's dropout key is fold_in(rng, k).
 
 
-def _init_params(key: jax.Array, model: Transformer) -> Any:
-  dummy = jnp.ones((1, 2), jnp.int32)
-  return model.init(key, dummy, dummy)["params"]  # boxed with logical axis names
-
-
-def logical_params(model: Transformer) -> Any:
-  """The parameters' abstract arrays, boxed with their logical axis names (nothing computed)."""
-  return jax.eval_shape(functools.partial(_init_params, model=model), jax.random.key(0))
-
-
 def _create_state(
   key: jax.Array, model: Transformer, tx: optax.GradientTransformation, boxed: bool
 ) -> TrainState:
   param_key, dropout_key = jax.random.split(key)
-  state = _state_around(_init_params(param_key, model), dropout_key, tx)
+  state = _state_around(init_params(param_key, model), dropout_key, tx)
   return state if boxed else nn.unbox(state)
 
 
@@ -81,23 +78,6 @@ def abstract_state(model: Transformer, tx: optax.GradientTransformation, mesh: M
     lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
     shapes,
     state_shardings(model, tx, mesh),
-  )
-
-
-def param_shardings(model: Transformer, mesh: Mesh) -> Any:
-  """NamedShardings of the parameters alone (the same as `state_shardings(...).params`)."""
-  boxed = jax.eval_shape(functools.partial(_init_params, model=model), jax.random.key(0))
-  return sharding.logical_shardings(boxed, mesh)
-
-
-def abstract_params(model: Transformer, mesh: Mesh) -> Any:
-  """Sharded ShapeDtypeStructs of the parameters: the target for restoring them without
-  building an optimizer (inference, averaging)."""
-  shapes = nn.unbox(jax.eval_shape(functools.partial(_init_params, model=model), jax.random.key(0)))
-  return jax.tree.map(
-    lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-    shapes,
-    param_shardings(model, mesh),
   )
 
 
