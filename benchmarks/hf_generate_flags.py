@@ -3,10 +3,10 @@
     python benchmarks/hf_generate_flags.py
 
 Our greedy_decode and beam_decode (candidate_pool "hf", length_penalty "power") equal
-transformers' `generate` called with the settings the interop tests pass (README, "Importing
-Hugging Face models"): `early_stopping="never"`, `forced_eos_token_id=None`, `min_length=0`,
-`renormalize_logits=True`, `suppress_tokens=TransformerConfig.suppressed_ids`. This script
-measures how far `generate` moves when one of them is left at its default instead (the
+transformers' `generate` called with the settings the interop tests pass (docs/importing.md,
+"Decoding as `generate` does"): `early_stopping="never"`, `forced_eos_token_id=None`,
+`min_length=0`, `renormalize_logits=True`, `suppress_tokens=TransformerConfig.suppressed_ids`.
+This script measures how far `generate` moves when one of them is left at its default instead (the
 model's generation config, else transformers' own), and, for the settings whose default is
 off on these models, at an illustrative value (`min_length=10`, `no_repeat_ngram_size=3`).
 

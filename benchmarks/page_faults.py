@@ -10,9 +10,9 @@ the same run. Printed: faults per call of each, and the launched / plain ratio.
 
 Expected on Linux with glibc: the launched children fault a small fraction of what the plain
 ones do (glibc returns large freed blocks to the kernel by default, so every call faults them
-in afresh; README "Where a small model's time went"). How small depends on the machine's load
-and memory pressure, which is why no test asserts it (tests/test_launch.py checks only that the
-re-exec sets the tunables in the same process).
+in afresh; docs/performance.md, "Where a small model's time went"). How small depends on the
+machine's load and memory pressure, which is why no test asserts it (tests/test_launch.py checks
+only that the re-exec sets the tunables in the same process).
 """
 
 from __future__ import annotations

@@ -28,8 +28,8 @@ def require(*relative: str) -> pathlib.Path:
   missing = [DIR / name for name in relative or ("",) if not (DIR / name).exists()]
   if missing:
     message = (
-      f"needs the shared data: {', '.join(map(str, missing))} missing (see the README's Data "
-      "section; TRANSFORMER_MT_SHARED_DATA can point at the folder)"
+      f"needs the shared data: {', '.join(map(str, missing))} missing (see docs/data.md; "
+      " TRANSFORMER_MT_SHARED_DATA can point at the folder)"
     )
     pytest.skip(message)
   return DIR

@@ -4,7 +4,7 @@
 named by `init.from` (`hf:OWNER/NAME`, downloaded with huggingface_hub; `hf:DIR` for a local copy,
 e.g. `init.from=hf:/models/opus-mt-en-de`) into DIR/pretrained, fine-tunes it when the row
 has training steps, and evaluates on newstest2014 read from local text files
-(`../shared/data/news/...`; see the README's Data section for getting them elsewhere), then
+(`../shared/data/news/...`; see docs/data.md for getting them elsewhere), then
 writes DIR/results.json for `run.py report`.
 
 The published figures are the model authors' own, measured with their own decoding and

@@ -36,7 +36,7 @@ HOW_TO_GET_NEWS = (
   "`sacrebleu -t wmt14/full -l en-de --echo src > DIR/news/en-de/newstest2014.en` and "
   "`--echo ref > DIR/news/en-de/newstest2014.de` (wmt08..wmt20 likewise); all of news/ and "
   "tatoeba/ are in the public Helsinki-NLP/OPUS-MT-testsets repository (testsets/en-de, "
-  "testsets/en-fr). See the README's Data section."
+  "testsets/en-fr). See docs/data.md."
 )
 
 
