@@ -158,7 +158,8 @@ def test_sigterm_outside_the_training_loop_releases_the_lock(tmp_path):
 UNDER_JAX_NOTIFIER = (
   "import os, signal, socket, sys, time\n"
   "import jax\n"
-  "from transformer_mt import preemption, workdir_lock\n"
+  "from transformer_mt.training import preemption\n"
+  "from transformer_mt.workdir import lock as workdir_lock\n"
   "with socket.socket() as s:\n"
   "  s.bind(('127.0.0.1', 0))\n"
   "  port = s.getsockname()[1]\n"
