@@ -9,31 +9,16 @@ import sys
 import time
 
 import pytest
+from helpers import ROOT, run_py, tiny_overrides
 
 from transformer_mt import cli
 from transformer_mt.training import sweep
 from transformer_mt.training.sweep import Sweep, choice, log_uniform, randint, uniform
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 STEPS = 80
-TINY = [
-  "model.d_model=32",
-  "model.num_heads=2",
-  "model.d_ff=64",
-  "model.num_encoder_layers=1",
-  "model.num_decoder_layers=1",
-  "data.num_train=2000",
-  "data.num_eval=8",
-  "data.num_validation=8",
-  "tokenizer.vocab_size=300",
-  "tokenizer.sample_size=2000",
-  "train.batch_tokens=256",
-  "train.log_every=5",
-  "train.checkpoint_every=5",
-  f"train.num_steps={STEPS}",
-  "decode.max_len=24",
-  "decode.beam_size=1",
-]
+TINY = tiny_overrides(
+  "data.num_validation=8", "train.checkpoint_every=5", f"train.num_steps={STEPS}"
+)
 
 
 def test_grid_times_random_draws_is_deterministic():
@@ -163,17 +148,7 @@ def test_ranking_by_chrf_puts_trials_without_it_last(tmp_path, capsys):
 
 
 def sweep_command(root, *extra):
-  return [
-    sys.executable,
-    "run.py",
-    "sweep",
-    "--experiment",
-    "demo",
-    "--workdir",
-    str(root),
-    *TINY,
-    *extra,
-  ]
+  return run_py("sweep", "--experiment", "demo", "--workdir", str(root), *TINY, *extra)
 
 
 def subprocess_env(devices):
