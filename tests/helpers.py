@@ -13,7 +13,6 @@ import pathlib
 import sys
 from collections.abc import Iterable
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -112,10 +111,15 @@ def tiny_model_config(**overrides) -> TransformerConfig:
 
 def init_params(config: TransformerConfig, seed: int = 0, unbox: bool = True):
   """`Transformer(config).init`'s params from a (1, 2) dummy source and target and
-  `jax.random.key(seed)`: unboxed (plain arrays), or as init returns them (`unbox=False`)."""
+  `jax.random.key(seed)`: unboxed (each partitioning box replaced by its value), or as init
+  returns them, in their boxes (`unbox=False`)."""
   dummy = jnp.ones((1, 2), jnp.int32)
   params = Transformer(config).init(jax.random.key(seed), dummy, dummy)["params"]
-  return nn.unbox(params) if unbox else params
+  if not unbox:
+    return params
+  return jax.tree.map(
+    lambda x: x.value if hasattr(x, "value") else x, params, is_leaf=lambda x: hasattr(x, "value")
+  )
 
 
 # Workdirs (test_fault_tolerance.py, test_damaged_checkpoint.py).

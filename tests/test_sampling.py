@@ -14,6 +14,7 @@ import ml_collections
 import numpy as np
 import pytest
 import scipy.stats
+from helpers import init_params, tiny_model_config
 
 from transformer_mt import cli
 from transformer_mt.commands import translate as translate_command
@@ -22,8 +23,6 @@ from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.decoding import sampling
 from transformer_mt.decoding.sampling import SamplingSettings
 from transformer_mt.decoding.translator import Translator
-from transformer_mt.model.transformer import Transformer
-from transformer_mt.model.transformer_config import TransformerConfig
 from transformer_mt.runtime import sharding
 
 # A toy model's next-token distribution (ids: PAD 0, EOS 1, BOS 2, then content). Sorted by
@@ -213,20 +212,10 @@ LINES = [
 @pytest.fixture(scope="module")
 def model():
   tok = tokenizer.train_tokenizer(PAIRS, vocab_size=60, model_type="bpe")
-  config = TransformerConfig(
-    vocab_size=tok.vocab_size,
-    d_model=32,
-    num_heads=2,
-    d_ff=64,
-    num_encoder_layers=1,
-    num_decoder_layers=1,
-    deterministic=True,
+  config = tiny_model_config(
+    vocab_size=tok.vocab_size, num_heads=2, num_encoder_layers=1, num_decoder_layers=1
   )
-  dummy = jnp.ones((1, 2), jnp.int32)
-  params = Transformer(config).init(jax.random.key(0), dummy, dummy)["params"]
-  params = jax.tree.map(
-    lambda x: x.value if hasattr(x, "value") else x, params, is_leaf=lambda x: hasattr(x, "value")
-  )
+  params = init_params(config)
   return tok, config, params
 
 
