@@ -8,6 +8,9 @@ different lengths; `repeating_targets`: one token recurring, followed by a diffe
 time), so what it writes depends on the source and on earlier steps; `assert_varied` checks
 that of the outputs before any comparison with `generate`. (Teaching such a model a general
 task, copying, takes minutes to learn reliably; memorizing ~10 sentences takes ~100 steps.)
+
+torch and transformers (the interop extra) are imported where used, so that a test file can
+import this module first and skip itself with `require_interop()` when they are missing.
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import torch
-import transformers
+import pytest
+import shared_data
 
 # 2+2 layers, d_model 16, 4 heads: the size of every tiny model of the interop tests.
 SIZES = dict(
@@ -31,6 +34,9 @@ SIZES = dict(
   dropout=0.0,
 )
 
+# The news text the interop tests train their tokenizers on and translate.
+NEWS = "news/en-de/newstest2013"  # under ../shared/data (tests/shared_data.py)
+
 # Full-batch Adam steps and learning rate of `train_to_translate`: measured to reproduce
 # every target of ten sentences greedily, for each model type (loss <= 0.07).
 TRAIN_STEPS = 100
@@ -42,8 +48,45 @@ MIN_DISTINCT = 3
 REPEAT_EVERY = 3
 
 
+def news_lines(lang: str, start: int, stop: int) -> list[str]:
+  """Lines [start, stop) of NEWS in `lang` ("en" or "de")."""
+  path = shared_data.require(f"{NEWS}.{lang}") / f"{NEWS}.{lang}"
+  return path.read_text(encoding="utf-8").splitlines()[start:stop]
+
+
+def require_interop():
+  """(torch, transformers): skips the calling test module (at collection) or test without
+  them, or with transformers older than 5.18."""
+  torch = pytest.importorskip("torch", reason="needs torch: pip install -e '.[interop]'")
+  reason = "needs transformers>=5.18: pip install -e '.[interop]'"
+  transformers = pytest.importorskip("transformers", minversion="5.18", reason=reason)
+  return torch, transformers
+
+
+def generate(model, inputs, max_new_tokens: int, suppress_tokens, num_beams: int = 1, **switches):
+  """transformers' `generate` (no gradients) of `inputs` (a tokenizer's output), with the
+  generation switches we do not have turned off: no sampling, no minimum length, no EOS
+  forced at the last step; `suppress_tokens`: the ids our decoding never emits. `switches`:
+  the rest (language tokens, early stopping, length penalty)."""
+  import torch
+
+  with torch.no_grad():
+    return model.generate(
+      **inputs,
+      **switches,
+      num_beams=num_beams,
+      do_sample=False,
+      max_new_tokens=max_new_tokens,
+      min_length=0,
+      suppress_tokens=suppress_tokens,
+      forced_eos_token_id=None,
+    )
+
+
 def hf_config(model_type: str):
   """Tiny configs with the published models' switches (opus-mt, wmt19, mbart-large, m2m100)."""
+  import transformers
+
   if model_type == "marian":  # opus-mt: swish, scaled embeddings, pad = decoder start, eos 0
     return transformers.MarianConfig(
       vocab_size=99,
@@ -95,6 +138,8 @@ def train_to_translate(
     prefix: what the decoder reads before the first target token: its decoder start token
       (the default), then any forced token (mBART-50's and NLLB's target language code).
   """
+  import torch
+
   config = model.config
   pad_id, eos_id = config.pad_token_id, config.eos_token_id
   prefix = [config.decoder_start_token_id] if prefix is None else list(prefix)

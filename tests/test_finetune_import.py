@@ -9,6 +9,7 @@ Select with `-m interop`; skipped as test_hf_import.py is.
 
 from __future__ import annotations
 
+import hf_fakes
 import jax
 import numpy as np
 import pytest
@@ -42,7 +43,7 @@ def data_root(tmp_path_factory):
   root = tmp_path_factory.mktemp("local_data")
   pairs = [
     (en, de)
-    for en, de in zip(test_hf_import._lines("en", 0, 1000), test_hf_import._lines("de", 0, 1000))
+    for en, de in zip(hf_fakes.news_lines("en", 0, 1000), hf_fakes.news_lines("de", 0, 1000))
     if 0 < len(en) < 70 and 0 < len(de) < 70
   ]
   assert len(pairs) >= 150

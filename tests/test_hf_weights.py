@@ -9,13 +9,11 @@ from __future__ import annotations
 import json
 import shutil
 
+import hf_fakes
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="needs torch: pip install -e '.[interop]'")
-transformers = pytest.importorskip(
-  "transformers", minversion="5.18", reason="needs transformers>=5.18: pip install -e '.[interop]'"
-)
+torch, transformers = hf_fakes.require_interop()
 
 import test_hf_import  # noqa: E402
 
