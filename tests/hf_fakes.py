@@ -34,6 +34,22 @@ SIZES = dict(
   dropout=0.0,
 )
 
+
+def untrained_sizes(layers: int) -> dict:
+  """SIZES with 2 heads, 32 positions, `layers` encoder and decoder layers, and the model's own
+  dropout: the random models that are compared untrained (test_hf_weights, test_sampling)."""
+  sizes = dict(
+    SIZES,
+    encoder_layers=layers,
+    decoder_layers=layers,
+    encoder_attention_heads=2,
+    decoder_attention_heads=2,
+    max_position_embeddings=32,
+  )
+  del sizes["dropout"]
+  return sizes
+
+
 # The news text the interop tests train their tokenizers on and translate.
 NEWS = "news/en-de/newstest2013"  # under ../shared/data (tests/shared_data.py)
 

@@ -31,17 +31,7 @@ ESCAPING = ["../../etc/x.safetensors", "/etc/x.safetensors", "sub/../../x.safete
 @pytest.fixture(scope="module")
 def model():
   torch.manual_seed(0)
-  config = transformers.M2M100Config(
-    vocab_size=64,
-    d_model=16,
-    encoder_layers=2,
-    decoder_layers=2,
-    encoder_attention_heads=2,
-    decoder_attention_heads=2,
-    encoder_ffn_dim=32,
-    decoder_ffn_dim=32,
-    max_position_embeddings=32,
-  )
+  config = transformers.M2M100Config(vocab_size=64, **hf_fakes.untrained_sizes(layers=2))
   return transformers.M2M100ForConditionalGeneration(config).eval()
 
 

@@ -8,6 +8,7 @@ import argparse
 import functools
 import re
 
+import hf_fakes
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -151,14 +152,7 @@ def test_warp_logits_equals_transformers_generate(settings):
     pad_token_id=63,
     eos_token_id=0,
     decoder_start_token_id=63,
-    d_model=16,
-    encoder_layers=1,
-    decoder_layers=1,
-    encoder_attention_heads=2,
-    decoder_attention_heads=2,
-    encoder_ffn_dim=32,
-    decoder_ffn_dim=32,
-    max_position_embeddings=32,
+    **hf_fakes.untrained_sizes(layers=1),
   )
   model = transformers.MarianMTModel(config).eval()
   with torch.no_grad():  # top-p 0.5 then keeps about 7 of 64 tokens: a cut mid-distribution
