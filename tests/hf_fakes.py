@@ -9,12 +9,16 @@ time), so what it writes depends on the source and on earlier steps; `assert_var
 that of the outputs before any comparison with `generate`. (Teaching such a model a general
 task, copying, takes minutes to learn reliably; memorizing ~10 sentences takes ~100 steps.)
 
-torch and transformers (the interop extra) are imported where used, so that a test file can
+`marian_dir` is the module-scoped fixture of the Marian tests: a tiny trained MarianMTModel
+and a real MarianTokenizer, saved with `save_pretrained`. torch, transformers and
+sentencepiece (the interop extra) are imported where used, so that a test file can
 import this module first and skip itself with `require_interop()` when they are missing.
 """
 
 from __future__ import annotations
 
+import io
+import json
 from collections.abc import Sequence
 
 import numpy as np
@@ -201,3 +205,85 @@ def assert_varied(rows, special: Sequence[int], eos_id: int) -> None:
   assert len(set(rows)) == len(rows) > 1, f"rows repeat: {rows}"
   for row in rows:
     assert len(set(row) - set(special)) >= MIN_DISTINCT, f"a near-constant row: {rows}"
+
+
+# The tiny Marian model and tokenizer of the Marian tests (`marian_dir`). The newstest2013 lines
+# that test_hf_import.py's test_imported_workdir_translates_like_generate translates, and the
+# lengths (EOS excluded) of the targets the model learns for them: some longer than that
+# file's MAX_NEW_TOKENS, so cut there.
+MARIAN_TRANSLATED = (2000, 2008)
+MARIAN_TARGET_LENGTHS = (5, 11, 18, 7, 14, 4, 20, 9)
+
+
+def _sentencepiece(lines: list[str]) -> bytes:
+  import sentencepiece as spm
+
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+    sentence_iterator=iter(lines),
+    model_writer=model,
+    vocab_size=150,
+    model_type="unigram",
+    character_coverage=1.0,
+    minloglevel=2,
+  )
+  return model.getvalue()
+
+
+def _marian_vocab(*protos: bytes) -> dict[str, int]:
+  """OPUS-MT's layout: </s> 0, <unk> 1, the pieces of both models, <pad> last."""
+  import sentencepiece as spm
+
+  vocab = {"</s>": 0, "<unk>": 1}
+  for proto in protos:
+    processor = spm.SentencePieceProcessor(model_proto=proto)
+    for i in range(processor.get_piece_size()):
+      if not (processor.is_control(i) or processor.is_unknown(i)):
+        vocab.setdefault(processor.id_to_piece(i), len(vocab))
+  vocab["<pad>"] = len(vocab)
+  return vocab
+
+
+@pytest.fixture(scope="module")
+def marian_dir(tmp_path_factory):
+  """A save_pretrained directory: a tiny MarianMTModel trained to translate the lines
+  MARIAN_TRANSLATED into random targets, and its real tokenizer. The fixture of the Marian
+  tests (test_hf_import, test_hf_scoring, test_hf_weights, test_finetune_import): each module
+  that names it builds its own, as when they imported it from test_hf_import."""
+  torch, transformers = require_interop()
+  files = tmp_path_factory.mktemp("marian_files")
+  source, target = (
+    _sentencepiece(news_lines("en", 0, 200)),
+    _sentencepiece(news_lines("de", 0, 200)),
+  )
+  vocab = _marian_vocab(source, target)
+  (files / "source.spm").write_bytes(source)
+  (files / "target.spm").write_bytes(target)
+  (files / "vocab.json").write_text(json.dumps(vocab))
+  tokenizer = transformers.MarianTokenizer(
+    source_spm=str(files / "source.spm"),
+    target_spm=str(files / "target.spm"),
+    vocab=str(files / "vocab.json"),
+  )
+  config = transformers.MarianConfig(
+    vocab_size=len(vocab),
+    decoder_vocab_size=len(vocab),
+    pad_token_id=vocab["<pad>"],
+    eos_token_id=vocab["</s>"],
+    decoder_start_token_id=vocab["<pad>"],
+    activation_function="swish",
+    scale_embedding=True,
+    **dict(SIZES, max_position_embeddings=512),
+  )
+  torch.manual_seed(0)
+  model = transformers.MarianMTModel(config)
+  sources = tokenizer(news_lines("en", *MARIAN_TRANSLATED)).input_ids  # EOS-terminated, unpadded
+  ordinary = [
+    i for i in range(len(vocab)) if i not in (vocab["</s>"], vocab["<unk>"], vocab["<pad>"])
+  ]
+  targets = random_targets(np.random.default_rng(0), ordinary, MARIAN_TARGET_LENGTHS)
+  train_to_translate(model, sources, targets)
+  directory = tmp_path_factory.mktemp("opus-mt-tiny")
+  model.save_pretrained(directory)
+  tokenizer.save_pretrained(directory)
+  return directory

@@ -13,7 +13,6 @@ import hf_fakes
 import jax
 import numpy as np
 import pytest
-import test_hf_import
 
 from transformer_mt import cli
 from transformer_mt.config import registry
@@ -23,9 +22,11 @@ from transformer_mt.training import train
 from transformer_mt.workdir import checkpointing
 from transformer_mt.workdir import metrics_log as metrics
 
+hf_fakes.require_interop()  # skipped without the interop extra, as test_hf_import.py is
+
 pytestmark = pytest.mark.interop
 
-marian_dir = test_hf_import.marian_dir  # the fixture: a tiny random Marian model and tokenizer
+marian_dir = hf_fakes.marian_dir  # the fixture: a tiny random Marian model and tokenizer
 STEPS = 20
 
 

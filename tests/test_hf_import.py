@@ -13,7 +13,6 @@ Select with `-m interop`; skipped without transformers (>= 5), torch, or the sha
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import pathlib
@@ -23,7 +22,6 @@ import numpy as np
 import pytest
 
 torch, transformers = hf_fakes.require_interop()
-import sentencepiece as spm  # noqa: E402
 
 from transformer_mt import cli  # noqa: E402
 from transformer_mt.data.tokenizer import VocabTokenizer  # noqa: E402
@@ -33,80 +31,10 @@ from transformer_mt.workdir import checkpointing  # noqa: E402
 
 pytestmark = pytest.mark.interop
 
+marian_dir = hf_fakes.marian_dir  # the fixture: a tiny trained Marian model and tokenizer
+
 # Target tokens both decoders generate at most: our decode.max_len, their max_new_tokens.
 MAX_NEW_TOKENS = 16
-# The newstest2013 lines that test_imported_workdir_translates_like_generate translates, and
-# the lengths (EOS excluded) of the targets the model learns for them: some longer than
-# MAX_NEW_TOKENS, so cut there.
-TRANSLATED = (2000, 2008)
-TARGET_LENGTHS = (5, 11, 18, 7, 14, 4, 20, 9)
-
-
-def _sentencepiece(lines: list[str]) -> bytes:
-  model = io.BytesIO()
-  spm.SentencePieceTrainer.train(
-    sentence_iterator=iter(lines),
-    model_writer=model,
-    vocab_size=150,
-    model_type="unigram",
-    character_coverage=1.0,
-    minloglevel=2,
-  )
-  return model.getvalue()
-
-
-def _marian_vocab(*protos: bytes) -> dict[str, int]:
-  """OPUS-MT's layout: </s> 0, <unk> 1, the pieces of both models, <pad> last."""
-  vocab = {"</s>": 0, "<unk>": 1}
-  for proto in protos:
-    processor = spm.SentencePieceProcessor(model_proto=proto)
-    for i in range(processor.get_piece_size()):
-      if not (processor.is_control(i) or processor.is_unknown(i)):
-        vocab.setdefault(processor.id_to_piece(i), len(vocab))
-  vocab["<pad>"] = len(vocab)
-  return vocab
-
-
-@pytest.fixture(scope="module")
-def marian_dir(tmp_path_factory):
-  """A save_pretrained directory: a tiny MarianMTModel trained to translate the lines TRANSLATED
-  into random targets, and its real tokenizer."""
-  files = tmp_path_factory.mktemp("marian_files")
-  source, target = (
-    _sentencepiece(hf_fakes.news_lines("en", 0, 200)),
-    _sentencepiece(hf_fakes.news_lines("de", 0, 200)),
-  )
-  vocab = _marian_vocab(source, target)
-  (files / "source.spm").write_bytes(source)
-  (files / "target.spm").write_bytes(target)
-  (files / "vocab.json").write_text(json.dumps(vocab))
-  tokenizer = transformers.MarianTokenizer(
-    source_spm=str(files / "source.spm"),
-    target_spm=str(files / "target.spm"),
-    vocab=str(files / "vocab.json"),
-  )
-  config = transformers.MarianConfig(
-    vocab_size=len(vocab),
-    decoder_vocab_size=len(vocab),
-    pad_token_id=vocab["<pad>"],
-    eos_token_id=vocab["</s>"],
-    decoder_start_token_id=vocab["<pad>"],
-    activation_function="swish",
-    scale_embedding=True,
-    **dict(hf_fakes.SIZES, max_position_embeddings=512),
-  )
-  torch.manual_seed(0)
-  model = transformers.MarianMTModel(config)
-  sources = tokenizer(hf_fakes.news_lines("en", *TRANSLATED)).input_ids  # EOS-terminated, unpadded
-  ordinary = [
-    i for i in range(len(vocab)) if i not in (vocab["</s>"], vocab["<unk>"], vocab["<pad>"])
-  ]
-  targets = hf_fakes.random_targets(np.random.default_rng(0), ordinary, TARGET_LENGTHS)
-  hf_fakes.train_to_translate(model, sources, targets)
-  directory = tmp_path_factory.mktemp("opus-mt-tiny")
-  model.save_pretrained(directory)
-  tokenizer.save_pretrained(directory)
-  return directory
 
 
 def test_tokenizer_matches_marian_tokenizer(marian_dir):
@@ -150,7 +78,7 @@ def test_imported_workdir_translates_like_generate(marian_dir, tmp_path, capsys)
     ["import", "--from", source, "--workdir", str(workdir), f"decode.max_len={MAX_NEW_TOKENS}"]
   )
   assert rc == 0, capsys.readouterr().err
-  lines = hf_fakes.news_lines("en", *TRANSLATED)
+  lines = hf_fakes.news_lines("en", *hf_fakes.MARIAN_TRANSLATED)
   (tmp_path / "input.txt").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
   output = tmp_path / "output.txt"
   argv = ["translate", "--workdir", str(workdir), "--beam", "1"]

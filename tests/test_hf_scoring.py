@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 
 torch, transformers = hf_fakes.require_interop()
-from test_hf_import import marian_dir  # noqa: E402, F401  (the fixture)
 
 from transformer_mt import cli  # noqa: E402
 
 pytestmark = pytest.mark.interop
+
+marian_dir = hf_fakes.marian_dir  # the fixture: test_hf_import.py's tiny Marian model
 
 
 def _transformers_log_probs(directory, sources, targets) -> tuple[np.ndarray, np.ndarray]:

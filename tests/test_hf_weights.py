@@ -15,7 +15,6 @@ import pytest
 
 torch, transformers = hf_fakes.require_interop()
 
-import test_hf_import  # noqa: E402
 
 from transformer_mt import cli  # noqa: E402
 from transformer_mt.interop import hf_convert  # noqa: E402
@@ -23,7 +22,7 @@ from transformer_mt.interop import hf_convert  # noqa: E402
 pytestmark = pytest.mark.interop
 
 # test_hf_import.py's tiny Marian directory (model.safetensors whole, and its tokenizer).
-marian_dir = test_hf_import.marian_dir
+marian_dir = hf_fakes.marian_dir
 # Shard names that lead out of the model folder.
 ESCAPING = ["../../etc/x.safetensors", "/etc/x.safetensors", "sub/../../x.safetensors"]
 
