@@ -9,10 +9,12 @@ time), so what it writes depends on the source and on earlier steps; `assert_var
 that of the outputs before any comparison with `generate`. (Teaching such a model a general
 task, copying, takes minutes to learn reliably; memorizing ~10 sentences takes ~100 steps.)
 
-`marian_dir` is the module-scoped fixture of the Marian tests: a tiny trained MarianMTModel
-and a real MarianTokenizer, saved with `save_pretrained`. torch, transformers and
-sentencepiece (the interop extra) are imported where used, so that a test file can
-import this module first and skip itself with `require_interop()` when they are missing.
+Two module-scoped fixtures live here too: `trained`, one tiny trained model of each type for
+the greedy and beam tests (test_hf_models, test_hf_beam), and `marian_dir`, a tiny trained
+MarianMTModel and a real MarianTokenizer saved with `save_pretrained` for the Marian tests.
+torch, transformers and sentencepiece (the interop extra) are imported where used, so that a
+test file can import this module first and skip itself with `require_interop()` when they
+are missing.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 import shared_data
+
+from transformer_mt.interop import hf_convert
 
 # 2+2 layers, d_model 16, 4 heads: the size of every tiny model of the interop tests.
 SIZES = dict(
@@ -287,3 +291,74 @@ def marian_dir(tmp_path_factory):
   model.save_pretrained(directory)
   tokenizer.save_pretrained(directory)
   return directory
+
+
+# The tiny trained models of the greedy and beam tests (test_hf_models, test_hf_beam).
+
+
+def saved_and_read_back(model_type: str, model, tmp_path_factory):
+  """(model_type, HF model, our config, our params): `model` saved and read back by us."""
+  directory = tmp_path_factory.mktemp(model_type)
+  model.save_pretrained(directory)
+  config, params = hf_convert.load_pretrained(str(directory))
+  return model_type, model, config.replace(deterministic=True), params
+
+
+def ordinary_ids(config, vocab_size: int) -> np.ndarray:
+  """The ids of a vocabulary that are no special token (of our config or fairseq's 0-3)."""
+  special = {config.pad_id, config.eos_id, config.decoder_start_id, 0, 1, 2, 3}
+  return np.array([t for t in range(vocab_size) if t not in special])
+
+
+# Row lengths (EOS included) of the sources the greedy and the beam test decode, padded, and
+# of the targets `trained` learns for them: some end before the tests' 12 steps, some do not.
+GREEDY_LENGTHS = (7, 5, 9, 6)
+BEAM_LENGTHS = (7, 4, 2, 9, 5, 3)
+TRAINED_TARGET_LENGTHS = (4, 9, 13, 6, 7, 5, 11, 8, 14, 6)
+
+
+def decoded_sources(config, lengths) -> np.ndarray:
+  """int64 [len(lengths), max(lengths)]: the sources of the greedy or the beam test."""
+  seed = 0 if lengths == GREEDY_LENGTHS else 1
+  return random_batch(config, lengths, config.vocab_size, np.random.default_rng(seed))
+
+
+@pytest.fixture(scope="module", params=hf_convert.SUPPORTED_MODEL_TYPES)
+def trained(request, tmp_path_factory):
+  """A tiny model of each type trained to translate the greedy and beam tests' sources into
+  targets in which one token recurs, followed each time by another (repeating_targets,
+  train_to_translate): what it writes depends on the source and on the tokens before. The
+  fixture of test_hf_models and test_hf_beam (each module builds its own)."""
+  torch, transformers = require_interop()
+  model_type = request.param
+  torch.manual_seed(0)
+  model = transformers.AutoModelForSeq2SeqLM.from_config(hf_config(model_type))
+  config = hf_convert.config_from_hf(model.config.to_dict())
+  sources = [
+    [int(t) for t in row if t != config.pad_id]
+    for lengths in (GREEDY_LENGTHS, BEAM_LENGTHS)
+    for row in decoded_sources(config, lengths)
+  ]
+  targets = repeating_targets(
+    np.random.default_rng(2), ordinary_ids(config, config.output_vocab_size), TRAINED_TARGET_LENGTHS
+  )
+  train_to_translate(model, sources, targets)
+  return saved_and_read_back(model_type, model, tmp_path_factory)
+
+
+def random_batch(config, lengths, vocab, rng, start=None):
+  """int64 [len(lengths), max(lengths) (+1)] padded rows: random ordinary tokens ending with
+  EOS, with `start` (the decoder start token) first when given."""
+  ordinary = ordinary_ids(config, vocab)
+  offset = start is not None
+  rows = np.full((len(lengths), max(lengths) + offset), config.pad_id, np.int64)
+  for row, length in enumerate(lengths):
+    tokens = list(rng.choice(ordinary, length - 1)) + [config.eos_id]
+    rows[row, offset : offset + length] = tokens
+    if offset:
+      rows[row, 0] = start
+  return rows
+
+
+def special_ids(config) -> tuple[int, ...]:
+  return config.pad_id, config.eos_id, config.decoder_start_id

@@ -32,7 +32,7 @@ import pytest
 
 torch, _ = hf_fakes.require_interop()
 
-from test_hf_models import BEAM_LENGTHS, decoded_sources, special_ids, trained  # noqa: E402, F401
+from hf_fakes import BEAM_LENGTHS, decoded_sources, special_ids, trained  # noqa: E402, F401
 
 from transformer_mt.decoding import beam_search  # noqa: E402
 
