@@ -8,15 +8,26 @@ different lengths; `repeating_targets`: one token recurring, followed by a diffe
 time), so what it writes depends on the source and on earlier steps; `assert_varied` checks
 that of the outputs before any comparison with `generate`. (Teaching such a model a general
 task, copying, takes minutes to learn reliably; memorizing ~10 sentences takes ~100 steps.)
+
+Two module-scoped fixtures live here too: `trained`, one tiny trained model of each type for
+the greedy and beam tests (test_hf_models, test_hf_beam), and `marian_dir`, a tiny trained
+MarianMTModel and a real MarianTokenizer saved with `save_pretrained` for the Marian tests.
+torch, transformers and sentencepiece (the interop extra) are imported where used, so that a
+test file can import this module first and skip itself with `require_interop()` when they
+are missing.
 """
 
 from __future__ import annotations
 
+import io
+import json
 from collections.abc import Sequence
 
 import numpy as np
-import torch
-import transformers
+import pytest
+import shared_data
+
+from transformer_mt.interop import hf_convert
 
 # 2+2 layers, d_model 16, 4 heads: the size of every tiny model of the interop tests.
 SIZES = dict(
@@ -31,6 +42,25 @@ SIZES = dict(
   dropout=0.0,
 )
 
+
+def untrained_sizes(layers: int) -> dict:
+  """SIZES with 2 heads, 32 positions, `layers` encoder and decoder layers, and the model's own
+  dropout: the random models that are compared untrained (test_hf_weights, test_sampling)."""
+  sizes = dict(
+    SIZES,
+    encoder_layers=layers,
+    decoder_layers=layers,
+    encoder_attention_heads=2,
+    decoder_attention_heads=2,
+    max_position_embeddings=32,
+  )
+  del sizes["dropout"]
+  return sizes
+
+
+# The news text the interop tests train their tokenizers on and translate.
+NEWS = "news/en-de/newstest2013"  # under ../shared/data (tests/shared_data.py)
+
 # Full-batch Adam steps and learning rate of `train_to_translate`: measured to reproduce
 # every target of ten sentences greedily, for each model type (loss <= 0.07).
 TRAIN_STEPS = 100
@@ -42,8 +72,45 @@ MIN_DISTINCT = 3
 REPEAT_EVERY = 3
 
 
+def news_lines(lang: str, start: int, stop: int) -> list[str]:
+  """Lines [start, stop) of NEWS in `lang` ("en" or "de")."""
+  path = shared_data.require(f"{NEWS}.{lang}") / f"{NEWS}.{lang}"
+  return path.read_text(encoding="utf-8").splitlines()[start:stop]
+
+
+def require_interop():
+  """(torch, transformers): skips the calling test module (at collection) or test without
+  them, or with transformers older than 5.18."""
+  torch = pytest.importorskip("torch", reason="needs torch: pip install -e '.[interop]'")
+  reason = "needs transformers>=5.18: pip install -e '.[interop]'"
+  transformers = pytest.importorskip("transformers", minversion="5.18", reason=reason)
+  return torch, transformers
+
+
+def generate(model, inputs, max_new_tokens: int, suppress_tokens, num_beams: int = 1, **switches):
+  """transformers' `generate` (no gradients) of `inputs` (a tokenizer's output), with the
+  generation switches we do not have turned off: no sampling, no minimum length, no EOS
+  forced at the last step; `suppress_tokens`: the ids our decoding never emits. `switches`:
+  the rest (language tokens, early stopping, length penalty)."""
+  import torch
+
+  with torch.no_grad():
+    return model.generate(
+      **inputs,
+      **switches,
+      num_beams=num_beams,
+      do_sample=False,
+      max_new_tokens=max_new_tokens,
+      min_length=0,
+      suppress_tokens=suppress_tokens,
+      forced_eos_token_id=None,
+    )
+
+
 def hf_config(model_type: str):
   """Tiny configs with the published models' switches (opus-mt, wmt19, mbart-large, m2m100)."""
+  import transformers
+
   if model_type == "marian":  # opus-mt: swish, scaled embeddings, pad = decoder start, eos 0
     return transformers.MarianConfig(
       vocab_size=99,
@@ -95,6 +162,8 @@ def train_to_translate(
     prefix: what the decoder reads before the first target token: its decoder start token
       (the default), then any forced token (mBART-50's and NLLB's target language code).
   """
+  import torch
+
   config = model.config
   pad_id, eos_id = config.pad_token_id, config.eos_token_id
   prefix = [config.decoder_start_token_id] if prefix is None else list(prefix)
@@ -140,3 +209,156 @@ def assert_varied(rows, special: Sequence[int], eos_id: int) -> None:
   assert len(set(rows)) == len(rows) > 1, f"rows repeat: {rows}"
   for row in rows:
     assert len(set(row) - set(special)) >= MIN_DISTINCT, f"a near-constant row: {rows}"
+
+
+# The tiny Marian model and tokenizer of the Marian tests (`marian_dir`). The newstest2013 lines
+# that test_hf_import.py's test_imported_workdir_translates_like_generate translates, and the
+# lengths (EOS excluded) of the targets the model learns for them: some longer than that
+# file's MAX_NEW_TOKENS, so cut there.
+MARIAN_TRANSLATED = (2000, 2008)
+MARIAN_TARGET_LENGTHS = (5, 11, 18, 7, 14, 4, 20, 9)
+
+
+def _sentencepiece(lines: list[str]) -> bytes:
+  import sentencepiece as spm
+
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+    sentence_iterator=iter(lines),
+    model_writer=model,
+    vocab_size=150,
+    model_type="unigram",
+    character_coverage=1.0,
+    minloglevel=2,
+  )
+  return model.getvalue()
+
+
+def _marian_vocab(*protos: bytes) -> dict[str, int]:
+  """OPUS-MT's layout: </s> 0, <unk> 1, the pieces of both models, <pad> last."""
+  import sentencepiece as spm
+
+  vocab = {"</s>": 0, "<unk>": 1}
+  for proto in protos:
+    processor = spm.SentencePieceProcessor(model_proto=proto)
+    for i in range(processor.get_piece_size()):
+      if not (processor.is_control(i) or processor.is_unknown(i)):
+        vocab.setdefault(processor.id_to_piece(i), len(vocab))
+  vocab["<pad>"] = len(vocab)
+  return vocab
+
+
+@pytest.fixture(scope="module")
+def marian_dir(tmp_path_factory):
+  """A save_pretrained directory: a tiny MarianMTModel trained to translate the lines
+  MARIAN_TRANSLATED into random targets, and its real tokenizer. The fixture of the Marian
+  tests (test_hf_import, test_hf_scoring, test_hf_weights, test_finetune_import): each module
+  that names it builds its own, as when they imported it from test_hf_import."""
+  torch, transformers = require_interop()
+  files = tmp_path_factory.mktemp("marian_files")
+  source, target = (
+    _sentencepiece(news_lines("en", 0, 200)),
+    _sentencepiece(news_lines("de", 0, 200)),
+  )
+  vocab = _marian_vocab(source, target)
+  (files / "source.spm").write_bytes(source)
+  (files / "target.spm").write_bytes(target)
+  (files / "vocab.json").write_text(json.dumps(vocab))
+  tokenizer = transformers.MarianTokenizer(
+    source_spm=str(files / "source.spm"),
+    target_spm=str(files / "target.spm"),
+    vocab=str(files / "vocab.json"),
+  )
+  config = transformers.MarianConfig(
+    vocab_size=len(vocab),
+    decoder_vocab_size=len(vocab),
+    pad_token_id=vocab["<pad>"],
+    eos_token_id=vocab["</s>"],
+    decoder_start_token_id=vocab["<pad>"],
+    activation_function="swish",
+    scale_embedding=True,
+    **dict(SIZES, max_position_embeddings=512),
+  )
+  torch.manual_seed(0)
+  model = transformers.MarianMTModel(config)
+  sources = tokenizer(news_lines("en", *MARIAN_TRANSLATED)).input_ids  # EOS-terminated, unpadded
+  ordinary = [
+    i for i in range(len(vocab)) if i not in (vocab["</s>"], vocab["<unk>"], vocab["<pad>"])
+  ]
+  targets = random_targets(np.random.default_rng(0), ordinary, MARIAN_TARGET_LENGTHS)
+  train_to_translate(model, sources, targets)
+  directory = tmp_path_factory.mktemp("opus-mt-tiny")
+  model.save_pretrained(directory)
+  tokenizer.save_pretrained(directory)
+  return directory
+
+
+# The tiny trained models of the greedy and beam tests (test_hf_models, test_hf_beam).
+
+
+def saved_and_read_back(model_type: str, model, tmp_path_factory):
+  """(model_type, HF model, our config, our params): `model` saved and read back by us."""
+  directory = tmp_path_factory.mktemp(model_type)
+  model.save_pretrained(directory)
+  config, params = hf_convert.load_pretrained(str(directory))
+  return model_type, model, config.replace(deterministic=True), params
+
+
+def ordinary_ids(config, vocab_size: int) -> np.ndarray:
+  """The ids of a vocabulary that are no special token (of our config or fairseq's 0-3)."""
+  special = {config.pad_id, config.eos_id, config.decoder_start_id, 0, 1, 2, 3}
+  return np.array([t for t in range(vocab_size) if t not in special])
+
+
+# Row lengths (EOS included) of the sources the greedy and the beam test decode, padded, and
+# of the targets `trained` learns for them: some end before the tests' 12 steps, some do not.
+GREEDY_LENGTHS = (7, 5, 9, 6)
+BEAM_LENGTHS = (7, 4, 2, 9, 5, 3)
+TRAINED_TARGET_LENGTHS = (4, 9, 13, 6, 7, 5, 11, 8, 14, 6)
+
+
+def decoded_sources(config, lengths) -> np.ndarray:
+  """int64 [len(lengths), max(lengths)]: the sources of the greedy or the beam test."""
+  seed = 0 if lengths == GREEDY_LENGTHS else 1
+  return random_batch(config, lengths, config.vocab_size, np.random.default_rng(seed))
+
+
+@pytest.fixture(scope="module", params=hf_convert.SUPPORTED_MODEL_TYPES)
+def trained(request, tmp_path_factory):
+  """A tiny model of each type trained to translate the greedy and beam tests' sources into
+  targets in which one token recurs, followed each time by another (repeating_targets,
+  train_to_translate): what it writes depends on the source and on the tokens before. The
+  fixture of test_hf_models and test_hf_beam (each module builds its own)."""
+  torch, transformers = require_interop()
+  model_type = request.param
+  torch.manual_seed(0)
+  model = transformers.AutoModelForSeq2SeqLM.from_config(hf_config(model_type))
+  config = hf_convert.config_from_hf(model.config.to_dict())
+  sources = [
+    [int(t) for t in row if t != config.pad_id]
+    for lengths in (GREEDY_LENGTHS, BEAM_LENGTHS)
+    for row in decoded_sources(config, lengths)
+  ]
+  targets = repeating_targets(
+    np.random.default_rng(2), ordinary_ids(config, config.output_vocab_size), TRAINED_TARGET_LENGTHS
+  )
+  train_to_translate(model, sources, targets)
+  return saved_and_read_back(model_type, model, tmp_path_factory)
+
+
+def random_batch(config, lengths, vocab, rng, start=None):
+  """int64 [len(lengths), max(lengths) (+1)] padded rows: random ordinary tokens ending with
+  EOS, with `start` (the decoder start token) first when given."""
+  ordinary = ordinary_ids(config, vocab)
+  offset = start is not None
+  rows = np.full((len(lengths), max(lengths) + offset), config.pad_id, np.int64)
+  for row, length in enumerate(lengths):
+    tokens = list(rng.choice(ordinary, length - 1)) + [config.eos_id]
+    rows[row, offset : offset + length] = tokens
+    if offset:
+      rows[row, 0] = start
+  return rows
+
+
+def special_ids(config) -> tuple[int, ...]:
+  return config.pad_id, config.eos_id, config.decoder_start_id

@@ -12,31 +12,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import init_params, tiny_model_config
 
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.decoding import beam_search as bs
 from transformer_mt.decoding import incremental as decode
-from transformer_mt.model.transformer import Transformer
-from transformer_mt.model.transformer_config import TransformerConfig
 
-CONFIG = TransformerConfig(
-  vocab_size=40,
-  d_model=32,
-  num_heads=4,
-  d_ff=64,
-  num_encoder_layers=2,
-  num_decoder_layers=2,
-  deterministic=True,
-)
+CONFIG = tiny_model_config()
 
 
 @functools.cache
 def transformer_params():
-  dummy = jnp.ones((1, 2), jnp.int32)
-  params = Transformer(CONFIG).init(jax.random.key(0), dummy, dummy)["params"]
-  return jax.tree.map(
-    lambda x: x.value if hasattr(x, "value") else x, params, is_leaf=lambda x: hasattr(x, "value")
-  )
+  return init_params(CONFIG)
 
 
 def transformer_inputs():

@@ -4,11 +4,10 @@ surface only when somebody measures (benchmarks/scaling.py imported a function t
 train_step.py no longer had)."""
 
 import importlib
-import pathlib
 
 import pytest
+from helpers import ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPTS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py"))
 # Scripts that compare with transformers: they need the interop extra.
 INTEROP = {"hf_generate_flags"}

@@ -5,13 +5,13 @@ import os
 import pathlib
 import shutil
 import subprocess
-import sys
 
 import grain
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from helpers import ROOT, run_py, tiny_overrides
 
 from transformer_mt import cli
 from transformer_mt.config import registry
@@ -23,23 +23,7 @@ from transformer_mt.runtime import sharding
 from transformer_mt.training import optimizer, train, train_step
 from transformer_mt.workdir import checkpointing
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-TINY = [
-  "model.d_model=32",
-  "model.num_heads=2",
-  "model.d_ff=64",
-  "model.num_encoder_layers=1",
-  "model.num_decoder_layers=1",
-  "data.num_train=2000",
-  "data.num_eval=8",
-  "tokenizer.vocab_size=300",
-  "tokenizer.sample_size=2000",
-  "train.batch_tokens=256",
-  "train.log_every=5",
-  "decode.max_len=24",
-  "decode.batch_size=8",
-  "decode.beam_size=1",
-]
+TINY = tiny_overrides("decode.batch_size=8")
 SOURCES = ["the old dog watched these big red apples", "my cats saw a bird", ""]
 
 
@@ -168,7 +152,7 @@ def test_fsdp8_checkpoint_translates_on_one_device(tmp_path):
   for mesh_flag in ([], ["--mesh", "data=1,fsdp=1,tensor=1"]):
     output = tmp_path / "out.txt"
     done = subprocess.run(
-      [sys.executable, "run.py", "translate", "--workdir", workdir, "--input", str(source)]
+      run_py("translate", "--workdir", workdir, "--input", str(source))
       + ["--output", str(output), *mesh_flag],
       cwd=ROOT,
       env=env,

@@ -8,7 +8,7 @@ import pathlib
 import subprocess
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from helpers import ROOT, run_py
 
 # One process: set up the cache as run.py does, compile a tiny function (written whatever its
 # compile time), and report the directory and the cache hits JAX counted.
@@ -81,7 +81,7 @@ def test_unwritable_cache_dir_warns_and_the_command_runs(tmp_path):
   assert "not writable" in stderr
   # run.py sets the cache up before any command, and carries on without one.
   out = subprocess.run(
-    [sys.executable, "run.py", "list"],
+    run_py("list"),
     env=_env(tmp_path),
     cwd=ROOT,
     capture_output=True,

@@ -8,12 +8,7 @@ import shutil
 import signal
 
 import pytest
-from test_fault_tolerance import (
-  TINY,
-  assert_same_params,
-  final_params,
-  losses_by_step,
-)
+from helpers import assert_same_params, final_params, losses_by_step, tiny_overrides
 
 from transformer_mt import cli
 from transformer_mt.config import registry
@@ -21,6 +16,7 @@ from transformer_mt.runtime import distributed
 from transformer_mt.training import resume, train, train_step
 from transformer_mt.workdir import checkpointing
 
+TINY = tiny_overrides("model.dropout_rate=0.1")  # test_fault_tolerance.py's
 SET_ASIDE = re.compile(r"Moved the damaged checkpoint of step (\d+) \((.+)\) to (\S+); ")
 
 

@@ -1,31 +1,21 @@
 """Incremental (KV-cached) decoding agrees with the uncached full forward pass."""
 
+import helpers
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import tiny_model_config
 
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.decoding import incremental as decode
 from transformer_mt.model.transformer import Transformer
-from transformer_mt.model.transformer_config import TransformerConfig
 
-CONFIG = TransformerConfig(
-  vocab_size=40,
-  d_model=32,
-  num_heads=4,
-  d_ff=64,
-  num_encoder_layers=2,
-  num_decoder_layers=2,
-  deterministic=True,
-)
+CONFIG = tiny_model_config()
 
 
 def init_params(config, seed=0):
-  dummy = jnp.ones((1, 2), jnp.int32)
-  return jax.tree.map(
-    jnp.asarray, Transformer(config).init(jax.random.key(seed), dummy, dummy)["params"]
-  )
+  return jax.tree.map(jnp.asarray, helpers.init_params(config, seed, unbox=False))
 
 
 def source_batch():

@@ -3,11 +3,11 @@
 import json
 import os
 import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
+from helpers import end_to_end_overrides, run_py
 
 from transformer_mt import cli
 from transformer_mt.config import registry
@@ -16,24 +16,7 @@ from transformer_mt.workdir import metrics_log as metrics
 
 pytestmark = pytest.mark.slow
 
-TINY = [
-  "model.d_model=32",
-  "model.num_heads=2",
-  "model.d_ff=64",
-  "model.num_encoder_layers=1",
-  "model.num_decoder_layers=1",
-  "model.dropout_rate=0.1",
-  "data.num_train=2000",
-  "data.num_eval=20",
-  "tokenizer.vocab_size=300",
-  "tokenizer.sample_size=2000",
-  "train.batch_tokens=256",
-  "train.log_every=5",
-  "train.checkpoint_every=10",
-  "decode.max_len=24",
-  "decode.batch_size=8",
-  "mesh.data=-1",
-]
+TINY = end_to_end_overrides()
 
 
 def tiny_config(num_steps):
@@ -129,7 +112,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
 
 def test_run_py_list_prints_parameter_counts():
   out = subprocess.run(
-    [sys.executable, "run.py", "list"],
+    run_py("list"),
     capture_output=True,
     text=True,
     check=True,

@@ -4,16 +4,14 @@ internal error, even a plain ValueError or KeyError) is a bug: its traceback, wh
 exit status 1. Never the other way round."""
 
 import ast
-import pathlib
 
 import pytest
+from helpers import ROOT
 
 from transformer_mt import cli
 from transformer_mt.config import registry
 from transformer_mt.data import text_files
 from transformer_mt.runtime import errors
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def run_main(argv, capsys):

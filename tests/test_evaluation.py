@@ -9,21 +9,19 @@ chrF example, and `run.py report`'s chrF columns ("–" for a results.json writt
 
 import json
 import os
-import pathlib
 import re
 import subprocess
-import sys
 
 import pytest
 import sacrebleu
 import shared_data
+from helpers import ROOT, run_py
 
 from transformer_mt import cli
 from transformer_mt.evaluation import corpus_scores as evaluation
 from transformer_mt.evaluation import reports
 from transformer_mt.training import reproduce
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED = shared_data.DIR  # skipped when absent, failed under CI (conftest.py)
 GOLDEN = SHARED / "golden"
 needs_golden = pytest.mark.shared_data(
@@ -90,9 +88,7 @@ def test_evaluate_hypotheses_gives_the_perl_and_sacrebleu_cli_figures(language):
   "split" row; the two rows differ by 0.35-0.44 BLEU, so the wrong pipeline cannot pass."""
   hypotheses, reference = _golden_pair(language)
   result = subprocess.run(
-    [
-      sys.executable,
-      "run.py",
+    run_py(
       "evaluate",
       "--hypotheses",
       hypotheses,
@@ -102,7 +98,7 @@ def test_evaluate_hypotheses_gives_the_perl_and_sacrebleu_cli_figures(language):
       _shared(f"news/en-{language}/newstest2014.en"),
       "--tgt_lang",
       language,
-    ],
+    ),
     cwd=ROOT,
     capture_output=True,
     text=True,

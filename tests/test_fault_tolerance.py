@@ -5,12 +5,19 @@ import os
 import pathlib
 import signal
 import subprocess
-import sys
 import time
 
 import jax
 import numpy as np
 import pytest
+from helpers import (
+  ROOT,
+  assert_same_params,
+  final_params,
+  losses_by_step,
+  run_py,
+  tiny_overrides,
+)
 
 from transformer_mt import cli
 from transformer_mt.config import registry
@@ -18,7 +25,6 @@ from transformer_mt.training import optimizer, train
 from transformer_mt.workdir import checkpointing
 from transformer_mt.workdir import metrics_log as metrics
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 # A run that is killed or stopped is endless: it can only end by the signal, whatever the
 # machine's speed. It is then resumed to a final step a few steps past its newest checkpoint
 # (`final_step`) and compared with an uninterrupted run at that step.
@@ -30,39 +36,7 @@ RESUMED_STEPS = 5
 # the interrupted runs on a loaded 2-core machine (where they are stopped after ~5-20 steps).
 # A later final step (a faster machine) gets an uninterrupted run to exactly that step.
 REFERENCE_STEPS = 40
-TINY = [
-  "model.d_model=32",
-  "model.num_heads=2",
-  "model.d_ff=64",
-  "model.num_encoder_layers=1",
-  "model.num_decoder_layers=1",
-  "model.dropout_rate=0.1",
-  "data.num_train=2000",
-  "data.num_eval=8",
-  "tokenizer.vocab_size=300",
-  "tokenizer.sample_size=2000",
-  "train.batch_tokens=256",
-  "train.log_every=5",
-  "decode.max_len=24",
-  "decode.beam_size=1",
-]
-
-
-def final_params(workdir, step):
-  from transformer_mt.model import setup as run_setup
-  from transformer_mt.runtime import sharding
-
-  config, tokenizer, _ = checkpointing.read_config(workdir, step)
-  setup = run_setup.model_setup(config, tokenizer, sharding.make_mesh(config.mesh))
-  return jax.device_get(checkpointing.restore_params(workdir, step, setup.abstract_params))
-
-
-def assert_same_params(a, b):
-  jax.tree.map(np.testing.assert_array_equal, a, b)
-
-
-def losses_by_step(workdir):
-  return {r["step"]: r["loss"] for r in metrics.read_metrics(workdir) if "loss" in r}
+TINY = tiny_overrides("model.dropout_rate=0.1")
 
 
 def final_step(resumed_from, every=CHECKPOINT_EVERY):
@@ -71,9 +45,7 @@ def final_step(resumed_from, every=CHECKPOINT_EVERY):
 
 
 def train_command(workdir, steps, extra=()):
-  return [
-    sys.executable,
-    "run.py",
+  return run_py(
     "train",
     "--experiment",
     "demo",
@@ -83,7 +55,7 @@ def train_command(workdir, steps, extra=()):
     f"train.num_steps={steps}",
     f"train.checkpoint_every={CHECKPOINT_EVERY}",
     *extra,
-  ]
+  )
 
 
 def subprocess_env():

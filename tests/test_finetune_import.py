@@ -9,10 +9,10 @@ Select with `-m interop`; skipped as test_hf_import.py is.
 
 from __future__ import annotations
 
+import hf_fakes
 import jax
 import numpy as np
 import pytest
-import test_hf_import
 
 from transformer_mt import cli
 from transformer_mt.commands import paths
@@ -23,9 +23,11 @@ from transformer_mt.training import train
 from transformer_mt.workdir import checkpointing
 from transformer_mt.workdir import metrics_log as metrics
 
+hf_fakes.require_interop()  # skipped without the interop extra, as test_hf_import.py is
+
 pytestmark = pytest.mark.interop
 
-marian_dir = test_hf_import.marian_dir  # the fixture: a tiny random Marian model and tokenizer
+marian_dir = hf_fakes.marian_dir  # the fixture: a tiny random Marian model and tokenizer
 STEPS = 20
 
 
@@ -43,7 +45,7 @@ def data_root(tmp_path_factory):
   root = tmp_path_factory.mktemp("local_data")
   pairs = [
     (en, de)
-    for en, de in zip(test_hf_import._lines("en", 0, 1000), test_hf_import._lines("de", 0, 1000))
+    for en, de in zip(hf_fakes.news_lines("en", 0, 1000), hf_fakes.news_lines("de", 0, 1000))
     if 0 < len(en) < 70 and 0 < len(de) < 70
   ]
   assert len(pairs) >= 150

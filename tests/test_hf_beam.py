@@ -24,18 +24,15 @@ Select with `-m interop`; skipped when transformers (>= 5) or torch is not insta
 
 from __future__ import annotations
 
+import hf_fakes
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="needs torch: pip install -e '.[interop]'")
-pytest.importorskip(
-  "transformers", minversion="5.18", reason="needs transformers>=5.18: pip install -e '.[interop]'"
-)
+torch, _ = hf_fakes.require_interop()
 
-import hf_fakes  # noqa: E402
-from test_hf_models import BEAM_LENGTHS, decoded_sources, special_ids, trained  # noqa: E402, F401
+from hf_fakes import BEAM_LENGTHS, decoded_sources, special_ids, trained  # noqa: E402, F401
 
 from transformer_mt.decoding import beam_search  # noqa: E402
 

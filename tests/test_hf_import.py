@@ -13,21 +13,15 @@ Select with `-m interop`; skipped without transformers (>= 5), torch, or the sha
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import pathlib
 
+import hf_fakes
 import numpy as np
 import pytest
-import shared_data
 
-torch = pytest.importorskip("torch", reason="needs torch: pip install -e '.[interop]'")
-transformers = pytest.importorskip(
-  "transformers", minversion="5.18", reason="needs transformers>=5.18: pip install -e '.[interop]'"
-)
-import hf_fakes  # noqa: E402
-import sentencepiece as spm  # noqa: E402
+torch, transformers = hf_fakes.require_interop()
 
 from transformer_mt import cli  # noqa: E402
 from transformer_mt.commands import paths  # noqa: E402
@@ -38,89 +32,16 @@ from transformer_mt.workdir import checkpointing  # noqa: E402
 
 pytestmark = pytest.mark.interop
 
-NEWS = "news/en-de/newstest2013"  # under ../shared/data (tests/shared_data.py)
+marian_dir = hf_fakes.marian_dir  # the fixture: a tiny trained Marian model and tokenizer
+
 # Target tokens both decoders generate at most: our decode.max_len, their max_new_tokens.
 MAX_NEW_TOKENS = 16
-# The newstest2013 lines that test_imported_workdir_translates_like_generate translates, and
-# the lengths (EOS excluded) of the targets the model learns for them: some longer than
-# MAX_NEW_TOKENS, so cut there.
-TRANSLATED = (2000, 2008)
-TARGET_LENGTHS = (5, 11, 18, 7, 14, 4, 20, 9)
-
-
-def _lines(lang: str, start: int, stop: int) -> list[str]:
-  path = shared_data.require(f"{NEWS}.{lang}") / f"{NEWS}.{lang}"
-  return path.read_text(encoding="utf-8").splitlines()[start:stop]
-
-
-def _sentencepiece(lines: list[str]) -> bytes:
-  model = io.BytesIO()
-  spm.SentencePieceTrainer.train(
-    sentence_iterator=iter(lines),
-    model_writer=model,
-    vocab_size=150,
-    model_type="unigram",
-    character_coverage=1.0,
-    minloglevel=2,
-  )
-  return model.getvalue()
-
-
-def _marian_vocab(*protos: bytes) -> dict[str, int]:
-  """OPUS-MT's layout: </s> 0, <unk> 1, the pieces of both models, <pad> last."""
-  vocab = {"</s>": 0, "<unk>": 1}
-  for proto in protos:
-    processor = spm.SentencePieceProcessor(model_proto=proto)
-    for i in range(processor.get_piece_size()):
-      if not (processor.is_control(i) or processor.is_unknown(i)):
-        vocab.setdefault(processor.id_to_piece(i), len(vocab))
-  vocab["<pad>"] = len(vocab)
-  return vocab
-
-
-@pytest.fixture(scope="module")
-def marian_dir(tmp_path_factory):
-  """A save_pretrained directory: a tiny MarianMTModel trained to translate the lines TRANSLATED
-  into random targets, and its real tokenizer."""
-  files = tmp_path_factory.mktemp("marian_files")
-  source, target = _sentencepiece(_lines("en", 0, 200)), _sentencepiece(_lines("de", 0, 200))
-  vocab = _marian_vocab(source, target)
-  (files / "source.spm").write_bytes(source)
-  (files / "target.spm").write_bytes(target)
-  (files / "vocab.json").write_text(json.dumps(vocab))
-  tokenizer = transformers.MarianTokenizer(
-    source_spm=str(files / "source.spm"),
-    target_spm=str(files / "target.spm"),
-    vocab=str(files / "vocab.json"),
-  )
-  config = transformers.MarianConfig(
-    vocab_size=len(vocab),
-    decoder_vocab_size=len(vocab),
-    pad_token_id=vocab["<pad>"],
-    eos_token_id=vocab["</s>"],
-    decoder_start_token_id=vocab["<pad>"],
-    activation_function="swish",
-    scale_embedding=True,
-    **dict(hf_fakes.SIZES, max_position_embeddings=512),
-  )
-  torch.manual_seed(0)
-  model = transformers.MarianMTModel(config)
-  sources = tokenizer(_lines("en", *TRANSLATED)).input_ids  # EOS-terminated, unpadded
-  ordinary = [
-    i for i in range(len(vocab)) if i not in (vocab["</s>"], vocab["<unk>"], vocab["<pad>"])
-  ]
-  targets = hf_fakes.random_targets(np.random.default_rng(0), ordinary, TARGET_LENGTHS)
-  hf_fakes.train_to_translate(model, sources, targets)
-  directory = tmp_path_factory.mktemp("opus-mt-tiny")
-  model.save_pretrained(directory)
-  tokenizer.save_pretrained(directory)
-  return directory
 
 
 def test_tokenizer_matches_marian_tokenizer(marian_dir):
   theirs = transformers.MarianTokenizer.from_pretrained(marian_dir)
   ours, _ = hf_import.read_marian_tokenizer(str(marian_dir))
-  english = _lines("en", 1000, 1300)  # none of them trained the SentencePiece models
+  english = hf_fakes.news_lines("en", 1000, 1300)  # none of them trained the SentencePiece models
   assert ours.encode(english) == theirs(english).input_ids
   assert (ours.pad_id, ours.eos_id, ours.vocab_size) == (
     theirs.pad_token_id,
@@ -128,7 +49,7 @@ def test_tokenizer_matches_marian_tokenizer(marian_dir):
     len(theirs),
   )
 
-  german = theirs(text_target=_lines("de", 1000, 1010)).input_ids
+  german = theirs(text_target=hf_fakes.news_lines("de", 1000, 1010)).input_ids
   rng = np.random.default_rng(0)
   # What a random model writes: any ids (pieces only the source model has, unk, pad) before EOS;
   # transformers does not stop at EOS, ours does (test_hf_models.py compares ids up to it).
@@ -147,16 +68,7 @@ def _generate(directory, lines: list[str]):
   tokenizer = transformers.MarianTokenizer.from_pretrained(directory)
   model = transformers.MarianMTModel.from_pretrained(directory).eval()
   inputs = tokenizer(lines, return_tensors="pt", padding=True)
-  with torch.no_grad():
-    outputs = model.generate(
-      **inputs,
-      num_beams=1,
-      do_sample=False,
-      max_new_tokens=MAX_NEW_TOKENS,
-      min_length=0,
-      suppress_tokens=[tokenizer.pad_token_id],
-      forced_eos_token_id=None,
-    )
+  outputs = hf_fakes.generate(model, inputs, MAX_NEW_TOKENS, [tokenizer.pad_token_id])
   return tokenizer.batch_decode(outputs, skip_special_tokens=True), outputs.numpy()
 
 
@@ -167,7 +79,7 @@ def test_imported_workdir_translates_like_generate(marian_dir, tmp_path, capsys)
     ["import", "--from", source, "--workdir", str(workdir), f"decode.max_len={MAX_NEW_TOKENS}"]
   )
   assert rc == 0, capsys.readouterr().err
-  lines = _lines("en", *TRANSLATED)
+  lines = hf_fakes.news_lines("en", *hf_fakes.MARIAN_TRANSLATED)
   (tmp_path / "input.txt").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
   output = tmp_path / "output.txt"
   argv = ["translate", "--workdir", str(workdir), "--beam", "1"]
@@ -271,7 +183,7 @@ def test_registry_row_of_a_published_model_imports_evaluates_and_reports(
   root = tmp_path / "data"
   (root / "news" / "en-de").mkdir(parents=True)
   for lang in ("en", "de"):
-    text = "".join(line + "\n" for line in _lines(lang, 300, 312))
+    text = "".join(line + "\n" for line in hf_fakes.news_lines(lang, 300, 312))
     (root / "news" / "en-de" / f"newstest2014.{lang}").write_text(text, encoding="utf-8")
   workdir = tmp_path / "opus_row"
   argv = [

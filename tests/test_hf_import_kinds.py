@@ -19,15 +19,12 @@ from __future__ import annotations
 
 import shutil
 
+import hf_fakes
 import jax
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="needs torch: pip install -e '.[interop]'")
-transformers = pytest.importorskip(
-  "transformers", minversion="5.18", reason="needs transformers>=5.18: pip install -e '.[interop]'"
-)
-import hf_fakes  # noqa: E402
+torch, transformers = hf_fakes.require_interop()
 import test_finetune_import  # noqa: E402
 import test_fsmt_tokenizer  # noqa: E402
 import test_hf_languages  # noqa: E402
@@ -106,16 +103,7 @@ def _generate_fsmt(directory, lines: list[str], suppressed: list[int]):
   tokenizer = transformers.FSMTTokenizer.from_pretrained(directory)
   model = transformers.FSMTForConditionalGeneration.from_pretrained(directory).eval()
   inputs = tokenizer(lines, return_tensors="pt", padding=True)
-  with torch.no_grad():
-    outputs = model.generate(
-      **inputs,
-      num_beams=1,
-      do_sample=False,
-      max_new_tokens=MAX_NEW_TOKENS,
-      min_length=0,
-      suppress_tokens=suppressed,
-      forced_eos_token_id=None,
-    )
+  outputs = hf_fakes.generate(model, inputs, MAX_NEW_TOKENS, suppressed)
   return tokenizer.batch_decode(outputs, skip_special_tokens=True), outputs.numpy()
 
 

@@ -23,16 +23,12 @@ import pathlib
 import shutil
 import types
 
+import hf_fakes
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import shared_data
 
-torch = pytest.importorskip("torch", reason="needs torch: pip install -e '.[interop]'")
-transformers = pytest.importorskip(
-  "transformers", minversion="5.18", reason="needs transformers>=5.18: pip install -e '.[interop]'"
-)
-import hf_fakes  # noqa: E402
+torch, transformers = hf_fakes.require_interop()
 import sentencepiece as spm  # noqa: E402
 
 from transformer_mt import cli  # noqa: E402
@@ -44,7 +40,6 @@ from transformer_mt.workdir import checkpointing  # noqa: E402
 
 pytestmark = pytest.mark.interop
 
-NEWS = "news/en-de/newstest2013"  # under ../shared/data (tests/shared_data.py)
 # Target tokens both decoders generate at most (the forced language code included).
 MAX_NEW_TOKENS = 16
 # The SentencePiece models' vocabulary size.
@@ -81,15 +76,10 @@ KINDS = {
 }
 
 
-def _lines(lang: str, start: int, stop: int) -> list[str]:
-  path = shared_data.require(f"{NEWS}.{lang}") / f"{NEWS}.{lang}"
-  return path.read_text(encoding="utf-8").splitlines()[start:stop]
-
-
 @pytest.fixture(scope="module")
 def sentencepiece_models(tmp_path_factory) -> dict[str, pathlib.Path]:
   """model type -> a SentencePiece model trained on English and German news lines."""
-  lines = _lines("en", 0, 1500) + _lines("de", 0, 1500)
+  lines = hf_fakes.news_lines("en", 0, 1500) + hf_fakes.news_lines("de", 0, 1500)
   directory = tmp_path_factory.mktemp("spm")
   paths = {}
   for model_type in ("unigram", "bpe"):
@@ -109,7 +99,7 @@ def sentencepiece_models(tmp_path_factory) -> dict[str, pathlib.Path]:
 
 def translated_lines() -> list[str]:
   """The sentences test_imported_workdir_translates_like_generate translates."""
-  return [line for line in _lines("en", 2400, 2500) if len(line) < 60][:8]
+  return [line for line in hf_fakes.news_lines("en", 2400, 2500) if len(line) < 60][:8]
 
 
 def _hf_model(kind: str, model_type: str, tokenizer, decoder_start: int | None):
@@ -181,7 +171,7 @@ def test_tokenizer_matches_transformers(imported):
   _, ours, _ = checkpointing.read_config(str(workdir))
   assert isinstance(ours, hf_tokenizers.LanguageTagTokenizer) and ours.kind == kind
   ours = ours.with_languages(source, target)
-  english = _lines("en", 2000, 2300)  # none of them trained the SentencePiece model
+  english = hf_fakes.news_lines("en", 2000, 2300)  # none of them trained the SentencePiece model
   expected = theirs(english).input_ids
   assert ours.encode(english) == expected
   tag = theirs.convert_tokens_to_ids(source)
@@ -192,7 +182,7 @@ def test_tokenizer_matches_transformers(imported):
     len(theirs),
   )
 
-  german = theirs(text_target=_lines("de", 2000, 2100)).input_ids  # target code tagged
+  german = theirs(text_target=hf_fakes.news_lines("de", 2000, 2100)).input_ids  # target code tagged
   rng = np.random.default_rng(0)
   # What a model may write: any ids (language codes, <mask>, <unk>, pad) before EOS.
   ordinary = np.array([i for i in range(ours.vocab_size) if i != ours.eos_id])
@@ -217,19 +207,16 @@ def _generate(kind: str, directory, lines: list[str], suppressed: list[int], num
     if kind == "mbart"
     else dict(decoder_start_token_id=tokenizer.eos_token_id, forced_bos_token_id=target_id)
   )
-  with torch.no_grad():
-    outputs = model.generate(
-      **inputs,
-      **language,
-      num_beams=num_beams,
-      early_stopping="never",
-      length_penalty=1.0,
-      do_sample=False,
-      max_new_tokens=MAX_NEW_TOKENS,
-      min_length=0,
-      suppress_tokens=suppressed,
-      forced_eos_token_id=None,
-    )
+  outputs = hf_fakes.generate(
+    model,
+    inputs,
+    MAX_NEW_TOKENS,
+    suppressed,
+    num_beams,
+    **language,
+    early_stopping="never",
+    length_penalty=1.0,
+  )
   return tokenizer.batch_decode(outputs, skip_special_tokens=True), outputs.numpy()
 
 
@@ -274,7 +261,7 @@ def test_forced_first_token_beam_one_equals_greedy(imported):
   translator = translate.load_translator(str(workdir))
   forced = translator.forced_first_id
   inputs = jnp.asarray(
-    translator.padded_batch(translator.tokenizer.encode(_lines("en", 2600, 2604)))[0]
+    translator.padded_batch(translator.tokenizer.encode(hf_fakes.news_lines("en", 2600, 2604)))[0]
   )
   greedy = decode.greedy_decode(
     translator.params, inputs, translator.model_config, MAX_NEW_TOKENS, forced_first_id=forced

@@ -14,23 +14,32 @@ Select with `-m interop`; skipped when transformers (>= 5) or torch is not insta
 
 from __future__ import annotations
 
+import hf_fakes
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="needs torch: pip install -e '.[interop]'")
-transformers = pytest.importorskip(
-  "transformers", minversion="5.18", reason="needs transformers>=5.18: pip install -e '.[interop]'"
-)
+torch, transformers = hf_fakes.require_interop()
 
-import hf_fakes  # noqa: E402
+from hf_fakes import (  # noqa: E402, F401  (the benchmark reads BEAM_LENGTHS, ordinary_ids here)
+  BEAM_LENGTHS,
+  GREEDY_LENGTHS,
+  decoded_sources,
+  ordinary_ids,
+  special_ids,
+)
 
 from transformer_mt.decoding import incremental as decode  # noqa: E402
 from transformer_mt.interop import hf_convert  # noqa: E402
 from transformer_mt.model.transformer import Transformer  # noqa: E402
 
 pytestmark = pytest.mark.interop
+
+# The trained models of the greedy test (and test_hf_beam's) and what they decode are
+# hf_fakes'; benchmarks/hf_generate_flags.py reads them, and TARGET_LENGTHS, here.
+TARGET_LENGTHS = hf_fakes.TRAINED_TARGET_LENGTHS
+trained = hf_fakes.trained  # the fixture: one tiny trained model of each type
 
 # Logits of the same float32 computation done by PyTorch and by XLA, op order aside.
 LOGITS_TOLERANCE = 1e-4
@@ -39,14 +48,6 @@ GREEDY_STEPS = 12
 # Standard deviation of the random weights of `converted`, spread so that argmax ties are far
 # from its teacher-forced logits (random models mostly repeat one token at any scale).
 _WEIGHT_SCALE = {"marian": 1.0, "fsmt": 1.0, "mbart": 2.0, "m2m_100": 1.0}
-
-
-def _converted(model_type: str, model, tmp_path_factory):
-  """(model_type, HF model, our config, our params): `model` saved and read back by us."""
-  directory = tmp_path_factory.mktemp(model_type)
-  model.save_pretrained(directory)
-  config, params = hf_convert.load_pretrained(str(directory))
-  return model_type, model, config.replace(deterministic=True), params
 
 
 @pytest.fixture(scope="module", params=hf_convert.SUPPORTED_MODEL_TYPES)
@@ -62,68 +63,15 @@ def converted(request, tmp_path_factory):
         parameter.copy_(torch.randn_like(parameter) * _WEIGHT_SCALE[model_type])
     if hasattr(model, "final_logits_bias"):  # a buffer, zeros at init: make it count
       model.final_logits_bias.copy_(torch.randn_like(model.final_logits_bias))
-  return _converted(model_type, model, tmp_path_factory)
-
-
-def ordinary_ids(config, vocab_size: int) -> np.ndarray:
-  """The ids of a vocabulary that are no special token (of our config or fairseq's 0-3)."""
-  special = {config.pad_id, config.eos_id, config.decoder_start_id, 0, 1, 2, 3}
-  return np.array([t for t in range(vocab_size) if t not in special])
-
-
-# Row lengths (EOS included) of the sources the greedy and the beam test decode, padded, and
-# of the targets `trained` learns for them: some end before the tests' 12 steps, some do not.
-GREEDY_LENGTHS = (7, 5, 9, 6)
-BEAM_LENGTHS = (7, 4, 2, 9, 5, 3)
-TARGET_LENGTHS = (4, 9, 13, 6, 7, 5, 11, 8, 14, 6)
-
-
-def decoded_sources(config, lengths) -> np.ndarray:
-  """int64 [len(lengths), max(lengths)]: the sources of the greedy or the beam test."""
-  seed = 0 if lengths == GREEDY_LENGTHS else 1
-  return _batch(config, lengths, config.vocab_size, np.random.default_rng(seed))
-
-
-@pytest.fixture(scope="module", params=hf_convert.SUPPORTED_MODEL_TYPES)
-def trained(request, tmp_path_factory):
-  """A tiny model of each type trained to translate the greedy and beam tests' sources into
-  targets in which one token recurs, followed each time by another
-  (hf_fakes.repeating_targets, hf_fakes.train_to_translate): what it writes depends on the
-  source and on the tokens before."""
-  model_type = request.param
-  torch.manual_seed(0)
-  model = transformers.AutoModelForSeq2SeqLM.from_config(hf_fakes.hf_config(model_type))
-  config = hf_convert.config_from_hf(model.config.to_dict())
-  sources = [
-    [int(t) for t in row if t != config.pad_id]
-    for lengths in (GREEDY_LENGTHS, BEAM_LENGTHS)
-    for row in decoded_sources(config, lengths)
-  ]
-  targets = hf_fakes.repeating_targets(
-    np.random.default_rng(2), ordinary_ids(config, config.output_vocab_size), TARGET_LENGTHS
-  )
-  hf_fakes.train_to_translate(model, sources, targets)
-  return _converted(model_type, model, tmp_path_factory)
-
-
-def _batch(config, lengths, vocab, rng, start=None):
-  """int64 [len(lengths), max(lengths) (+1)] padded rows: random ordinary tokens ending with
-  EOS, with `start` (the decoder start token) first when given."""
-  ordinary = ordinary_ids(config, vocab)
-  offset = start is not None
-  rows = np.full((len(lengths), max(lengths) + offset), config.pad_id, np.int64)
-  for row, length in enumerate(lengths):
-    tokens = list(rng.choice(ordinary, length - 1)) + [config.eos_id]
-    rows[row, offset : offset + length] = tokens
-    if offset:
-      rows[row, 0] = start
-  return rows
+  return hf_fakes.saved_and_read_back(model_type, model, tmp_path_factory)
 
 
 def _inputs(config):
   rng = np.random.default_rng(0)
-  sources = _batch(config, (7, 4, 2), config.vocab_size, rng)
-  targets_in = _batch(config, (5, 3, 6), config.output_vocab_size, rng, config.decoder_start_id)
+  sources = hf_fakes.random_batch(config, (7, 4, 2), config.vocab_size, rng)
+  targets_in = hf_fakes.random_batch(
+    config, (5, 3, 6), config.output_vocab_size, rng, config.decoder_start_id
+  )
   # The decoder start token counts as real even where it is PAD (Marian).
   targets_valid = targets_in != config.pad_id
   targets_valid[:, 0] = True
@@ -150,10 +98,6 @@ def test_teacher_forced_logits_match_transformers(converted):
   difference = np.abs(np.asarray(logits) - expected)[targets_valid].max()
   print(f"{model_type}: max |logit difference| = {difference:.2e}")
   assert difference < LOGITS_TOLERANCE, model_type
-
-
-def special_ids(config) -> tuple[int, ...]:
-  return config.pad_id, config.eos_id, config.decoder_start_id
 
 
 def test_greedy_decoding_matches_generate(trained):

@@ -29,17 +29,13 @@ Select with `-m interop`; skipped when transformers (>= 5) or torch is not insta
 from __future__ import annotations
 
 import flax.linen as nn
+import hf_fakes
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="needs torch: pip install -e '.[interop]'")
-transformers = pytest.importorskip(
-  "transformers", minversion="5.18", reason="needs transformers>=5.18: pip install -e '.[interop]'"
-)
-
-import hf_fakes  # noqa: E402
+torch, transformers = hf_fakes.require_interop()
 
 from transformer_mt.config import registry  # noqa: E402
 

@@ -11,18 +11,17 @@ Select with `-m interop`; skipped without transformers (>= 5), torch, or the sha
 
 from __future__ import annotations
 
+import hf_fakes
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="needs torch: pip install -e '.[interop]'")
-transformers = pytest.importorskip(
-  "transformers", minversion="5.18", reason="needs transformers>=5.18: pip install -e '.[interop]'"
-)
-from test_hf_import import _lines, marian_dir  # noqa: E402, F401  (the fixture)
+torch, transformers = hf_fakes.require_interop()
 
 from transformer_mt import cli  # noqa: E402
 
 pytestmark = pytest.mark.interop
+
+marian_dir = hf_fakes.marian_dir  # the fixture: test_hf_import.py's tiny Marian model
 
 
 def _transformers_log_probs(directory, sources, targets) -> tuple[np.ndarray, np.ndarray]:
@@ -45,7 +44,7 @@ def test_score_equals_transformers_forward(marian_dir, tmp_path, capsys):  # noq
   workdir = tmp_path / "imported"
   rc = cli.main(["import", "--from", f"hf:{marian_dir}", "--workdir", str(workdir)])
   assert rc == 0, capsys.readouterr().err
-  sources, targets = _lines("en", 2000, 2012), _lines("de", 2000, 2012)
+  sources, targets = hf_fakes.news_lines("en", 2000, 2012), hf_fakes.news_lines("de", 2000, 2012)
   (tmp_path / "src.txt").write_text("".join(s + "\n" for s in sources), encoding="utf-8")
   (tmp_path / "tgt.txt").write_text("".join(t + "\n" for t in targets), encoding="utf-8")
   output = tmp_path / "scores.tsv"

@@ -9,15 +9,12 @@ from __future__ import annotations
 import json
 import shutil
 
+import hf_fakes
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="needs torch: pip install -e '.[interop]'")
-transformers = pytest.importorskip(
-  "transformers", minversion="5.18", reason="needs transformers>=5.18: pip install -e '.[interop]'"
-)
+torch, transformers = hf_fakes.require_interop()
 
-import test_hf_import  # noqa: E402
 
 from transformer_mt import cli  # noqa: E402
 from transformer_mt.interop import hf_convert  # noqa: E402
@@ -25,7 +22,7 @@ from transformer_mt.interop import hf_convert  # noqa: E402
 pytestmark = pytest.mark.interop
 
 # test_hf_import.py's tiny Marian directory (model.safetensors whole, and its tokenizer).
-marian_dir = test_hf_import.marian_dir
+marian_dir = hf_fakes.marian_dir
 # Shard names that lead out of the model folder.
 ESCAPING = ["../../etc/x.safetensors", "/etc/x.safetensors", "sub/../../x.safetensors"]
 
@@ -33,17 +30,7 @@ ESCAPING = ["../../etc/x.safetensors", "/etc/x.safetensors", "sub/../../x.safete
 @pytest.fixture(scope="module")
 def model():
   torch.manual_seed(0)
-  config = transformers.M2M100Config(
-    vocab_size=64,
-    d_model=16,
-    encoder_layers=2,
-    decoder_layers=2,
-    encoder_attention_heads=2,
-    decoder_attention_heads=2,
-    encoder_ffn_dim=32,
-    decoder_ffn_dim=32,
-    max_position_embeddings=32,
-  )
+  config = transformers.M2M100Config(vocab_size=64, **hf_fakes.untrained_sizes(layers=2))
   return transformers.M2M100ForConditionalGeneration(config).eval()
 
 

@@ -12,12 +12,12 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 import shared_data
+from helpers import tiny_model_config
 
 from transformer_mt import cli
 from transformer_mt.data import input_pipeline, text_files
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer
 from transformer_mt.model.transformer import Transformer
-from transformer_mt.model.transformer_config import TransformerConfig
 
 NEWS_TRAIN = [
   f"news/en-de/{name}"
@@ -105,15 +105,7 @@ def test_packing_fills_at_least_95_percent(news_pairs, news_tokenizer):
 
 
 def test_changing_one_packed_sentence_leaves_the_others_unchanged():
-  config = TransformerConfig(
-    vocab_size=50,
-    d_model=32,
-    num_heads=4,
-    d_ff=64,
-    num_encoder_layers=2,
-    num_decoder_layers=2,
-    deterministic=True,
-  )
+  config = tiny_model_config(vocab_size=50)
   pairs = [
     ([5, 6, 7, EOS_ID], [8, 9, EOS_ID]),
     ([10, 11, EOS_ID], [12, 13, 14, 15, EOS_ID]),

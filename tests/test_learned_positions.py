@@ -9,34 +9,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import init_params, tiny_model_config
 
 from transformer_mt import cli
 from transformer_mt.data.tokenizer import EOS_ID, PAD_ID
 from transformer_mt.decoding import translator as translate
 from transformer_mt.model.transformer import Transformer
-from transformer_mt.model.transformer_config import TransformerConfig
 from transformer_mt.runtime import sharding
 
 TABLE = 12  # rows of the learned position table
-CONFIG = TransformerConfig(
-  vocab_size=40,
-  d_model=32,
-  num_heads=4,
-  d_ff=64,
-  num_encoder_layers=1,
-  num_decoder_layers=1,
-  position_encoding="learned",
-  max_len=TABLE,
-  deterministic=True,
+CONFIG = tiny_model_config(
+  num_encoder_layers=1, num_decoder_layers=1, position_encoding="learned", max_len=TABLE
 )
-
-
-def init_params(config):
-  dummy = jnp.ones((1, 2), jnp.int32)
-  params = Transformer(config).init(jax.random.key(0), dummy, dummy)["params"]
-  return jax.tree.map(
-    lambda x: x.value if hasattr(x, "value") else x, params, is_leaf=lambda x: hasattr(x, "value")
-  )
 
 
 class WordTokenizer:

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import tiny_model_config
 
 from transformer_mt.decoding import incremental as decode
 from transformer_mt.model.transformer import Transformer, count_parameters
@@ -34,19 +35,8 @@ VOCAB = 13
 
 def small_config(**overrides) -> TransformerConfig:
   """A tiny but complete Transformer (residuals, LayerNorm, biases, 2 heads, 2+2 layers)."""
-  values = dict(
-    vocab_size=VOCAB,
-    d_model=16,
-    num_heads=2,
-    d_ff=32,
-    num_encoder_layers=2,
-    num_decoder_layers=2,
-    dropout_rate=0.0,
-    max_len=32,
-    deterministic=True,
-  )
-  values.update(overrides)
-  return TransformerConfig(**values)
+  values = dict(vocab_size=VOCAB, d_model=16, num_heads=2, d_ff=32, dropout_rate=0.0, max_len=32)
+  return tiny_model_config(**{**values, **overrides})
 
 
 def seed_minimal_config(**overrides) -> TransformerConfig:
@@ -308,32 +298,29 @@ def test_seed_minimal_matches_numpy_equations():
 # ---------------------------------------------------------------------------------------------
 
 
-def test_parameter_count_base():
-  """The paper's Base model (shared 37k vocabulary) has about 65M parameters (within 5%)."""
-  cfg = TransformerConfig(
+def paper_config(d_model, d_ff, num_heads) -> TransformerConfig:
+  """A model of the paper's Table 3: 6+6 layers over a shared 37k vocabulary."""
+  return TransformerConfig(
     vocab_size=37000,
-    d_model=512,
+    d_model=d_model,
     num_encoder_layers=6,
     num_decoder_layers=6,
-    d_ff=2048,
-    num_heads=8,
+    d_ff=d_ff,
+    num_heads=num_heads,
     share_embeddings=True,
   )
+
+
+def test_parameter_count_base():
+  """The paper's Base model (shared 37k vocabulary) has about 65M parameters (within 5%)."""
+  cfg = paper_config(d_model=512, d_ff=2048, num_heads=8)
   n = count_parameters(cfg)
   assert abs(n - 65e6) / 65e6 < 0.05, n
 
 
 def test_parameter_count_big():
   """The paper's Big model (d 1024, d_ff 4096, 16 heads) has about 213M parameters (within 2%)."""
-  cfg = TransformerConfig(
-    vocab_size=37000,
-    d_model=1024,
-    num_encoder_layers=6,
-    num_decoder_layers=6,
-    d_ff=4096,
-    num_heads=16,
-    share_embeddings=True,
-  )
+  cfg = paper_config(d_model=1024, d_ff=4096, num_heads=16)
   n = count_parameters(cfg)
   assert abs(n - 213e6) / 213e6 < 0.02, n
 

@@ -7,18 +7,16 @@ followed by process 1's, built by the same input pipeline.
 """
 
 import os
-import pathlib
 import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import jax
 import numpy as np
 import pytest
-from test_training import assert_same_params_after_real_movement
+from helpers import ROOT, assert_same_params_after_real_movement, run_py, tiny_overrides
 
 from transformer_mt.config import registry
 from transformer_mt.data import input_pipeline
@@ -30,22 +28,12 @@ from transformer_mt.training import optimizer, train, train_step
 from transformer_mt.workdir import checkpointing
 from transformer_mt.workdir import metrics_log as metrics
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 STEPS = 3
 # Plain SGD at a learning rate that moves the parameters (lr 5.6e-3 to 1.7e-2 over the 3 steps),
 # no clipping: a wrong gradient scale shows in the parameters (see tests/test_training.py).
-OVERRIDES = [
-  "model.d_model=32",
-  "model.num_heads=2",
-  "model.d_ff=64",
-  "model.num_encoder_layers=1",
-  "model.num_decoder_layers=1",
+OVERRIDES = tiny_overrides(
   "model.dropout_rate=0.1",
-  "data.num_train=2000",
-  "data.num_eval=8",
   "data.num_validation=8",
-  "tokenizer.vocab_size=300",
-  "tokenizer.sample_size=2000",
   "train.batch_tokens=512",
   "train.log_every=1",
   "train.optimizer=sgd",
@@ -55,9 +43,8 @@ OVERRIDES = [
   f"train.num_steps={STEPS}",
   "train.eval_every=3",
   "train.bleu_every=3",
-  "decode.max_len=24",
   "decode.beam_size=2",
-]
+)
 
 
 def free_port() -> int:
@@ -82,9 +69,7 @@ def start_two_processes(workdir, log_dir, overrides=OVERRIDES):
     with open(log, "w") as f:
       processes.append(
         subprocess.Popen(
-          [
-            sys.executable,
-            "run.py",
+          run_py(
             "train",
             "--experiment",
             "demo",
@@ -97,7 +82,7 @@ def start_two_processes(workdir, log_dir, overrides=OVERRIDES):
             "--process_id",
             str(i),
             *overrides,
-          ],
+          ),
           cwd=ROOT,
           env=env,
           stdout=f,

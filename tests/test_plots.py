@@ -12,14 +12,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from helpers import init_params, tiny_model_config
 
 from transformer_mt.data import tokenizer
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.decoding import incremental as decode
 from transformer_mt.decoding.translator import Translator
 from transformer_mt.evaluation import plots
-from transformer_mt.model.transformer import Transformer
-from transformer_mt.model.transformer_config import TransformerConfig
 from transformer_mt.runtime import sharding
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -34,17 +33,8 @@ SOURCE = "the cat sings at night"
 @pytest.fixture(scope="module")
 def translator():
   tok = tokenizer.train_tokenizer(PAIRS, vocab_size=60, model_type="bpe")
-  config = TransformerConfig(
-    vocab_size=tok.vocab_size,
-    d_model=32,
-    num_heads=2,
-    d_ff=64,
-    num_encoder_layers=2,
-    num_decoder_layers=2,
-    deterministic=True,
-  )
-  dummy = jnp.ones((1, 2), jnp.int32)
-  params = Transformer(config).init(jax.random.key(0), dummy, dummy)["params"]
+  config = tiny_model_config(vocab_size=tok.vocab_size, num_heads=2)
+  params = init_params(config, unbox=False)
   mesh = sharding.make_mesh(
     ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1}), jax.devices()[:1]
   )

@@ -8,12 +8,14 @@ import argparse
 import functools
 import re
 
+import hf_fakes
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
 import scipy.stats
+from helpers import init_params, tiny_model_config
 
 from transformer_mt import cli
 from transformer_mt.commands import translate as translate_command
@@ -22,8 +24,6 @@ from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.decoding import sampling
 from transformer_mt.decoding.sampling import SamplingSettings
 from transformer_mt.decoding.translator import Translator
-from transformer_mt.model.transformer import Transformer
-from transformer_mt.model.transformer_config import TransformerConfig
 from transformer_mt.runtime import sharding
 
 # A toy model's next-token distribution (ids: PAD 0, EOS 1, BOS 2, then content). Sorted by
@@ -152,14 +152,7 @@ def test_warp_logits_equals_transformers_generate(settings):
     pad_token_id=63,
     eos_token_id=0,
     decoder_start_token_id=63,
-    d_model=16,
-    encoder_layers=1,
-    decoder_layers=1,
-    encoder_attention_heads=2,
-    decoder_attention_heads=2,
-    encoder_ffn_dim=32,
-    decoder_ffn_dim=32,
-    max_position_embeddings=32,
+    **hf_fakes.untrained_sizes(layers=1),
   )
   model = transformers.MarianMTModel(config).eval()
   with torch.no_grad():  # top-p 0.5 then keeps about 7 of 64 tokens: a cut mid-distribution
@@ -213,20 +206,10 @@ LINES = [
 @pytest.fixture(scope="module")
 def model():
   tok = tokenizer.train_tokenizer(PAIRS, vocab_size=60, model_type="bpe")
-  config = TransformerConfig(
-    vocab_size=tok.vocab_size,
-    d_model=32,
-    num_heads=2,
-    d_ff=64,
-    num_encoder_layers=1,
-    num_decoder_layers=1,
-    deterministic=True,
+  config = tiny_model_config(
+    vocab_size=tok.vocab_size, num_heads=2, num_encoder_layers=1, num_decoder_layers=1
   )
-  dummy = jnp.ones((1, 2), jnp.int32)
-  params = Transformer(config).init(jax.random.key(0), dummy, dummy)["params"]
-  params = jax.tree.map(
-    lambda x: x.value if hasattr(x, "value") else x, params, is_leaf=lambda x: hasattr(x, "value")
-  )
+  params = init_params(config)
   return tok, config, params
 
 

@@ -19,7 +19,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
-from test_end_to_end import TINY
+from helpers import end_to_end_overrides
 
 from transformer_mt import cli
 from transformer_mt.config import registry
@@ -32,6 +32,8 @@ from transformer_mt.model.transformer import Transformer
 from transformer_mt.workdir import checkpointing
 
 pytestmark = pytest.mark.slow
+
+TINY = end_to_end_overrides()  # test_end_to_end.py's
 
 EOS_BIAS = 3.0  # large enough that hypotheses end at 1 to 23 tokens, small enough not at once
 

@@ -9,32 +9,17 @@ import sys
 import time
 
 import pytest
+from helpers import ROOT, run_py, tiny_overrides
 
 from transformer_mt import cli
 from transformer_mt.config.search_space import Sweep, choice, log_uniform, randint, uniform
 from transformer_mt.evaluation import reports
 from transformer_mt.training import sweep
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 STEPS = 80
-TINY = [
-  "model.d_model=32",
-  "model.num_heads=2",
-  "model.d_ff=64",
-  "model.num_encoder_layers=1",
-  "model.num_decoder_layers=1",
-  "data.num_train=2000",
-  "data.num_eval=8",
-  "data.num_validation=8",
-  "tokenizer.vocab_size=300",
-  "tokenizer.sample_size=2000",
-  "train.batch_tokens=256",
-  "train.log_every=5",
-  "train.checkpoint_every=5",
-  f"train.num_steps={STEPS}",
-  "decode.max_len=24",
-  "decode.beam_size=1",
-]
+TINY = tiny_overrides(
+  "data.num_validation=8", "train.checkpoint_every=5", f"train.num_steps={STEPS}"
+)
 
 
 def test_grid_times_random_draws_is_deterministic():
@@ -82,25 +67,29 @@ def test_plan_checks_keys_overrides_and_the_recorded_sweep(tmp_path):
     sweep.run("demo", str(tmp_path), ["train.num_steps=5"], only_trial=4)
 
 
+def write_finished_trial(root, name, bleu, loss, **more):
+  """A finished trial's trial.json under root/name: validation BLEU `bleu`, final loss `loss`
+  (overrides k=1, 10 steps, test BLEU 1.0), then the keys of `more`."""
+  status = {
+    "status": "finished",
+    "trial": name,
+    "overrides": ["k=1"],
+    "steps": 10,
+    "validation_bleu": bleu,
+    "test_bleu": 1.0,
+    "final_loss": loss,
+    **more,
+  }
+  (root / name).mkdir()
+  (root / name / sweep.TRIAL_FILENAME).write_text(json.dumps(status))
+
+
 def test_ranking_orders_by_validation_bleu_with_unfinished_last(tmp_path):
   _, record = sweep.plan("demo", str(tmp_path))
   (tmp_path / sweep.SWEEP_FILENAME).write_text(json.dumps(record))
   scripted = {"trial_000": (12.5, 2.0), "trial_001": (30.0, 3.0), "trial_003": (12.5, 1.5)}
   for name, (bleu, loss) in scripted.items():
-    (tmp_path / name).mkdir()
-    (tmp_path / name / sweep.TRIAL_FILENAME).write_text(
-      json.dumps(
-        {
-          "status": "finished",
-          "trial": name,
-          "overrides": ["k=1"],
-          "steps": 10,
-          "validation_bleu": bleu,
-          "test_bleu": 1.0,
-          "final_loss": loss,
-        }
-      )
-    )
+    write_finished_trial(tmp_path, name, bleu, loss)
   table = reports.ranking_table(str(tmp_path)).splitlines()
   rows = [line for line in table if line.startswith("| ") and "trial_" in line]
   # BLEU first; the tie at 12.5 goes to the lower final loss; the unfinished trial comes last.
@@ -128,19 +117,8 @@ def test_ranking_by_chrf_puts_trials_without_it_last(tmp_path, capsys):
     "trial_003": (10.0, 55.0, 1.5),
   }
   for name, (bleu, chrf, loss) in scripted.items():
-    status = {
-      "status": "finished",
-      "trial": name,
-      "overrides": ["k=1"],
-      "steps": 10,
-      "validation_bleu": bleu,
-      "test_bleu": 1.0,
-      "final_loss": loss,
-    }
-    if chrf is not None:
-      status["validation_chrf"] = chrf
-    (tmp_path / name).mkdir()
-    (tmp_path / name / sweep.TRIAL_FILENAME).write_text(json.dumps(status))
+    chrf_key = {} if chrf is None else {"validation_chrf": chrf}  # trial_002: none
+    write_finished_trial(tmp_path, name, bleu, loss, **chrf_key)
 
   def ranked(metric):
     table = reports.ranking_table(str(tmp_path), metric).splitlines()
@@ -164,17 +142,7 @@ def test_ranking_by_chrf_puts_trials_without_it_last(tmp_path, capsys):
 
 
 def sweep_command(root, *extra):
-  return [
-    sys.executable,
-    "run.py",
-    "sweep",
-    "--experiment",
-    "demo",
-    "--workdir",
-    str(root),
-    *TINY,
-    *extra,
-  ]
+  return run_py("sweep", "--experiment", "demo", "--workdir", str(root), *TINY, *extra)
 
 
 def subprocess_env(devices):

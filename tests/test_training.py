@@ -9,6 +9,9 @@ import ml_collections
 import numpy as np
 import optax
 import pytest
+from helpers import (
+  assert_same_params_after_real_movement,
+)
 
 from transformer_mt.config import defaults as _defaults
 from transformer_mt.model.transformer import Transformer
@@ -24,13 +27,12 @@ from transformer_mt.workdir import checkpointing
 # Sharded and single-device runs sum gradients in a different order (float32 rounding): after
 # 3 steps at lr 5.6e-3, 1.1e-2, 1.7e-2 (lr_scale 1, warm-up 10, d_model 32) the parameters
 # differ by at most 6e-8 and have moved by 2.6e-3. They must agree to PARAMS_ATOL and move at
-# least MIN_MOVEMENT_OVER_ATOL times it (asserted), so the tolerance is small against what it
-# checks. Measured mutants: the first data shard's rows counted twice put the 8-device params
-# 7.6e-5 off; the whole gradient doubled on a sharded mesh (a double psum) 3.2e-4, which the
-# Adam version of these tests passed; one tensor shard of the FFN gradient doubled 1.1e-5.
+# least MIN_MOVEMENT_OVER_ATOL times it (asserted; both in tests/helpers.py), so the tolerance
+# is small against what it checks. Measured mutants: the first data shard's rows counted twice
+# put the 8-device params 7.6e-5 off; the whole gradient doubled on a sharded mesh (a double
+# psum) 3.2e-4, which the Adam version of these tests passed; one tensor shard of the FFN
+# gradient doubled 1.1e-5.
 EQUIVALENCE_TRAIN = {"optimizer": "sgd", "lr_scale": 1.0, "grad_clip_norm": 0.0}
-PARAMS_ATOL = 1e-6
-MIN_MOVEMENT_OVER_ATOL = 100
 LOSS_RTOL = 1e-5
 
 TINY_MODEL = TransformerConfig(
@@ -101,25 +103,6 @@ def run_steps(
     state, metrics = step(state, sharding.global_batch_from_local(batch, mesh, batch_dim=1))
     losses_seen.append(float(metrics["loss"]))
   return Run(initial_params, jax.device_get(state), losses_seen, state)
-
-
-def max_abs_difference(tree_a, tree_b) -> float:
-  return max(
-    float(np.max(np.abs(a - b))) for a, b in zip(jax.tree.leaves(tree_a), jax.tree.leaves(tree_b))
-  )
-
-
-def assert_same_params_after_real_movement(params, reference_params, reference_initial) -> None:
-  """`params` equal `reference_params` to PARAMS_ATOL, and the reference moved away from
-  `reference_initial` by at least MIN_MOVEMENT_OVER_ATOL times that (else an update of the
-  wrong size could still pass)."""
-  movement = max_abs_difference(reference_params, reference_initial)
-  assert movement >= MIN_MOVEMENT_OVER_ATOL * PARAMS_ATOL, (movement, PARAMS_ATOL)
-  jax.tree.map(
-    lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=PARAMS_ATOL),
-    params,
-    reference_params,
-  )
 
 
 def test_learning_rate_at_chosen_steps():

@@ -15,33 +15,17 @@ import sys
 import time
 
 import pytest
+from helpers import ROOT, run_py, tiny_overrides
 
 from transformer_mt import cli
 from transformer_mt.workdir import lock as workdir_lock
 from transformer_mt.workdir import metrics_log as metrics
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 STEPS = 40
 # A run that must still be running when the test acts on it is endless: it can only end by
 # the signal the test sends it, whatever the machine's speed.
 ENDLESS = 1_000_000
-TINY = [
-  "model.d_model=32",
-  "model.num_heads=2",
-  "model.d_ff=64",
-  "model.num_encoder_layers=1",
-  "model.num_decoder_layers=1",
-  "data.num_train=2000",
-  "data.num_eval=8",
-  "tokenizer.vocab_size=300",
-  "tokenizer.sample_size=2000",
-  "train.batch_tokens=256",
-  "train.log_every=5",
-  "train.checkpoint_every=5",
-  "train.keep_checkpoints=100",
-  "decode.max_len=24",
-  "decode.beam_size=1",
-]
+TINY = tiny_overrides("train.checkpoint_every=5", "train.keep_checkpoints=100")
 # A process (not this one: its pid would nest) that holds the lock of argv[1] until killed.
 HOLDER = (
   "import sys, time\n"
@@ -289,17 +273,9 @@ def test_a_sweep_trial_refuses_a_lock_on_its_own_workdir(tmp_path, capsys):
 
 
 def train_command(workdir, steps=STEPS):
-  return [
-    sys.executable,
-    "run.py",
-    "train",
-    "--experiment",
-    "demo",
-    "--workdir",
-    str(workdir),
-    *TINY,
-    f"train.num_steps={steps}",
-  ]
+  return run_py(
+    "train", "--experiment", "demo", "--workdir", str(workdir), *TINY, f"train.num_steps={steps}"
+  )
 
 
 def wait_for(condition, process, what, timeout=300):
