@@ -5,28 +5,15 @@ find it), and no top-level `experiments` package is installed or imported."""
 import sys
 import textwrap
 
+from helpers import tiny_overrides
+
 from transformer_mt import cli
 from transformer_mt.config import registry
 from transformer_mt.workdir import checkpointing
 
-SMALL = [
-  "model.d_model=32",
-  "model.num_heads=2",
-  "model.d_ff=64",
-  "model.num_encoder_layers=1",
-  "model.num_decoder_layers=1",
-  "data.num_train=2000",
-  "data.num_eval=8",
-  "data.num_validation=8",
-  "tokenizer.vocab_size=300",
-  "tokenizer.sample_size=2000",
-  "train.batch_tokens=256",
-  "train.num_steps=4",
-  "train.log_every=2",
-  "train.checkpoint_every=4",
-  "decode.max_len=24",
-  "decode.beam_size=1",
-]
+SMALL = tiny_overrides(
+  "data.num_validation=8", "train.num_steps=4", "train.log_every=2", "train.checkpoint_every=4"
+)
 
 MY_EXPERIMENT = '''
 """A user's experiment: the demo with its own description and a one-trial sweep."""

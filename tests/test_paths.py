@@ -8,6 +8,7 @@ import shutil
 import orbax.checkpoint as ocp
 import pytest
 import tensorboardX
+from helpers import tiny_overrides
 
 from transformer_mt import cli
 from transformer_mt.commands import paths
@@ -16,23 +17,7 @@ from transformer_mt.workdir import metrics_log as metrics
 
 pytestmark = pytest.mark.slow
 
-TINY = [
-  "model.d_model=32",
-  "model.num_heads=2",
-  "model.d_ff=64",
-  "model.num_encoder_layers=1",
-  "model.num_decoder_layers=1",
-  "data.num_train=2000",
-  "data.num_eval=8",
-  "data.num_validation=8",
-  "tokenizer.vocab_size=300",
-  "tokenizer.sample_size=2000",
-  "train.batch_tokens=256",
-  "train.log_every=5",
-  "train.checkpoint_every=5",
-  "decode.max_len=24",
-  "decode.beam_size=1",
-]
+TINY = tiny_overrides("data.num_validation=8", "train.checkpoint_every=5")
 
 
 @pytest.fixture
