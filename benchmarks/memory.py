@@ -63,6 +63,7 @@ from transformer_mt.model import setup as run_setup  # noqa: E402
 from transformer_mt.model.transformer import Transformer, count_parameters  # noqa: E402
 from transformer_mt.runtime import sharding  # noqa: E402
 from transformer_mt.training import train_step  # noqa: E402
+from transformer_mt.training.setup import training_setup  # noqa: E402
 
 BATCH_KEYS = (
   "inputs",
@@ -116,7 +117,7 @@ def step_memory(experiment: str, remat: bool, rows: int, accum: int) -> dict[str
     ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1}), devices=jax.devices()[:1]
   )
   model_config = run_setup.model_config_for(config).replace(remat=remat)
-  setup = run_setup.training_setup(config, None, mesh, model_config=model_config)
+  setup = training_setup(config, None, mesh, model_config=model_config)
   model, tx, schedule = setup.model, setup.tx, setup.schedule
   shardings, state = setup.state_shardings, setup.abstract_state
   batch = {

@@ -74,11 +74,11 @@ from benchmarks import _timing  # noqa: E402
 from transformer_mt.config import defaults as _defaults  # noqa: E402
 from transformer_mt.data import input_pipeline  # noqa: E402
 from transformer_mt.data.tokenizer import BOS_ID, PAD_ID  # noqa: E402
-from transformer_mt.model import setup as run_setup  # noqa: E402
 from transformer_mt.model.transformer import parameter_shapes  # noqa: E402
 from transformer_mt.model.transformer_config import TransformerConfig  # noqa: E402
 from transformer_mt.runtime import sharding  # noqa: E402
 from transformer_mt.training import optimizer, train_step  # noqa: E402
+from transformer_mt.training.setup import training_setup  # noqa: E402
 
 NEWS = ROOT.parent / "shared" / "data" / "news" / "en-de" / "newstest2014"
 
@@ -346,7 +346,7 @@ def ours_timer(config, label_smoothing, reps):
   mesh = sharding.make_mesh(
     ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1}), devices=jax.devices()[:1]
   )
-  setup = run_setup.training_setup(_defaults.base_config(), None, mesh, model_config=config)
+  setup = training_setup(_defaults.base_config(), None, mesh, model_config=config)
   step = train_step.jit_train_step(
     setup.model, setup.tx, setup.schedule, label_smoothing, mesh, setup.state_shardings
   )

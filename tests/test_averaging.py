@@ -9,8 +9,8 @@ import pytest
 
 from transformer_mt.config import defaults as _defaults
 from transformer_mt.data.tokenizer import train_tokenizer
-from transformer_mt.model import setup as run_setup
 from transformer_mt.runtime import sharding
+from transformer_mt.training import setup as run_setup
 from transformer_mt.training import train_step
 from transformer_mt.workdir import averaging, checkpointing
 

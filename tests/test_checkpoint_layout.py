@@ -18,9 +18,9 @@ from transformer_mt.config import registry
 from transformer_mt.data import synthetic
 from transformer_mt.data.tokenizer import train_tokenizer
 from transformer_mt.decoding import translator as translate
-from transformer_mt.model import setup as run_setup
 from transformer_mt.runtime import sharding
 from transformer_mt.training import optimizer, train, train_step
+from transformer_mt.training import setup as run_setup
 from transformer_mt.workdir import checkpointing
 
 TINY = tiny_overrides("decode.batch_size=8")

@@ -11,7 +11,7 @@ from helpers import end_to_end_overrides, run_py
 
 from transformer_mt import cli
 from transformer_mt.config import registry
-from transformer_mt.training import train
+from transformer_mt.training import train, validation
 from transformer_mt.workdir import metrics_log as metrics
 
 pytestmark = pytest.mark.slow
@@ -228,7 +228,7 @@ def test_validation_bleu_keeps_the_best_checkpoint(tmp_path, monkeypatch):
       "decode.beam_size=1",
     ],
   )
-  real_scores = train._validation_scores
+  real_scores = validation.validation_scores
   scripted = iter([3.0, 7.0, 5.0])
 
   def fake_scores(*args):
@@ -237,7 +237,7 @@ def test_validation_bleu_keeps_the_best_checkpoint(tmp_path, monkeypatch):
     assert all(0.0 <= value <= 100.0 for value in scores.values())
     return dict(scores, **{"validation/bleu": next(scripted)})
 
-  monkeypatch.setattr(train, "_validation_scores", fake_scores)
+  monkeypatch.setattr(validation, "validation_scores", fake_scores)
   train.train(config, workdir, progress=False)
   records = metrics.read_metrics(workdir)
   bleu = {r["step"]: r["validation/bleu"] for r in records if "validation/bleu" in r}

@@ -293,8 +293,8 @@ def test_nan_policy(tmp_path, capsys, policy):
     rates = {r["step"]: r["learning_rate"] for r in records if "learning_rate" in r}
     assert rates[8] == rates[7] and rates[7] > rates[6]  # warmup: the rate rises each update
     config, tokenizer, _ = checkpointing.read_config(str(workdir), 12)
-    from transformer_mt.model import setup as run_setup
     from transformer_mt.runtime import sharding
+    from transformer_mt.training import setup as run_setup
 
     setup = run_setup.training_setup(config, tokenizer, sharding.make_mesh(config.mesh))
     manager = checkpointing.make_manager(str(workdir), read_only=True)

@@ -22,12 +22,12 @@ from transformer_mt.config import defaults as _defaults
 from transformer_mt.data import input_pipeline
 from transformer_mt.data.tokenizer import PAD_ID, train_tokenizer
 from transformer_mt.decoding.translator import Translator
-from transformer_mt.model import setup as run_setup
 from transformer_mt.model.attention import AttentionMask, MultiHeadAttention
 from transformer_mt.model.transformer import Embedder, EncoderLayer, Transformer
 from transformer_mt.model.transformer_config import TransformerConfig
 from transformer_mt.runtime import sharding
 from transformer_mt.training import optimizer, train_step
+from transformer_mt.training import setup as run_setup
 from transformer_mt.workdir import averaging, checkpointing
 
 

@@ -12,7 +12,6 @@ import dataclasses
 from typing import Any
 
 import ml_collections
-import optax
 from jax.sharding import Mesh
 
 from transformer_mt.data.tokenizer import AnyTokenizer
@@ -20,7 +19,6 @@ from transformer_mt.model import layout
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.model.transformer_config import TransformerConfig
 from transformer_mt.runtime import errors, sharding
-from transformer_mt.training import optimizer, train_step
 
 
 def model_config_for(
@@ -47,16 +45,6 @@ class ModelSetup:
   mesh: Mesh
   param_shardings: Any  # NamedSharding per parameter, from its logical axis names.
   abstract_params: Any  # ShapeDtypeStructs with those shardings: the `params` restore target.
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainingSetup(ModelSetup):
-  """The model plus the optimizer and the whole train state's layout."""
-
-  tx: optax.GradientTransformation
-  schedule: optax.Schedule
-  state_shardings: Any  # a TrainState of NamedShardings.
-  abstract_state: Any  # a TrainState of sharded ShapeDtypeStructs.
 
 
 def model_setup(
@@ -101,33 +89,3 @@ def check_parameter_layout(config: ml_collections.ConfigDict, model: Transformer
       "sizes that divide them (or model sizes the mesh divides), or set "
       "mesh.allow_replicated_fallback=True to replicate those dimensions instead."
     )
-
-
-def training_setup(
-  config: ml_collections.ConfigDict,
-  tokenizer: AnyTokenizer | None,
-  mesh: Mesh,
-  model_config: TransformerConfig | None = None,
-) -> TrainingSetup:
-  """Everything `model_setup` gives, plus Adam with the paper's schedule and the train state.
-
-  Args:
-    model_config: use this instead of the config's model section (benchmarks that vary it).
-  """
-  model_config = model_config or model_config_for(config, tokenizer)
-  model = Transformer(model_config)
-  check_parameter_layout(config, model, mesh)
-  tx, schedule = optimizer.make_optimizer(config.train, model_config.d_model)
-  abstract_state = train_step.abstract_state(model, tx, mesh)
-  state_shardings = train_step.state_shardings(model, tx, mesh)
-  return TrainingSetup(
-    model_config=model_config,
-    model=model,
-    mesh=mesh,
-    param_shardings=state_shardings.params,
-    abstract_params=abstract_state.params,
-    tx=tx,
-    schedule=schedule,
-    state_shardings=state_shardings,
-    abstract_state=abstract_state,
-  )

@@ -1,0 +1,239 @@
+"""Everything a training run needs before its first step, built by `setup_run`.
+
+It checks the config, then reads (data, tokenizer, checkpoint), then writes: a bad config or
+bad input leaves no half-made workdir behind. Resuming happens here: the state, the data
+iterator and its counters come from the newest readable checkpoint when there is one
+(resume.py), from an imported model with `init.from=DIR` (finetune.py), or fresh otherwise.
+The loop (train.py) and its actions (actions.py) then only run steps.
+
+`training_setup` is the model's layout with an optimizer, shared with the tests and the
+benchmarks that build a train state without a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import ml_collections
+import optax
+from jax.sharding import Mesh
+
+from transformer_mt.data import input_pipeline
+from transformer_mt.data import sources as data_sources
+from transformer_mt.data.tokenizer import AnyTokenizer, load_or_train
+from transformer_mt.model.setup import (
+  ModelSetup,
+  check_learned_positions,
+  check_parameter_layout,
+  model_config_for,
+)
+from transformer_mt.model.transformer import Transformer
+from transformer_mt.model.transformer_config import TransformerConfig
+from transformer_mt.runtime import distributed, sharding
+from transformer_mt.training import actions, finetune, optimizer, resume, train_step, validation
+from transformer_mt.workdir import checkpointing
+from transformer_mt.workdir import metrics_log as metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingSetup(ModelSetup):
+  """The model plus the optimizer and the whole train state's layout."""
+
+  tx: optax.GradientTransformation
+  schedule: optax.Schedule
+  state_shardings: Any  # a TrainState of NamedShardings.
+  abstract_state: Any  # a TrainState of sharded ShapeDtypeStructs.
+
+
+def training_setup(
+  config: ml_collections.ConfigDict,
+  tokenizer: AnyTokenizer | None,
+  mesh: Mesh,
+  model_config: TransformerConfig | None = None,
+) -> TrainingSetup:
+  """Everything `model_setup` gives, plus Adam with the paper's schedule and the train state.
+
+  Args:
+    model_config: use this instead of the config's model section (benchmarks that vary it).
+  """
+  model_config = model_config or model_config_for(config, tokenizer)
+  model = Transformer(model_config)
+  check_parameter_layout(config, model, mesh)
+  tx, schedule = optimizer.make_optimizer(config.train, model_config.d_model)
+  abstract_state = train_step.abstract_state(model, tx, mesh)
+  state_shardings = train_step.state_shardings(model, tx, mesh)
+  return TrainingSetup(
+    model_config=model_config,
+    model=model,
+    mesh=mesh,
+    param_shardings=state_shardings.params,
+    abstract_params=abstract_state.params,
+    tx=tx,
+    schedule=schedule,
+    state_shardings=state_shardings,
+    abstract_state=abstract_state,
+  )
+
+
+@dataclasses.dataclass
+class RunSetup:
+  """Everything a training run needs before its first step (built by `setup_run`)."""
+
+  config: ml_collections.ConfigDict  # the experiment's, merged with an imported model's section
+  workdir: str
+  mesh: Mesh
+  tokenizer: AnyTokenizer
+  pairs: dict[str, list[tuple[str, str]]]  # "train", and "validation"/"test" when there are
+  layout: TrainingSetup  # model, optimizer, schedule, shardings, abstract state
+  forced_first_id: int | None  # a multilingual import's forced first target token
+  manager: Any  # ocp.CheckpointManager of WORKDIR/checkpoints
+  state: Any  # TrainState: restored, imported or fresh, born sharded; donated to the first step
+  start: int  # its step: the loop runs start + 1 .. train.num_steps
+  batches: Iterator  # DevicePrefetch over the Grain iterator
+  filter_counts: input_pipeline.FilterCounts
+  restored_step: int | None  # the checkpoint resumed from, if any
+  step_fn: Callable  # train_step.jit_train_step(...), looked up on the module
+  validate: Callable | None  # params -> validation loss and accuracy; None without validation
+  bleu_every: int  # train.bleu_every, or 0 without validation pairs
+  best_manager: Any  # ocp.CheckpointManager of WORKDIR/best, or None when bleu_every is 0
+  writer: metrics.MetricWriter  # resumed_from=start: drops rows logged after the checkpoint
+
+
+def setup_run(config: ml_collections.ConfigDict, workdir: str) -> RunSetup:
+  """Checks, then reads, then writes: a bad config or bad input leaves no half-made workdir."""
+  finetune.check_resume_source(workdir, config)
+  imported, forced_first_id = None, None
+  if finetune.source(config):
+    imported = finetune.read_import(finetune.import_into_workdir(config, workdir))
+    config = finetune.merged_config(config, imported)
+    imported, forced_first_id = finetune.with_languages(imported, config)
+  batch_rows = _check_before_writing(config)
+  mesh = sharding.make_mesh(config.mesh)
+  check_parameter_layout(config, Transformer(model_config_for(config)), mesh)
+  pairs = data_sources.load_pairs(config.data)
+  os.makedirs(workdir, exist_ok=True)
+  tokenizer = imported.tokenizer if imported else _shared_tokenizer(workdir, pairs["train"], config)
+  layout = training_setup(config, tokenizer, mesh)
+  logging.info(
+    "Mesh %s over %d devices; %d training pairs; %d packed rows of %d tokens per step.",
+    dict(mesh.shape),
+    mesh.devices.size,
+    len(pairs["train"]),
+    batch_rows,
+    config.data.max_len,
+  )
+  make_batches = functools.partial(
+    _make_batches, config, pairs["train"], tokenizer, layout.model_config, mesh, batch_rows
+  )
+  manager = checkpointing.make_manager(
+    workdir, keep=config.train.keep_checkpoints, save_every=config.train.checkpoint_every
+  )
+  restored = resume.restore_latest_readable(
+    manager, workdir, layout.abstract_state, make_batches, config.train.num_steps
+  )
+  if restored:
+    restored_step, state, batches, filter_counts = restored
+  else:
+    restored_step, state = None, _initial_state(config, imported, layout, mesh)
+    batches, filter_counts = make_batches()
+  step_fn = train_step.jit_train_step(
+    layout.model,
+    layout.tx,
+    layout.schedule,
+    config.train.label_smoothing,
+    mesh,
+    layout.state_shardings,
+    config.train.inject_nonfinite_at,
+  )
+  validate = validation.validation_fn(
+    pairs.get("validation"), tokenizer, layout.model, mesh, layout.state_shardings, config
+  )
+  bleu_every = config.train.bleu_every if pairs.get("validation") else 0
+  best_manager = checkpointing.make_best_manager(workdir) if bleu_every else None
+  writer = metrics.MetricWriter(workdir, resumed_from=int(state.step))
+  return RunSetup(
+    config=config,
+    workdir=workdir,
+    mesh=mesh,
+    tokenizer=tokenizer,
+    pairs=pairs,
+    layout=layout,
+    forced_first_id=forced_first_id,
+    manager=manager,
+    state=state,
+    start=int(state.step),
+    batches=batches,
+    filter_counts=filter_counts,
+    restored_step=restored_step,
+    step_fn=step_fn,
+    validate=validate,
+    bleu_every=bleu_every,
+    best_manager=best_manager,
+    writer=writer,
+  )
+
+
+def _check_before_writing(config: ml_collections.ConfigDict) -> int:
+  """Raises on a config the run cannot use; returns the packed rows per step."""
+  check_learned_positions(config, model_config_for(config))
+  data_shards, fsdp_shards, _ = sharding.mesh_shape(config.mesh, jax.device_count())
+  actions.profile_range(config.train.profile_steps)
+  input_pipeline.check_num_workers(config.data.num_workers)
+  optimizer.optimizer_name(config.train)
+  actions.nonfinite_policy(config.train.nonfinite)
+  # The configured vocabulary size stands in for the tokenizer's, not trained yet;
+  # training_setup checks again with the real one.
+  return input_pipeline.rows_per_batch(
+    config.train.batch_tokens,
+    config.data.max_len,
+    config.train.grad_accum_steps,
+    jax.process_count(),
+    batch_shards=data_shards * fsdp_shards,
+  )
+
+
+def _shared_tokenizer(workdir: str, pairs, config):
+  """Process 0 trains (or loads) the tokenizer into the workdir; the others then load it."""
+  if distributed.is_primary():
+    tokenizer = load_or_train(workdir, pairs, config.tokenizer)
+  distributed.barrier("tokenizer")
+  if not distributed.is_primary():
+    tokenizer = load_or_train(workdir, pairs, config.tokenizer)
+  return tokenizer
+
+
+def _make_batches(config, pairs, tokenizer, model_config, mesh, batch_rows):
+  """(training batches on the mesh, their filter counts), from the start of the data."""
+  batches, counts = input_pipeline.training_batches(
+    pairs,
+    tokenizer,
+    batch_rows,
+    config.train.grad_accum_steps,
+    config.data.max_len,
+    seed=config.train.seed,
+    process_index=jax.process_index(),
+    process_count=jax.process_count(),
+    pad_id=model_config.pad_id,
+    start_id=model_config.decoder_start_id,
+    num_workers=config.data.num_workers,
+  )
+  return sharding.DevicePrefetch(batches, mesh, batch_dim=1), counts
+
+
+def _initial_state(config, imported, layout: TrainingSetup, mesh):
+  """A fresh train state, or one holding an imported model's parameters (`init.from`)."""
+  if imported:
+    return train_step.sharded_state_from_params(
+      finetune.initial_params(imported, layout.abstract_params),
+      config.train.seed,
+      layout.model,
+      layout.tx,
+      mesh,
+    )
+  return train_step.create_sharded_state(config.train.seed, layout.model, layout.tx, mesh)

@@ -1,0 +1,97 @@
+"""Scoring during and after training: validation loss, validation BLEU and chrF, and the
+held-out test BLEU a finished run prints.
+
+The loop's actions (actions.py) call `validation_scores` through this module's attribute, so
+a test can replace it (tests/test_end_to_end.py scripts the BLEU a run sees).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from transformer_mt.data import input_pipeline
+from transformer_mt.decoding.settings import decode_settings
+from transformer_mt.decoding.translator import Translator
+from transformer_mt.evaluation import corpus_scores as evaluation
+from transformer_mt.runtime import sharding
+from transformer_mt.training import train_step
+
+# Held-out (source, reference, hypothesis) triples printed above the final BLEU line.
+HELD_OUT_EXAMPLES = 3
+
+
+def validation_fn(pairs, tokenizer, model, mesh, shardings, config):
+  """A function params -> validation metrics (loss, nll, accuracy), or None without pairs."""
+  if not pairs:
+    return None
+  eval_step = train_step.jit_eval_step(model, mesh, shardings)
+  rows = input_pipeline.bucket_length(config.decode.batch_size, mesh.devices.size)
+  batches = list(
+    input_pipeline.evaluation_batches(
+      pairs, tokenizer, rows, model.config.pad_id, model.config.decoder_start_id
+    )
+  )
+
+  def validate(params):
+    totals = [
+      eval_step(params, sharding.global_batch_from_host(b, mesh, batch_dim=1)) for b in batches
+    ]
+    sums = {k: sum(float(t[k]) for t in totals) for k in totals[0]}
+    tokens = max(sums["num_tokens"], 1.0)
+    return {
+      "validation/loss": sums["nll"] / tokens,
+      "validation/accuracy": sums["correct"] / tokens,
+    }
+
+  return validate
+
+
+def validation_scores(
+  params, model_config, tokenizer, mesh, config, pairs, forced_first_id=None
+) -> dict[str, float]:
+  """sacreBLEU and chrF of the current parameters on (the first train.bleu_sentences of)
+  validation, as metrics.jsonl records them. chrF rides along because it scores the same
+  hypotheses (no second decode), so a sweep can be ranked by either."""
+  limit = config.train.bleu_sentences or len(pairs)
+  chosen = [pairs[i] for i in range(min(limit, len(pairs)))]
+  translator = Translator(
+    params=params,
+    model_config=model_config,
+    tokenizer=tokenizer,
+    mesh=mesh,
+    forced_first_id=forced_first_id,
+    **decode_settings(config),
+  )
+  hypotheses = translator.translate([source for source, _ in chosen])
+  references = [target for _, target in chosen]
+  return {
+    "validation/bleu": evaluation.corpus_bleu(hypotheses, references)[0],
+    "validation/chrf": evaluation.corpus_chrf(hypotheses, references)[0],
+  }
+
+
+def evaluate_held_out(
+  translator: Translator, pairs: list[tuple[str, str]], num_samples: int
+) -> dict[str, Any]:
+  """Greedy-translates the held-out sources and scores them with sacreBLEU."""
+  start = time.perf_counter()
+  hypotheses = translator.translate([source for source, _ in pairs])
+  elapsed = time.perf_counter() - start
+  references = [target for _, target in pairs]
+  bleu, signature = evaluation.corpus_bleu(hypotheses, references)
+  if jax.process_index() == 0:
+    for source, reference, hypothesis in list(zip((s for s, _ in pairs), references, hypotheses))[
+      :num_samples
+    ]:
+      print(f"  source:     {source}\n  reference:  {reference}\n  hypothesis: {hypothesis}\n")
+    print(
+      f"Held-out BLEU {bleu:.2f} on {len(pairs)} sentences "
+      f"({len(pairs) / elapsed:.0f} sentences/s, beam {translator.beam_size})\n"
+      f"  sacreBLEU signature: {signature}"
+    )
+  exact = float(np.mean([h == r for h, r in zip(hypotheses, references)]))
+  return {"bleu": bleu, "bleu_signature": signature, "exact_match": exact}
