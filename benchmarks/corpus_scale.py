@@ -39,6 +39,18 @@ first step, RSS per process and pipeline throughput for a line-aligned corpus of
    run's tokenizer and K workers, timed by benchmarks/input_pipeline.py's `pipeline_rate`:
    non-pad target tokens/s after the first batch (`target_tokens_per_s`, and per worker).
 
+Measured on the 2-core, 24 GiB machine at its commit, before preparation existed (prepare_s
+null: the in-memory path), load average 6.8-8.6 throughout (other jobs on the 2 cores), so the
+times are upper bounds and the pipeline rate swings with the load:
+
+  | pairs | workers | first step | of it: setup, compile | main RSS | worker | total | tokens/s |
+  |---|---|---|---|---|---|---|---|
+  | 100k | 0 | 24.0 s | 12.8 s, 9.5 s | 1.28 GB | - | 1.28 GB | 318k |
+  | 100k | 2 | 24.2 s | 11.2 s, 8.4 s | 1.32 GB | 0.31 GB | 1.95 GB | 253k |
+  | 1M | 0 | 30.4 s | 18.3 s, 9.9 s | 1.80 GB | - | 1.80 GB | 301k |
+  | 1M | 2 | 49.5 s | 17.3 s, 16.4 s | 2.24 GB | 1.15 GB | 4.55 GB | 180k |
+  | 4.5M | 0 | 58.1 s | 35.3 s, 19.1 s | 5.73 GB | - | 5.73 GB | 146k |
+
 Prints a table and one JSON line. Generated corpora and workdirs are deleted at the end unless
 --keep (a given --corpus is never touched). Figures depend on the machine and its load
 (/proc/loadavg is printed before and after); nothing is asserted.
