@@ -1,0 +1,478 @@
+"""Does a local corpus of WMT size start training quickly and in little memory? Time to the
+first step, RSS per process and pipeline throughput for a line-aligned corpus of N pairs.
+
+    python benchmarks/corpus_scale.py --pairs N [--workers K] [--corpus DIR/PREFIX]
+                                      [--workdir-root DIR] [--keep]
+
+1. The corpus: `--corpus DIR/PREFIX` (PREFIX.en / PREFIX.de, taken as they are), or N generated
+   pairs written to WORKDIR_ROOT/corpus/gen.{en,de}. Generated sentences sample their words from
+   the running text of the EN-DE news files in ../shared/data (a fixed pseudo-word list when
+   that folder is missing), so word frequencies are Zipf-like as in news; source lengths are
+   log-normal (mean --mean_words, 25 by default, with a long tail up to 150 words, as WMT news
+   sentences are) and each target length is the source's times a noisy DE/EN word ratio.
+   Vectorised NumPy (word ids -> one byte gather per chunk), so 4.5M pairs take seconds to a
+   minute; its time (`generate_s`) is not part of anything else.
+2. Preparation, where the project has it (`transformer_mt.commands.prepare` exists):
+   `run.py prepare --experiment news_ende_small` with the training command's overrides, timed as
+   `prepare_s` (null without it: today's in-memory path reads the text in the training process).
+   Where `data.prepared_dir` is a config key, the prepared form goes to WORKDIR_ROOT/prepared.
+3. The training command, as a user runs it: `run.py train --experiment news_ende_small` on the
+   corpus with a small model (d_model 64, one layer each side), no validation or test split,
+   a tokenizer sample of --sample_size sentences, train.num_steps=2, train.log_every=1, a fresh
+   workdir and a fresh (cold) JAX compilation cache. Measured:
+     first_step_s   command start until metrics.jsonl holds step 1's row: with log_every=1 that
+                    row is written once step 1's metrics were fetched from the device, i.e. the
+                    step has finished (polled every 0.1 s)
+     setup_s        command start until its "... training pairs; ..." log line: pairs read,
+                    tokenizer trained, model layout built
+     compile_s      the tracing, lowering and XLA compilation seconds JAX logs with
+                    JAX_LOG_COMPILES=1, summed over every jitted function up to the first step
+                    (train_step_compile_s: the train step's share; a warm persistent cache would
+                    skip the XLA part)
+     rss_gb_*       VmRSS of the training process (main), of each Grain worker (worker_max: the
+                    largest) and of all processes of the tree in one sample (total; Python's
+                    resource tracker included), maxima over samples every 0.1 s from
+                    /proc/PID/status until the command exits; rss_anon_gb_* the same for RssAnon,
+                    the memory a process can neither share with others nor drop
+4. The input pipeline alone, in this process: `input_pipeline.training_batches` over the same
+   training pairs (as `data_sources.load_pairs` gives them to the training command) with the
+   run's tokenizer and K workers, timed by benchmarks/input_pipeline.py's `pipeline_rate`:
+   non-pad target tokens/s after the first batch (`target_tokens_per_s`, and per worker).
+
+Measured on the 2-core, 24 GiB machine at its commit, before preparation existed (prepare_s
+null: the in-memory path), load average 6.8-8.6 throughout (other jobs on the 2 cores), so the
+times are upper bounds and the pipeline rate swings with the load:
+
+  | pairs | workers | first step | of it: setup, compile | main RSS | worker | total | tokens/s |
+  |---|---|---|---|---|---|---|---|
+  | 100k | 0 | 24.0 s | 12.8 s, 9.5 s | 1.28 GB | - | 1.28 GB | 318k |
+  | 100k | 2 | 24.2 s | 11.2 s, 8.4 s | 1.32 GB | 0.31 GB | 1.95 GB | 253k |
+  | 1M | 0 | 30.4 s | 18.3 s, 9.9 s | 1.80 GB | - | 1.80 GB | 301k |
+  | 1M | 2 | 49.5 s | 17.3 s, 16.4 s | 2.24 GB | 1.15 GB | 4.55 GB | 180k |
+  | 4.5M | 0 | 58.1 s | 35.3 s, 19.1 s | 5.73 GB | - | 5.73 GB | 146k |
+
+Prints a table and one JSON line. Generated corpora and workdirs are deleted at the end unless
+--keep (a given --corpus is never touched). Figures depend on the machine and its load
+(/proc/loadavg is printed before and after); nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import importlib.util
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+EXPERIMENT = "news_ende_small"
+SOURCE_LANG, TARGET_LANG = "en", "de"
+DEFAULT_DATA_ROOT = ROOT.parent / "shared" / "data"
+GB = 1e9
+MAX_WORDS = 150
+# Seconds JAX logs per jitted function under JAX_LOG_COMPILES=1 (tracing, lowering, XLA).
+COMPILE_LINE = re.compile(
+  r"Finished (?:tracing|jaxpr to MLIR module conversion|XLA compilation)\b.* in ([0-9.]+) sec"
+)
+
+
+# --- the corpus --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class WordPool:
+  """Words to sample: each word's UTF-8 bytes followed by one space, back to back in `buffer`
+  (at `offsets`, `sizes` bytes each), and `stream`, word ids in running-text order: a uniform
+  index into it draws words with their text frequency."""
+
+  buffer: np.ndarray  # uint8 [total bytes]
+  offsets: np.ndarray  # int64 [words]
+  sizes: np.ndarray  # int64 [words], including the space
+  stream: np.ndarray  # int32 [running words]
+
+
+def pool_from_tokens(tokens: list[str]) -> WordPool:
+  index: dict[str, int] = {}
+  stream = np.fromiter((index.setdefault(t, len(index)) for t in tokens), np.int32, len(tokens))
+  encoded = [word.encode("utf-8") + b" " for word in index]
+  sizes = np.fromiter((len(e) for e in encoded), np.int64, len(encoded))
+  offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+  return WordPool(np.frombuffer(b"".join(encoded), np.uint8), offsets, sizes, stream)
+
+
+def fallback_tokens(seed: int, count: int = 300_000) -> list[str]:
+  """Pseudo-words of 1-4 syllables with Zipf frequencies, for a machine without the news files."""
+  rng = np.random.default_rng(seed)
+  syllables = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
+  words = sorted(
+    {"".join(rng.choice(syllables, size=rng.integers(1, 5))) for _ in range(20_000)}, key=len
+  )
+  ranks = np.minimum(rng.zipf(1.2, size=count), len(words)) - 1
+  return [words[r] for r in ranks]
+
+
+def word_pool(lang: str, data_root: pathlib.Path, seed: int) -> WordPool:
+  """The running text of data_root/news/en-de/*.LANG (the WMT news sets), or pseudo-words."""
+  tokens = []
+  folder = data_root / "news" / f"{SOURCE_LANG}-{TARGET_LANG}"
+  for path in sorted(glob.glob(str(folder / f"*.{lang}"))):
+    tokens += pathlib.Path(path).read_text(encoding="utf-8").split()
+  return pool_from_tokens(tokens or fallback_tokens(seed + len(lang)))
+
+
+def sentence_lengths(
+  rng: np.random.Generator, count: int, mean_words: float, ratio: float
+) -> tuple[np.ndarray, np.ndarray]:
+  """(source, target) words per pair, int64 [count] each, in 1..MAX_WORDS: log-normal source
+  lengths of mean `mean_words` (sigma 0.55: a long tail, p99 ~ 3x the mean) and targets of
+  `ratio` x the source length with 15% log-normal noise."""
+  sigma = 0.55
+  source = rng.lognormal(np.log(mean_words) - sigma**2 / 2, sigma, count)
+  target = source * ratio * rng.lognormal(-(0.15**2) / 2, 0.15, count)
+  clip = lambda x: np.clip(np.rint(x), 1, MAX_WORDS).astype(np.int64)  # noqa: E731
+  return clip(source), clip(target)
+
+
+def render(pool: WordPool, lengths: np.ndarray, rng: np.random.Generator) -> bytes:
+  """Sentences of `lengths` words drawn from `pool`, one per line, as UTF-8 bytes."""
+  ids = pool.stream[rng.integers(0, len(pool.stream), size=int(lengths.sum()))]
+  starts, sizes = pool.offsets[ids], pool.sizes[ids]
+  ends = np.cumsum(sizes)  # [words] end of each word in the output
+  gather = np.arange(ends[-1]) + np.repeat(starts - (ends - sizes), sizes)
+  out = pool.buffer[gather]
+  out[ends[np.cumsum(lengths) - 1] - 1] = ord("\n")  # each sentence's last space
+  return out.tobytes()
+
+
+def generate_corpus(
+  prefix: str | os.PathLike,
+  pairs: int,
+  seed: int = 0,
+  mean_words: float = 25.0,
+  data_root: pathlib.Path = DEFAULT_DATA_ROOT,
+  chunk: int = 50_000,
+) -> dict:
+  """Writes `pairs` line-aligned generated pairs to PREFIX.en / PREFIX.de; returns
+  {"pairs", "bytes", "source_words", "target_words"}."""
+  source_pool = word_pool(SOURCE_LANG, data_root, seed)
+  target_pool = word_pool(TARGET_LANG, data_root, seed)
+  ratio = len(target_pool.stream) / len(source_pool.stream)
+  rng = np.random.default_rng(seed)
+  stats = {"pairs": pairs, "bytes": 0, "source_words": 0, "target_words": 0}
+  with (
+    open(f"{prefix}.{SOURCE_LANG}", "wb") as source_file,
+    open(f"{prefix}.{TARGET_LANG}", "wb") as target_file,
+  ):
+    for first in range(0, pairs, chunk):
+      source_lengths, target_lengths = sentence_lengths(
+        rng, min(chunk, pairs - first), mean_words, ratio
+      )
+      for file, pool, lengths, key in (
+        (source_file, source_pool, source_lengths, "source_words"),
+        (target_file, target_pool, target_lengths, "target_words"),
+      ):
+        text = render(pool, lengths, rng)
+        file.write(text)
+        stats["bytes"] += len(text)
+        stats[key] += int(lengths.sum())
+  return stats
+
+
+# --- memory of a process tree -------------------------------------------------------------------
+
+
+def read_rss(pid: int) -> tuple[int, int] | None:
+  """(VmRSS, RssAnon) of `pid` in bytes, or None once it is gone (or a zombie)."""
+  try:
+    text = pathlib.Path(f"/proc/{pid}/status").read_text()
+  except OSError:
+    return None
+  fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+  if "VmRSS" not in fields:
+    return None
+  kb = lambda name: int(fields.get(name, "0 kB").split()[0]) * 1024  # noqa: E731
+  return kb("VmRSS"), kb("RssAnon")
+
+
+def children(pid: int) -> list[int]:
+  """Direct children of `pid` (every thread's /proc children list)."""
+  found = []
+  for path in glob.glob(f"/proc/{pid}/task/*/children"):
+    try:
+      found += [int(c) for c in pathlib.Path(path).read_text().split()]
+    except OSError:
+      continue
+  return found
+
+
+def _cmdline(pid: int) -> str:
+  try:
+    return pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+  except OSError:
+    return ""
+
+
+class TreeSampler:
+  """Maxima of the RSS of a process (main), of its worker descendants (each) and of the whole
+  tree (summed within one sample), as VmRSS and RssAnon. Python's multiprocessing resource
+  tracker is counted in the total but is no worker."""
+
+  PARTS = ("main", "worker_max", "total")
+
+  def __init__(self, pid: int):
+    self.pid = pid
+    self.max = {(kind, part): 0 for kind in ("rss", "rss_anon") for part in self.PARTS}
+    self.workers_seen: set[int] = set()
+    self.samples = 0
+
+  def sample(self) -> bool:
+    """Takes one sample; False once the main process is gone."""
+    main = read_rss(self.pid)
+    if main is None:
+      return False
+    self.samples += 1
+    total = main
+    pending = children(self.pid)
+    while pending:
+      pid = pending.pop()
+      pending += children(pid)
+      rss = read_rss(pid)
+      if rss is None:
+        continue
+      total = (total[0] + rss[0], total[1] + rss[1])
+      if "resource_tracker" not in _cmdline(pid):
+        self.workers_seen.add(pid)
+        self._raise("worker_max", rss)
+    self._raise("main", main)
+    self._raise("total", total)
+    return True
+
+  def _raise(self, part: str, values: tuple[int, int]) -> None:
+    for kind, value in zip(("rss", "rss_anon"), values):
+      self.max[kind, part] = max(self.max[kind, part], value)
+
+  def gigabytes(self) -> dict:
+    """{"rss_gb_main", "rss_gb_worker_max", "rss_gb_total", "rss_anon_gb_...", "rss_samples"};
+    the worker maxima are None when no worker was seen."""
+    result = {
+      f"{kind}_gb_{part}": round(value / GB, 3)
+      if part != "worker_max" or self.workers_seen
+      else None
+      for (kind, part), value in self.max.items()
+    }
+    return dict(result, rss_samples=self.samples)
+
+
+# --- the commands ------------------------------------------------------------------------------
+
+
+def loadavg() -> str:
+  return pathlib.Path("/proc/loadavg").read_text().strip()
+
+
+def prepare_available() -> bool:
+  """Whether this checkout has the `run.py prepare` command (its module)."""
+  return importlib.util.find_spec("transformer_mt.commands.prepare") is not None
+
+
+def has_prepared_dir_key() -> bool:
+  from transformer_mt.config import defaults
+
+  return "prepared_dir" in defaults.base_config().data
+
+
+def overrides(args, root: str, prefix: str, workers: int, folder: str) -> list[str]:
+  """The run's `key=value` overrides: the corpus, no held-out splits, a small model."""
+  keys = [
+    f"data.root={root!r}",
+    f"data.train_prefixes={[prefix]!r}",
+    "data.validation_prefixes=[]",
+    "data.test_prefixes=[]",
+    f"data.num_workers={workers}",
+    "model.d_model=64",
+    "model.num_heads=2",
+    "model.d_ff=128",
+    "model.num_encoder_layers=1",
+    "model.num_decoder_layers=1",
+    f"tokenizer.vocab_size={args.vocab_size}",
+    f"tokenizer.sample_size={args.sample_size}",
+    "train.num_steps=2",
+    "train.log_every=1",
+    "train.eval_every=0",
+    "train.bleu_every=0",
+  ]
+  if has_prepared_dir_key():
+    keys.append(f"data.prepared_dir={os.path.join(folder, 'prepared')!r}")
+  return keys
+
+
+def run_command(argv: list[str], log_path: str, env: dict, watch=None) -> dict:
+  """Runs `argv` in the repository root, its output (timestamped by arrival) to `log_path`;
+  `watch(pid, elapsed)` is called every 0.1 s while it runs. Returns {"seconds", "lines"}: lines as
+  (seconds since start, text). A failed command is an error showing its output's tail."""
+  start = time.perf_counter()
+  process = subprocess.Popen(
+    argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+  )
+  lines = []
+
+  def read():
+    with open(log_path, "w", encoding="utf-8") as log:
+      for raw in process.stdout:
+        text = raw.decode("utf-8", "replace")
+        lines.append((time.perf_counter() - start, text))
+        log.write(text)
+
+  reader = threading.Thread(target=read, daemon=True)
+  reader.start()
+  while process.poll() is None:
+    if watch:
+      watch(process.pid, time.perf_counter() - start)
+    time.sleep(0.1)
+  seconds = time.perf_counter() - start
+  reader.join()
+  if process.returncode:
+    tail = "".join(text for _, text in lines[-30:])
+    raise SystemExit(f"{' '.join(argv[:3])} failed with exit code {process.returncode}:\n{tail}")
+  return {"seconds": seconds, "lines": lines}
+
+
+def train_and_measure(keys: list[str], workdir: str, env: dict) -> dict:
+  metrics = os.path.join(workdir, "metrics.jsonl")
+  state = {"sampler": None, "first_step_s": None}
+
+  def watch(pid, elapsed):
+    state["sampler"] = state["sampler"] or TreeSampler(pid)
+    state["sampler"].sample()
+    if state["first_step_s"] is None and os.path.exists(metrics):
+      with open(metrics, encoding="utf-8") as f:
+        if any('"step": 1,' in line and '"loss"' in line for line in f):
+          state["first_step_s"] = elapsed
+
+  argv = [sys.executable, "run.py", "train", "--experiment", EXPERIMENT, "--workdir", workdir]
+  run = run_command(argv + keys, workdir + ".log", env, watch)
+  first = state["first_step_s"]
+  setup = next((t for t, text in run["lines"] if " training pairs; " in text), None)
+  compile_s = step_compile_s = 0.0
+  for seconds, text in run["lines"]:
+    match = COMPILE_LINE.search(text)
+    if match and first is not None and seconds <= first:
+      compile_s += float(match.group(1))
+      step_compile_s += float(match.group(1)) if "train_step" in text else 0.0
+  return {
+    "first_step_s": None if first is None else round(first, 2),
+    "setup_s": None if setup is None else round(setup, 2),
+    "compile_s": round(compile_s, 2),
+    "train_step_compile_s": round(step_compile_s, 2),
+    "train_command_s": round(run["seconds"], 2),
+    **state["sampler"].gigabytes(),
+  }
+
+
+def pipeline_throughput(keys: list[str], workdir: str, workers: int, batches: int) -> dict:
+  """Non-pad target tokens/s of the training batches alone, with the run's tokenizer."""
+  from benchmarks.input_pipeline import pipeline_rate
+  from transformer_mt.config import registry
+  from transformer_mt.data import input_pipeline
+  from transformer_mt.data import sources as data_sources
+  from transformer_mt.data.tokenizer import MODEL_FILENAME, Tokenizer
+
+  config = registry.load_experiment(EXPERIMENT, keys)
+  pairs = data_sources.load_pairs(config.data)["train"]
+  tokenizer = Tokenizer.load(os.path.join(workdir, MODEL_FILENAME))
+  max_len = config.data.max_len
+  rows = input_pipeline.rows_per_batch(config.train.batch_tokens, max_len, 1, 1)
+  rate, filled = pipeline_rate(pairs, tokenizer, rows, max_len, workers, batches)
+  return {
+    "target_tokens_per_s": round(rate),
+    "target_tokens_per_s_per_worker": round(rate / max(workers, 1)),
+    "non_pad_fraction": round(filled, 4),
+  }
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--pairs", type=int, default=100_000, help="pairs to generate")
+  parser.add_argument("--workers", type=int, default=0, help="data.num_workers")
+  parser.add_argument("--corpus", default="", help="DIR/PREFIX of an existing corpus to use")
+  parser.add_argument(
+    "--workdir-root", default="", help="a new folder for the corpus and workdirs is made here"
+  )
+  parser.add_argument("--keep", action="store_true", help="keep that folder (default: delete)")
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--mean_words", type=float, default=25.0, help="mean source words/sentence")
+  parser.add_argument("--vocab_size", type=int, default=8000, help="tokenizer.vocab_size")
+  parser.add_argument("--sample_size", type=int, default=20_000, help="tokenizer.sample_size")
+  parser.add_argument("--batches", type=int, default=200, help="batches the pipeline is timed on")
+  args = parser.parse_args()
+  if args.workdir_root:
+    os.makedirs(args.workdir_root, exist_ok=True)
+  # Everything this run writes is under `folder`, so deleting it never touches anything else.
+  folder = tempfile.mkdtemp(prefix="corpus_scale_", dir=args.workdir_root or None)
+  try:
+    result = measure(args, folder)
+  finally:
+    if args.keep:
+      print(f"kept {folder}")
+    else:
+      shutil.rmtree(folder, ignore_errors=True)
+  width = max(len(key) for key in result)
+  for key, value in result.items():
+    print(f"{key:<{width}}  {value}")
+  print(json.dumps(result))
+
+
+def measure(args, folder: str) -> dict:
+  """Generates (or counts) the corpus, prepares it where the project can, trains, times the
+  pipeline; returns the figures in the order printed."""
+  result = {"pairs": args.pairs, "workers": args.workers, "source": "local"}
+  result["load_before"] = loadavg()
+  if args.corpus:
+    prefix = os.path.abspath(args.corpus)
+    with open(f"{prefix}.{SOURCE_LANG}", "rb") as f:
+      result["pairs"] = sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 24), b""))
+    result["generate_s"] = None
+  else:
+    os.makedirs(os.path.join(folder, "corpus"))
+    prefix = os.path.join(folder, "corpus", "gen")
+    start = time.perf_counter()
+    stats = generate_corpus(prefix, args.pairs, args.seed, args.mean_words)
+    result["generate_s"] = round(time.perf_counter() - start, 2)
+    result["corpus_gb"] = round(stats["bytes"] / GB, 3)
+    result["mean_source_words"] = round(stats["source_words"] / args.pairs, 1)
+    result["mean_target_words"] = round(stats["target_words"] / args.pairs, 1)
+  root, name = os.path.split(prefix)
+  keys = overrides(args, root, name, args.workers, folder)
+  env = dict(
+    os.environ,
+    JAX_LOG_COMPILES="1",
+    JAX_COMPILATION_CACHE_DIR=os.path.join(folder, "jax_cache"),
+    PYTHONUNBUFFERED="1",
+  )
+  result["prepare_s"] = None
+  if prepare_available():
+    argv = [sys.executable, "run.py", "prepare", "--experiment", EXPERIMENT]
+    log = os.path.join(folder, "prepare.log")
+    result["prepare_s"] = round(run_command(argv + keys, log, env)["seconds"], 2)
+  workdir = os.path.join(folder, f"train_w{args.workers}")
+  result.update(train_and_measure(keys, workdir, env))
+  result.update(pipeline_throughput(keys, workdir, args.workers, args.batches))
+  result["load_after"] = loadavg()
+  return result
+
+
+if __name__ == "__main__":
+  main()

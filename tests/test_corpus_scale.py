@@ -1,0 +1,71 @@
+"""benchmarks/corpus_scale.py's parts that decide what it measures: the generated corpus must be
+line-aligned with news-like lengths (a misaligned or empty-line corpus would measure another
+workload), and the /proc sampler must read the memory of a live process. The benchmark itself
+runs for minutes and is never run here."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from helpers import ROOT
+
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import corpus_scale  # noqa: E402
+
+
+def _lines(path) -> list[str]:
+  data = path.read_bytes()
+  assert data.endswith(b"\n")
+  return data.decode("utf-8").split("\n")[:-1]
+
+
+@pytest.mark.parametrize("words_from", ["shared", "fallback"])
+def test_generated_corpus_is_aligned_with_news_like_lengths(tmp_path, words_from):
+  data_root = corpus_scale.DEFAULT_DATA_ROOT if words_from == "shared" else tmp_path / "none"
+  if words_from == "shared" and not (data_root / "news" / "en-de").is_dir():
+    pytest.skip("no ../shared/data/news/en-de")
+  prefix = tmp_path / "gen"
+  stats = corpus_scale.generate_corpus(prefix, 200, seed=1, data_root=data_root, chunk=64)
+  source, target = _lines(tmp_path / "gen.en"), _lines(tmp_path / "gen.de")
+  assert len(source) == len(target) == stats["pairs"] == 200
+  source_words = np.array([len(line.split()) for line in source])
+  target_words = np.array([len(line.split()) for line in target])
+  assert source_words.min() >= 1 and target_words.min() >= 1
+  assert source_words.max() <= corpus_scale.MAX_WORDS
+  assert stats["source_words"] == source_words.sum()
+  assert stats["target_words"] == target_words.sum()
+  assert stats["bytes"] == sum(len(line.encode()) + 1 for line in source + target)
+  assert 18 <= source_words.mean() <= 32  # mean 25
+  assert source_words.max() > 2 * source_words.mean()  # a long tail
+  # The same seed gives the same corpus.
+  corpus_scale.generate_corpus(tmp_path / "again", 200, seed=1, data_root=data_root, chunk=64)
+  assert (tmp_path / "again.en").read_bytes() == (tmp_path / "gen.en").read_bytes()
+
+
+def test_tree_sampler_reads_this_process_and_a_child():
+  sampler = corpus_scale.TreeSampler(os.getpid())
+  script = "import time; print('up', flush=True); time.sleep(30)"
+  child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+  try:
+    assert child.stdout.readline() == b"up\n"  # running Python, not a fork being replaced
+    assert sampler.sample()
+  finally:
+    child.kill()
+    child.wait()
+    child.stdout.close()
+  figures = sampler.gigabytes()
+  assert figures["rss_gb_main"] > 0 and figures["rss_anon_gb_main"] > 0
+  assert figures["rss_gb_worker_max"] > 0  # the child counts as a worker
+  assert figures["rss_gb_total"] >= figures["rss_gb_main"] + figures["rss_gb_worker_max"] - 1e-3
+  assert corpus_scale.read_rss(child.pid) is None  # gone (reaped)
+
+
+def test_sampler_of_a_finished_process_stops():
+  child = subprocess.Popen([sys.executable, "-c", "pass"])
+  child.wait()
+  sampler = corpus_scale.TreeSampler(child.pid)
+  assert not sampler.sample()
+  assert sampler.gigabytes()["rss_gb_worker_max"] is None
