@@ -155,6 +155,11 @@ def test_a_changed_file_is_prepared_again_an_unchanged_one_never(tmp_path):
   assert after[str(root / "t.de")][0] != before[str(root / "t.de")][0]
   assert not os.path.exists(before[str(root / "t.de")][0])  # the stale index is removed
   assert list(changed) == [("a", "xx"), ("b", "yy")]
+  # A corpus opened (here: unpickled, as in a Grain worker) after its file changed refuses to
+  # read other lines than it counted.
+  (root / "t.en").write_bytes(b"a\nb\nc\n")
+  with pytest.raises(text_files.DataError, match="changed .*after it was prepared"):
+    pickle.loads(pickle.dumps(changed))[0]
 
 
 def test_a_read_only_corpus_folder_works_with_the_cache_elsewhere(tmp_path):
