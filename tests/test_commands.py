@@ -23,6 +23,7 @@ GOLDEN = pathlib.Path(__file__).resolve().parent / "cli_help.golden"
 # Every subcommand of run.py with its module in transformer_mt/commands, in --help's order.
 COMMANDS = {
   "list": "list_experiments",
+  "prepare": "prepare",
   "train": "train",
   "sweep": "sweep",
   "import": "import_hf",
@@ -70,6 +71,7 @@ def test_each_subcommand_in_order_is_a_commands_module():
 def _minimal_argv(name: str) -> list[str]:
   """The shortest command line `name` parses (its required flags with dummy values)."""
   required = {
+    "prepare": ["--experiment", "demo"],
     "train": ["--workdir", "w"],
     "sweep": ["--experiment", "demo", "--workdir", "w"],
     "import": ["--from", "hf:x", "--workdir", "w"],

@@ -1,5 +1,5 @@
-"""Command line: `run.py list | train | sweep | import | translate | evaluate | score | average |
-attention | plot | reproduce | report`.
+"""Command line: `run.py list | prepare | train | sweep | import | translate | evaluate | score |
+average | attention | plot | reproduce | report`.
 
 Also installed as the `transformer-mt` console script.
 
@@ -27,6 +27,7 @@ from transformer_mt.commands import (
   list_experiments,
   paths,
   plot,
+  prepare,
   report,
   reproduce,
   score,
@@ -40,6 +41,7 @@ from transformer_mt.runtime import errors
 # order `--help` lists them.
 COMMANDS = (
   list_experiments,
+  prepare,
   train,
   sweep,
   import_hf,

@@ -25,7 +25,13 @@ PATH_FLAGS = (
   "hypotheses",
   "chart",
 )
-PATH_KEYS = ("data.root", "data.tfds_data_dir", "data.tfds_manual_dir", "init.from")
+PATH_KEYS = (
+  "data.root",
+  "data.prepared_dir",
+  "data.tfds_data_dir",
+  "data.tfds_manual_dir",
+  "init.from",
+)
 
 
 def absolute_path(path: str | None) -> str | None:

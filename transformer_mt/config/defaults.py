@@ -65,6 +65,10 @@ def base_config() -> ml_collections.ConfigDict:
   # (a split_seed-keyed hash of each source sentence) and with no held-out source sentence in
   # training; see data_sources.split_indices.
   config.data.split_prefixes = []
+  # Local text: the cache folder of the train split's line indexes, made once per file version
+  # ("" = $XDG_CACHE_HOME/transformer_mt/prepared, else ~/.cache/transformer_mt/prepared); see
+  # docs/data.md and `run.py prepare`.
+  config.data.prepared_dir = ""
   config.data.test_size = 1000
   config.data.validation_size = 1000
   config.data.split_seed = 0

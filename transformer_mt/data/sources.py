@@ -10,11 +10,20 @@ in the experiment's translation direction:
               each split from its own files (data.train_prefixes, validation_prefixes,
               test_prefixes), or all three cut from one corpus (data.split_prefixes, see
               `split_by_source`)
+
+A local train split of its own files (data.train_prefixes) is a `PreparedCorpus`
+(transformer_mt.data.prepared_corpus): read by index from the text files through a line index
+prepared once into data.prepared_dir, never held as strings, whatever its size. The
+validation and test splits are lists in memory, and so is all of data.split_prefixes: cutting
+one corpus by grouping equal source sentences reads every sentence, which is meant for
+corpora of held-out size (Tatoeba's 17k pairs), not WMT's millions.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import os
 import pathlib
 from collections.abc import Sequence
@@ -64,7 +73,8 @@ def local_root(data_config: ml_collections.ConfigDict) -> str:
 def load_pairs(
   data_config: ml_collections.ConfigDict, require_train: bool = True
 ) -> dict[str, Sequence[tuple[str, str]]]:
-  """The splits of `data_config.source`, read (or opened) without writing anything.
+  """The splits of `data_config.source`, read (or opened). Nothing is written but the line
+  index of a local train split's files, once, into data.prepared_dir (see prepared_corpus).
 
   Args:
     require_train: local text without train_prefixes is an error (False for evaluation,
@@ -109,7 +119,11 @@ def load_pairs(
     splits = {}
     for split in ("split",) + SPLITS:
       prefixes = list(data_config[f"{split}_prefixes"] or [])
-      if prefixes:
+      if split == "train" and prefixes:
+        splits[split], prepared_now = prepare_local_train(data_config)
+        if prepared_now:
+          logging.info("Prepared %s (line offsets in data.prepared_dir)", ", ".join(prepared_now))
+      elif prefixes:
         splits[split] = _read_local(text_files, prefixes, data_config, root)
     if "split" in splits:
       splits = split_by_source(
@@ -128,13 +142,32 @@ def load_pairs(
   raise errors.BadValue(f"data.source={source!r} is not one of {list(SOURCES)}.")
 
 
+def prepare_local_train(data_config: ml_collections.ConfigDict):
+  """(PreparedCorpus, files prepared now) of the local train split (data.train_prefixes):
+  each file prepared into data.prepared_dir unless it was before."""
+  from transformer_mt.data import prepared_corpus, text_files
+
+  root = local_root(data_config)
+  with _where_files_are(text_files, root):
+    files = text_files.corpus_files(
+      list(data_config.train_prefixes), data_config.source_lang, data_config.target_lang, root
+    )
+    return prepared_corpus.prepare(files, data_config.prepared_dir)
+
+
 def _read_local(text_files, prefixes, data_config, root) -> list[tuple[str, str]]:
-  """`text_files.read_corpus` under `root`, with a missing file's message saying where the
-  files were looked for and how to get them."""
-  try:
+  """`text_files.read_corpus` under `root`."""
+  with _where_files_are(text_files, root):
     return text_files.read_corpus(
       prefixes, data_config.source_lang, data_config.target_lang, root=root
     )
+
+
+@contextlib.contextmanager
+def _where_files_are(text_files, root: str):
+  """A missing file's message says where the files were looked for and how to get them."""
+  try:
+    yield
   except text_files.DataError as e:
     if not str(e).startswith(("No such file", "Corpus pattern")):
       raise

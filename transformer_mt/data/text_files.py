@@ -88,7 +88,7 @@ def read_lines(path: PathLike) -> list[str]:
   invisible in editors and would otherwise become part of the first sentence).
   """
   path = os.fspath(path)
-  _check_is_file(path)
+  check_is_file(path)
   try:
     with open(path, "rb") as f:
       data = f.read()
@@ -216,7 +216,8 @@ def _expand_prefix(prefix: str, source_lang: str, target_lang: str, root: str | 
   return sorted(matches)
 
 
-def _check_is_file(path: str) -> None:
+def check_is_file(path: str) -> None:
+  """A DataError naming `path` (with the nearest file names) unless it is an existing file."""
   if os.path.isdir(path):
     raise DataError(
       f"{path} is a directory, but a text file with one sentence per line was "
@@ -250,10 +251,24 @@ def _directory_listing_hint(path: str) -> str:
 def _decode_error(path: str, data: bytes, error: UnicodeDecodeError) -> DataError:
   """Turns the first undecodable byte offset into a line number and column for the user."""
   line_start = data.rfind(b"\n", 0, error.start) + 1
-  line_number = data.count(b"\n", 0, error.start) + 1
-  column = error.start - line_start + 1  # 1-based, like the line number and editors' columns.
-  bad = data[error.start : error.end].hex(" ")
-  if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+  return decode_error(
+    path,
+    line_number=data.count(b"\n", 0, error.start) + 1,
+    column=error.start - line_start + 1,  # 1-based, like the line number and editors' columns.
+    offset=error.start,
+    bad=data[error.start : error.end],
+    reason=error.reason,
+    utf16=data.startswith((b"\xff\xfe", b"\xfe\xff")),
+  )
+
+
+def decode_error(
+  path: str, line_number: int, column: int, offset: int, bad: bytes, reason: str, utf16: bool
+) -> DataError:
+  """The DataError of a file that is not UTF-8: where (1-based line and byte of the line,
+  0-based file offset), which bytes, and the `iconv` command that converts it. Shared by
+  `read_lines` and the chunked scan of data/prepared_corpus.py, so both say the same."""
+  if utf16:
     encoding, note = "utf-16", " (it starts with a UTF-16 byte order mark)"
   else:
     encoding = "<enc>"
@@ -263,7 +278,7 @@ def _decode_error(path: str, data: bytes, error: UnicodeDecodeError) -> DataErro
     )
   return DataError(
     f"{path} is not valid UTF-8: line {line_number}, byte {column} of the line "
-    f"(0-based file offset {error.start}), bytes {bad} ({error.reason}). "
+    f"(0-based file offset {offset}), bytes {bad.hex(' ')} ({reason}). "
     f"Convert it with `iconv -f {encoding} -t utf-8 {path} > {path}.utf8`{note}; "
     "then use the converted file."
   )
@@ -272,21 +287,41 @@ def _decode_error(path: str, data: bytes, error: UnicodeDecodeError) -> DataErro
 def _count_mismatch_message(
   source_path: str, source_lines: list[str], target_path: str, target_lines: list[str]
 ) -> str:
+  longer, shorter = (
+    (source_lines, target_lines)
+    if len(source_lines) > len(target_lines)
+    else (target_lines, source_lines)
+  )
+  return count_mismatch_message(
+    source_path,
+    len(source_lines),
+    target_path,
+    len(target_lines),
+    extra_lines_empty=not any(longer[len(shorter) :]),
+  )
+
+
+def count_mismatch_message(
+  source_path: str,
+  source_count: int,
+  target_path: str,
+  target_count: int,
+  extra_lines_empty: bool,
+) -> str:
+  """The message of two parallel files with different line counts; `extra_lines_empty`: the
+  longer file's lines beyond the shorter's are all empty (then removing them is the fix).
+  Shared with data/prepared_corpus.py, which knows the counts without the lines."""
   message = (
     f"The parallel files have different line counts: {source_path} has "
-    f"{len(source_lines)} lines, {target_path} has {len(target_lines)}. Line i of "
+    f"{source_count} lines, {target_path} has {target_count}. Line i of "
     "one must be the translation of line i of the other, so check that both are "
     "the same version of the corpus and that neither was truncated or had lines "
     "added or removed (e.g. by a filter applied to one side only)."
   )
-  longer_path, longer, shorter = (
-    (source_path, source_lines, target_lines)
-    if len(source_lines) > len(target_lines)
-    else (target_path, target_lines, source_lines)
-  )
-  if not any(longer[len(shorter) :]):
+  if extra_lines_empty:
+    longer_path = source_path if source_count > target_count else target_path
     message += (
-      f" The extra {len(longer) - len(shorter)} line(s) at the end of "
+      f" The extra {abs(source_count - target_count)} line(s) at the end of "
       f"{longer_path} are empty; if that is all, removing them fixes it."
     )
   return message

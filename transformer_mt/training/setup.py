@@ -16,7 +16,7 @@ import dataclasses
 import functools
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -89,7 +89,8 @@ class RunSetup:
   workdir: str
   mesh: Mesh
   tokenizer: AnyTokenizer
-  pairs: dict[str, list[tuple[str, str]]]  # "train", and "validation"/"test" when there are
+  # "train" (local text: a PreparedCorpus, read from disk), and "validation"/"test" when there are
+  pairs: dict[str, Sequence[tuple[str, str]]]
   layout: TrainingSetup  # model, optimizer, schedule, shardings, abstract state
   forced_first_id: int | None  # a multilingual import's forced first target token
   manager: Any  # ocp.CheckpointManager of WORKDIR/checkpoints

@@ -1,0 +1,409 @@
+"""Local training corpora read by random access from the text files themselves.
+
+Held as Python strings, a WMT14 EN-FR training corpus (36M pairs, ~10 GB of text) takes ~57 GB
+in one process, and Grain's `mp_prefetch` pickles all of it to every worker. Here each text file
+is prepared once: its line start offsets, int64, go to a `.npy` file in a cache folder (what
+fairseq's `.idx` holds, without copying the text into a `.bin`). `PreparedCorpus` then reads
+pair i by memory-mapping both, so a process holds only the pages it touches (shared with every
+other process reading the same files, through the page cache), and pickles as paths and sizes:
+a Grain worker opens the files itself. Measured on 1M generated pairs: see docs/data.md.
+
+The cache folder holds, per text file, `NAME-PATHHASH-STATEHASH/` (`offsets.npy` and
+`manifest.json`), keyed by the file's absolute path, size and modification time: a changed
+file is prepared again (its old index removed), an unchanged one never is. A corpus folder
+may be read-only; only the cache folder is written. Preparation holds an exclusive `flock` on
+`NAME-PATHHASH.lock` and writes into a `.tmp-...` folder renamed into place once its manifest
+(written last) is on disk, so processes starting together prepare once, and one killed midway
+leaves only a temporary folder, which the next preparation of that file removes.
+
+What is read equals `text_files.read_corpus` of the same files, line for line: lines split
+on b"\\n" only, "\\r\\n" ending lines without the "\\r", empty lines kept as "", a final line
+without newline counted, a UTF-8 byte order mark at the start dropped. Preparation checks
+what `read_parallel` checks (missing file, directory, invalid UTF-8 with file and line, line
+counts that differ), with the same messages; it scans 16 MiB at a time, so its memory stays
+small however large the file.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import io
+import json
+import mmap
+import operator
+import os
+import re
+import shutil
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from transformer_mt.data import text_files
+
+# Bump when the index format changes: indexes of another version are prepared again.
+FORMAT_VERSION = 1
+_CHUNK = 1 << 24  # bytes scanned at a time
+_BOM = b"\xef\xbb\xbf"
+_OFFSETS = "offsets.npy"
+_MANIFEST = "manifest.json"
+_TMP = ".tmp-"
+_LOCK = ".lock"
+
+
+def cache_folder(prepared_dir: str = "") -> str:
+  """`prepared_dir` made absolute, or, when it is "", $XDG_CACHE_HOME/transformer_mt/prepared
+  (~/.cache/transformer_mt/prepared without XDG_CACHE_HOME)."""
+  if prepared_dir:
+    return os.path.abspath(os.path.expanduser(prepared_dir))
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(base, "transformer_mt", "prepared")
+
+
+@dataclasses.dataclass(frozen=True)
+class FileIndex:
+  """A prepared text file: what its index was made from, and where the index is."""
+
+  path: str  # the file, as the corpus names it (messages use this)
+  size: int  # bytes, when prepared
+  mtime_ns: int  # st_mtime_ns, when prepared
+  lines: int
+  index_dir: str  # the folder holding offsets.npy and manifest.json
+
+
+def prepare(
+  files: Sequence[tuple[str, str]], prepared_dir: str = ""
+) -> tuple[PreparedCorpus, list[str]]:
+  """The corpus of (source file, target file) pairs (`text_files.corpus_files`), each file
+  prepared unless an index of its current size and modification time is in the cache folder.
+
+  Returns:
+    The corpus, and the files prepared by this call (the others were prepared before).
+  Raises:
+    text_files.DataError: what `text_files.read_parallel` raises for the same files.
+  """
+  folder = cache_folder(prepared_dir)
+  indexes, prepared_now = [], []
+  for source_path, target_path in files:
+    pair = []
+    for path in (source_path, target_path):
+      index, new = prepare_file(path, folder)
+      pair.append(index)
+      if new:
+        prepared_now.append(path)
+    source, target = pair
+    if source.lines != target.lines:
+      longer, shorter = (source, target) if source.lines > target.lines else (target, source)
+      raise text_files.DataError(
+        text_files.count_mismatch_message(
+          source.path,
+          source.lines,
+          target.path,
+          target.lines,
+          extra_lines_empty=_lines_empty_from(longer, shorter.lines),
+        )
+      )
+    indexes.append((source, target))
+  return PreparedCorpus(indexes), prepared_now
+
+
+def prepare_file(path: str, folder: str) -> tuple[FileIndex, bool]:
+  """The index of the text file `path` in the cache folder `folder`, made if it is missing or
+  stale; True when this call made it."""
+  path = os.fspath(path)
+  text_files.check_is_file(path)
+  stat = os.stat(path)
+  group, name = _index_names(path, stat)
+  final = os.path.join(folder, name)
+  index = _complete_index(final, path, stat)
+  if index is not None:
+    return index, False
+  try:
+    os.makedirs(folder, exist_ok=True)
+  except OSError as e:
+    raise _cannot_write(folder, e) from e
+  with _locked(os.path.join(folder, group + _LOCK)):
+    index = _complete_index(final, path, stat)  # another process may have made it meanwhile
+    if index is not None:
+      return index, False
+    _remove_stale(folder, group)
+    tmp = os.path.join(folder, f"{_TMP}{group}-{os.getpid()}")
+    try:
+      os.mkdir(tmp)
+      lines = _scan(path, os.path.join(tmp, _OFFSETS))
+      if _state(os.stat(path)) != _state(stat):
+        raise text_files.DataError(
+          f"{path} changed while it was being prepared; run again once nothing writes it."
+        )
+      manifest = {
+        "format_version": FORMAT_VERSION,
+        "path": os.path.abspath(path),
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "lines": lines,
+      }
+      # Written last and flushed to disk before the rename: a folder under its final name is
+      # complete, whatever kills this process.
+      _write_synced(os.path.join(tmp, _MANIFEST), json.dumps(manifest, indent=1).encode())
+      _fsync_dir(tmp)
+      os.rename(tmp, final)
+      _fsync_dir(folder)
+    except OSError as e:
+      shutil.rmtree(tmp, ignore_errors=True)
+      raise _cannot_write(folder, e) from e
+    except BaseException:
+      shutil.rmtree(tmp, ignore_errors=True)
+      raise
+  return FileIndex(path, stat.st_size, stat.st_mtime_ns, lines, final), True
+
+
+class PreparedCorpus(Sequence):
+  """(source, target) pairs of prepared file pairs, in order, read by index from disk.
+
+  Opens its files on first read, in the process that reads; pickles as the FileIndex list only.
+  """
+
+  def __init__(self, indexes: Sequence[tuple[FileIndex, FileIndex]]):
+    self.indexes = list(indexes)
+    self._ends = np.cumsum([source.lines for source, _ in self.indexes], dtype=np.int64).tolist()
+    self._opened: list[tuple[_LineFile, _LineFile]] | None = None
+
+  def __len__(self) -> int:
+    return self._ends[-1] if self._ends else 0
+
+  def __getitem__(self, index):
+    if isinstance(index, slice):
+      return [self[i] for i in range(*index.indices(len(self)))]
+    index = operator.index(index)
+    size = len(self)
+    if index < 0:
+      index += size
+    if not 0 <= index < size:
+      raise IndexError(f"pair {index} of a {size}-pair corpus")
+    k = bisect.bisect_right(self._ends, index)
+    line = index - self._ends[k - 1] if k else index
+    if self._opened is None:
+      self._opened = [(_LineFile(s), _LineFile(t)) for s, t in self.indexes]
+    source, target = self._opened[k]
+    return source.line(line), target.line(line)
+
+  def __iter__(self) -> Iterator[tuple[str, str]]:
+    for i in range(len(self)):
+      yield self[i]
+
+  def __repr__(self) -> str:
+    return f"PreparedCorpus({len(self)} pairs, {2 * len(self.indexes)} files)"
+
+  def __getstate__(self):
+    return {"indexes": self.indexes}
+
+  def __setstate__(self, state):
+    self.__init__(state["indexes"])
+
+
+class _LineFile:
+  """One prepared text file, memory-mapped with its offsets."""
+
+  def __init__(self, index: FileIndex):
+    try:
+      stat = os.stat(index.path)
+    except OSError:
+      stat = None
+    if stat is None or _state(stat) != (index.size, index.mtime_ns):
+      raise text_files.DataError(
+        f"{index.path} changed (or was removed) after it was prepared: training would read "
+        "other lines than it counted; restart the run (it prepares the file again)."
+      )
+    # A plain ndarray view of the memory map: indexing it is several times cheaper.
+    self._offsets = np.asarray(np.load(os.path.join(index.index_dir, _OFFSETS), mmap_mode="r"))
+    self._text = b""
+    if index.size:
+      with open(index.path, "rb") as f:
+        self._text = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+  def line(self, i: int) -> str:
+    # offsets[i + 1] - 1 is the "\n" ending line i (or the end of a file without one).
+    start, end = self._offsets[i : i + 2].tolist()  # one NumPy call, not two
+    raw = self._text[start : end - 1]
+    if raw.endswith(b"\r"):
+      raw = raw[:-1]
+    return raw.decode("utf-8")
+
+
+def _scan(path: str, offsets_path: str) -> int:
+  """Writes the int64 [lines + 1] offsets of `path` to `offsets_path` as .npy: the start of
+  each line, then one past the end of the last line's terminator (file size + 1 when the last
+  line has none, so that line i is always offsets[i] .. offsets[i + 1] - 1). Checks that the
+  file is UTF-8, one block of whole lines at a time (a newline byte never occurs inside a
+  multi-byte character, so blocks cut after one decode exactly as the whole file would).
+  Returns the number of lines."""
+  header_size = len(_npy_header(10**18))
+  with _open_to_read(path) as source, open(offsets_path, "wb") as out:
+    out.write(b"\0" * header_size)  # rewritten once the count is known
+    first = source.read(3)
+    start = len(_BOM) if first == _BOM else 0
+    utf16 = first.startswith((b"\xff\xfe", b"\xfe\xff"))
+    out.write(np.int64(start).tobytes())
+    written, last = 1, start
+    carry, base, lines_before = first, 0, 0  # base: file offset of carry[0]
+    while True:
+      try:
+        block = source.read(_CHUNK)
+      except OSError as e:
+        raise text_files.DataError(f"Cannot read {path}: {e.strerror or e}.") from e
+      end = not block
+      buffer = carry + block
+      cut = len(buffer) if end else buffer.rfind(b"\n") + 1
+      if not end and cut == 0:  # no line ends in this block yet
+        carry = buffer
+        continue
+      piece, carry = buffer[:cut], buffer[cut:]
+      _check_utf8(path, piece, base, lines_before, utf16)
+      starts = np.flatnonzero(np.frombuffer(piece, np.uint8) == 10).astype(np.int64) + (base + 1)
+      _write_offsets(out, starts)
+      if len(starts):
+        written, last = written + len(starts), int(starts[-1])
+      lines_before += len(starts)
+      base += cut
+      if end:
+        break
+    if last != base:  # a final line without "\n": its end as if it had one
+      _write_offsets(out, np.array([base + 1], np.int64))
+      written += 1
+    header = _npy_header(written)
+    assert len(header) == header_size, (len(header), header_size)
+    out.seek(0)
+    out.write(header)
+    out.flush()
+    os.fsync(out.fileno())
+  return written - 1
+
+
+def _open_to_read(path: str):
+  """`open(path, "rb")`; failing, read_lines' DataError (not a cache folder's write error)."""
+  try:
+    return open(path, "rb")  # noqa: SIM115 (the caller's `with` closes it)
+  except OSError as e:
+    raise text_files.DataError(f"Cannot read {path}: {e.strerror or e}.") from e
+
+
+def _write_offsets(out, starts: np.ndarray) -> None:
+  out.write(starts.astype("<i8", copy=False).tobytes())
+
+
+def _check_utf8(path: str, piece: bytes, base: int, lines_before: int, utf16: bool) -> None:
+  """Raises read_lines' DataError if `piece` (whole lines at file offset `base`, after
+  `lines_before` lines) is not UTF-8."""
+  try:
+    piece.decode("utf-8")
+  except UnicodeDecodeError as e:
+    line_start = piece.rfind(b"\n", 0, e.start) + 1
+    raise text_files.decode_error(
+      path,
+      line_number=lines_before + piece.count(b"\n", 0, e.start) + 1,
+      column=e.start - line_start + 1,
+      offset=base + e.start,
+      bad=piece[e.start : e.end],
+      reason=e.reason,
+      utf16=utf16,
+    ) from None
+
+
+def _npy_header(entries: int) -> bytes:
+  """The .npy (version 1.0) header of an int64 [entries] array: padded to 128 bytes for any
+  count below 10**19, so a placeholder of the same length can be written first."""
+  header = io.BytesIO()
+  np.lib.format.write_array_header_1_0(
+    header, {"descr": "<i8", "fortran_order": False, "shape": (entries,)}
+  )
+  return header.getvalue()
+
+
+def _lines_empty_from(index: FileIndex, first: int) -> bool:
+  """Whether lines `first`.. of a prepared file are all "" (read_parallel's hint)."""
+  opened = _LineFile(index)
+  lengths = np.diff(opened._offsets[first:]) - 1  # bytes before each line's "\n"
+  if (lengths > 1).any():
+    return False
+  return all(opened._text[int(s)] == 13 for s in opened._offsets[first:-1][lengths == 1])
+
+
+def _state(stat: os.stat_result) -> tuple[int, int]:
+  return stat.st_size, stat.st_mtime_ns
+
+
+def _index_names(path: str, stat: os.stat_result) -> tuple[str, str]:
+  """("NAME-PATHHASH", "NAME-PATHHASH-STATEHASH"): the file's group (its lock, and the stale
+  indexes of earlier versions) and the index folder of its present size and mtime."""
+  absolute = os.path.abspath(path)
+  readable = re.sub(r"[^A-Za-z0-9._-]", "_", os.path.basename(absolute))[:64]
+  group = f"{readable}-{hashlib.sha256(absolute.encode()).hexdigest()[:16]}"
+  state = f"{stat.st_size}:{stat.st_mtime_ns}:{FORMAT_VERSION}"
+  return group, f"{group}-{hashlib.sha256(state.encode()).hexdigest()[:16]}"
+
+
+def _complete_index(folder: str, path: str, stat: os.stat_result) -> FileIndex | None:
+  """The index in `folder` if its manifest says it was made from `path` as it is now."""
+  try:
+    with open(os.path.join(folder, _MANIFEST), "rb") as f:
+      manifest = json.load(f)
+  except (OSError, ValueError):
+    return None
+  wanted = (FORMAT_VERSION, os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
+  if (
+    manifest.get("format_version"),
+    manifest.get("path"),
+    manifest.get("size"),
+    manifest.get("mtime_ns"),
+  ) != wanted or not os.path.isfile(os.path.join(folder, _OFFSETS)):
+    return None
+  return FileIndex(path, stat.st_size, stat.st_mtime_ns, int(manifest["lines"]), folder)
+
+
+def _remove_stale(folder: str, group: str) -> None:
+  """Removes what earlier preparations of this file left (called under its lock, so nothing
+  else is writing them): temporary folders of killed runs, indexes of earlier versions."""
+  for entry in os.scandir(folder):
+    if entry.is_dir() and (
+      entry.name.startswith(f"{_TMP}{group}-") or entry.name.startswith(f"{group}-")
+    ):
+      shutil.rmtree(entry.path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _locked(lock_path: str):
+  """An exclusive flock on `lock_path` (created if needed, never removed), waited for."""
+  try:
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+  except OSError as e:
+    raise _cannot_write(os.path.dirname(lock_path), e) from e
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    yield
+  finally:
+    os.close(fd)  # releases the lock
+
+
+def _write_synced(path: str, data: bytes) -> None:
+  with open(path, "wb") as f:
+    f.write(data)
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def _fsync_dir(path: str) -> None:
+  fd = os.open(path, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+def _cannot_write(folder: str, error: OSError) -> text_files.DataError:
+  return text_files.DataError(
+    text_files.cannot_write(folder, error)
+    + " It is the cache of prepared corpora: pass data.prepared_dir=DIR for another one."
+  )
