@@ -6,6 +6,7 @@ installed), and no skipped test under CI."""
 import os
 import pathlib
 import sys
+import tempfile
 
 import pytest
 
@@ -23,6 +24,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Tests never write the user's compilation cache (compile_cache.py): an empty directory turns the
 # cache off, in this process and in the run.py processes tests start. CI sets a temporary one.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", "")
+
+# Nor the user's prepared-corpus cache (data/prepared_corpus.py: $XDG_CACHE_HOME/transformer_mt/
+# prepared when data.prepared_dir is ""): one temporary cache for the session and its children.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="transformer_mt_test_cache_")
 
 _ROOT = str(pathlib.Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
