@@ -50,8 +50,8 @@ tests/test_beam_decode.py):
   every sentence is done or at `max_len`. Stopping changes no result: later finished
   hypotheses score <= the bound, and ties keep the hypothesis that finished first.
 * Cache reordering. When beam k of a sentence extends another beam, its cache rows must
-  be replaced by its parent's. Copying the whole cache after every step took a third to
-  a half of the step's time on CPU (benchmarks/decode.py). Now the copy is made at the
+  be replaced by its parent's. Copying the whole cache after every step would take a third
+  to a half of the step's time on CPU (benchmarks/decode.py), so the copy is made at the
   start of the next step (XLA then updates the cache in place), skipped (lax.cond) when
   every beam of every sentence extends itself, and `gather_cache` lets the caller copy
   less: beam_decode copies only the self-attention positions written so far and keeps
