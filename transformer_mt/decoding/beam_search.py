@@ -102,6 +102,8 @@ def penalty(length: jax.Array, alpha: float, kind: str = "gnmt") -> jax.Array:
 
 @flax.struct.dataclass
 class BeamState:
+  """The `lax.while_loop` carry of `beam_search`: `beam` slots per sentence, live and finished."""
+
   step: jax.Array  # int32 []: tokens generated so far (= the position fed next).
   live_seqs: jax.Array  # int32 [batch, beam, max_len]: generated ids after BOS, PAD-filled.
   live_log_probs: jax.Array  # float32 [batch, beam]: summed log-probs; -inf = dead slot.
@@ -120,6 +122,8 @@ class BeamState:
 
 @flax.struct.dataclass
 class BeamSearchOutput:
+  """What `beam_search` and `beam_decode` return; the `all_*` fields are the n-best lists."""
+
   sequences: jax.Array  # int32 [batch, max_len]: best hypothesis per sentence, EOS then PAD.
   scores: jax.Array  # float32 [batch]: its score, log-prob / lp(len).
   all_sequences: jax.Array  # int32 [batch, beam, max_len]: every returned hypothesis.
@@ -403,7 +407,7 @@ def beam_decode(
       transformers' `generate(num_beams=..., length_penalty=alpha, early_stopping="never")`.
 
   An ensemble (`params` a tuple of parameter trees, `config` the tuple of their configs;
-  `decode`'s module docstring) searches over the mean of its members' log-probabilities.
+  `incremental`'s module docstring) searches over the mean of its members' log-probabilities.
   """
   batch = inputs.shape[0]
   ids_config = decode.lead_config(config)
