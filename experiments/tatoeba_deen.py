@@ -4,8 +4,8 @@ Real language on a laptop: one command, 2 CPU cores, under 30 minutes from raw t
 held-out sacreBLEU (tokenizer training, training and the final beam-4 test included).
 
 The one file pair tatoeba/deu-eng.{deu,eng} (Tatoeba test v2021-08-07) is cut into 1000
-held-out test pairs, 500 validation pairs and 16,065 training pairs by
-`data_sources.split_indices`: a seeded hash of each German sentence orders the sentences,
+held-out test pairs, 500 validation pairs and 16,065 training pairs by `split_indices`
+(transformer_mt/data/sources.py): a seeded hash of each German sentence orders the sentences,
 and a sentence with several English translations goes whole to one split, so no test or
 validation source is ever trained on. Tatoeba sentences are short (a 4000-piece joint
 vocabulary gives 12 tokens at the median, 45 at the 99th percentile, 93 at the 99.9th), so

@@ -122,6 +122,15 @@ def init_params(config: TransformerConfig, seed: int = 0, unbox: bool = True):
   )
 
 
+# Sentence pairs a tiny SentencePiece model is trained on (test_tokenizer.py,
+# test_language_flags.py).
+PAIRS = [
+  ("The cat sat on the mat.", "Die Katze saß auf der Matte."),
+  ("A dog barks at night.", "Ein Hund bellt in der Nacht."),
+  ("Über den Wolken!", "Above the clouds!"),
+] * 30
+
+
 # Workdirs (test_fault_tolerance.py, test_damaged_checkpoint.py).
 
 

@@ -15,19 +15,23 @@ import numpy as np
 import pytest
 
 from transformer_mt import cli
-from transformer_mt.commands import paths
 from transformer_mt.config import registry
 from transformer_mt.data.tokenizer import VocabTokenizer
 from transformer_mt.decoding import translator as translate
 from transformer_mt.training import train
 from transformer_mt.workdir import checkpointing
-from transformer_mt.workdir import metrics_log as metrics
 
 hf_fakes.require_interop()  # skipped without the interop extra, as test_hf_import.py is
+import hf_kinds  # noqa: E402
+from helpers import losses_by_step  # noqa: E402
+from hf_kinds import cli_overrides  # noqa: E402
 
 pytestmark = pytest.mark.interop
 
 marian_dir = hf_fakes.marian_dir  # the fixture: a tiny random Marian model and tokenizer
+# The fixture: train.{en,de}, ~200 short pairs of newstest2013.
+data_root = hf_kinds.data_root
+_overrides = hf_kinds.finetune_overrides
 STEPS = 20
 
 
@@ -38,54 +42,10 @@ def imported(marian_dir, tmp_path_factory):
   return workdir
 
 
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory):
-  """train.{en,de}: ~200 short pairs of newstest2013 (short: the tiny vocabulary cuts words
-  into many pieces, and longer pairs would exceed data.max_len)."""
-  root = tmp_path_factory.mktemp("local_data")
-  pairs = [
-    (en, de)
-    for en, de in zip(hf_fakes.news_lines("en", 0, 1000), hf_fakes.news_lines("de", 0, 1000))
-    if 0 < len(en) < 70 and 0 < len(de) < 70
-  ]
-  assert len(pairs) >= 150
-  for side, lang in enumerate(("en", "de")):
-    text = "".join(pair[side] + "\n" for pair in pairs)
-    (root / f"train.{lang}").write_text(text, encoding="utf-8")
-  return root
-
-
-def _overrides(imported, data_root, num_steps: int) -> list[str]:
-  return [
-    f"init.from={imported}",
-    "data.source='local'",
-    f"data.root={data_root}",
-    "data.train_prefixes=['train']",
-    "data.validation_prefixes=[]",
-    "data.test_prefixes=[]",
-    "data.max_len=64",
-    "model.dropout_rate=0.1",  # the experiment's dropout applies: resuming must replay it
-    f"train.num_steps={num_steps}",
-    "train.batch_tokens=512",
-    "train.warmup_steps=1",
-    "train.lr_scale=0.1",
-    "train.log_every=1",
-    "train.eval_every=0",
-    "train.bleu_every=0",
-    "train.checkpoint_every=10",
-    "decode.beam_size=1",
-    "decode.max_len=16",
-  ]
-
-
 def _train(workdir, overrides, capsys) -> None:
   argv = ["train", "--experiment", "demo", "--workdir", str(workdir)]
   rc = cli.main(argv + overrides)
   assert rc == 0, capsys.readouterr().err
-
-
-def _losses(workdir) -> dict[int, float]:
-  return {r["step"]: r["loss"] for r in metrics.read_metrics(str(workdir)) if "loss" in r}
 
 
 def _error_line(capsys) -> str:
@@ -106,11 +66,6 @@ def test_step_zero_is_the_import_with_a_fresh_optimizer(imported, data_root, tmp
   assert isinstance(result["translator"].tokenizer, VocabTokenizer)
 
 
-def cli_overrides(overrides: list[str]) -> list[str]:
-  """The overrides as the CLI passes them on (paths made absolute)."""
-  return [paths.absolute_override(o) for o in overrides]
-
-
 def test_finetune_learns_resumes_exactly_and_translates(imported, data_root, tmp_path, capsys):
   full, split = tmp_path / "full", tmp_path / "split"
   _train(full, _overrides(imported, data_root, STEPS), capsys)
@@ -118,12 +73,12 @@ def test_finetune_learns_resumes_exactly_and_translates(imported, data_root, tmp
   assert checkpointing.all_steps(str(split)) == [10]
   _train(split, _overrides(imported, data_root, STEPS), capsys)
 
-  losses = _losses(full)
+  losses = losses_by_step(full)
   assert sorted(losses) == list(range(1, STEPS + 1))
   assert np.mean([losses[s] for s in range(16, 21)]) < 0.8 * np.mean(
     [losses[s] for s in range(1, 6)]
   ), losses
-  assert _losses(split) == losses  # bit-identical: the same floats
+  assert losses_by_step(split) == losses  # bit-identical: the same floats
   full_params = translate.load_translator(str(full)).params
   split_params = translate.load_translator(str(split)).params
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(full_params), split_params)

@@ -1,12 +1,12 @@
 """FsmtTokenizer == transformers' FSMTTokenizer, ids and text, on real news sentences.
 
-A small FSMT tokenizer is built here as fairseq's WMT19 ones are: Moses-tokenized English
-and German (2,000 lines each of newstest2014, not the ones compared) give joint BPE merges
-(learned by `tokenizers`' BpeTrainer with fastBPE's `</w>`), and each language its own
-vocabulary of the pieces seen at least twice (<s> <pad> </s> <unk> at ids 0..3), so some
-pieces and characters of the compared sentences are unknown. transformers' FSMTTokenizer
-reads those files and `save_pretrained`s them; we read its directory and must give the same
-ids and the same decoded text.
+A small FSMT tokenizer is built (tests/hf_kinds.py's `hf_dirs`) as fairseq's WMT19 ones are:
+Moses-tokenized English and German (2,000 lines each of newstest2014, not the ones compared)
+give joint BPE merges (learned by `tokenizers`' BpeTrainer with fastBPE's `</w>`), and each
+language its own vocabulary of the pieces seen at least twice (<s> <pad> </s> <unk> at ids
+0..3), so some pieces and characters of the compared sentences are unknown. transformers'
+FSMTTokenizer reads those files and `save_pretrained`s them; we read its directory and must give
+the same ids and the same decoded text.
 
 Select with `-m interop`; skipped without transformers (>= 5) or the shared news data
 (under CI a skip fails: tests/conftest.py).
@@ -14,28 +14,26 @@ Select with `-m interop`; skipped without transformers (>= 5) or the shared news
 
 from __future__ import annotations
 
-import collections
 import json
 import shutil
 
 import numpy as np
 import pytest
-import shared_data
 
 transformers = pytest.importorskip(
   "transformers", minversion="5.18", reason="needs transformers>=5.18: pip install -e '.[interop]'"
 )
-import sacremoses  # noqa: E402
-import tokenizers  # noqa: E402
+import hf_kinds  # noqa: E402
 
 from transformer_mt.data import fsmt_tokenizer  # noqa: E402
 from transformer_mt.data.fsmt_tokenizer import FsmtTokenizer, read_fsmt_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.interop
 
-NEWS = "news/en-de/newstest2014"  # under ../shared/data (tests/shared_data.py)
-SPECIALS = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
-TRAIN, COMPARED = slice(500, 2500), slice(0, 300)
+hf_dirs = hf_kinds.hf_dirs  # the fixture: the en->de and de->en tokenizer directories
+_lines = hf_kinds.news2014_lines  # (lang, rows): lines of newstest2014
+# The compared lines of newstest2014 (none of them trained the tokenizer: hf_kinds.TRAIN).
+COMPARED = slice(0, 300)
 # Text Moses and BPE treat specially: unicode punctuation FSMT replaces, control characters
 # it drops, characters outside the vocabularies, escaped markup, dashes, an empty line.
 EDGE_CASES = [
@@ -46,57 +44,6 @@ EDGE_CASES = [
   "Emoji 😀 and 漢字 and Ωμέγα, <b>bold</b> & 'quotes' -- well-known state-of-the-art",
   "Straße, Größe, naïve café, ﬁ ligature, ＡＢＣ１２３",
 ]
-
-
-def _lines(lang: str, rows: slice) -> list[str]:
-  path = shared_data.require(f"{NEWS}.{lang}") / f"{NEWS}.{lang}"
-  return path.read_text(encoding="utf-8").splitlines()[rows]
-
-
-def _moses_words(lines: list[str], lang: str) -> list[list[str]]:
-  moses = sacremoses.MosesTokenizer(lang=lang)
-  return [moses.tokenize(line, aggressive_dash_splits=True, escape=True) for line in lines]
-
-
-def _vocab(bpe: tokenizers.Tokenizer, words: list[list[str]]) -> dict[str, int]:
-  """A fairseq dictionary: specials, then the pieces seen at least twice, most frequent first."""
-  counts = collections.Counter(
-    piece for e in bpe.encode_batch(words, is_pretokenized=True) for piece in e.tokens
-  )
-  vocab = dict(SPECIALS)
-  for piece, count in counts.most_common():
-    if count >= 2:
-      vocab.setdefault(piece, len(vocab))
-  return vocab
-
-
-@pytest.fixture(scope="module")
-def hf_dirs(tmp_path_factory):
-  """save_pretrained directories of an en->de FSMTTokenizer and its de->en mirror."""
-  en, de = _moses_words(_lines("en", TRAIN), "en"), _moses_words(_lines("de", TRAIN), "de")
-  bpe = tokenizers.Tokenizer(tokenizers.models.BPE(end_of_word_suffix="</w>"))
-  trainer = tokenizers.trainers.BpeTrainer(
-    vocab_size=1500, end_of_word_suffix="</w>", show_progress=False
-  )
-  bpe.train_from_iterator([" ".join(w) for w in en + de], trainer)
-  bpe.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
-  merges = json.loads(bpe.to_str())["model"]["merges"]
-  raw = tmp_path_factory.mktemp("fsmt_files")
-  (raw / "merges.txt").write_text("".join(f"{a} {b}\n" for a, b in merges), encoding="utf-8")
-  for lang, words in (("en", en), ("de", de)):
-    (raw / f"{lang}.json").write_text(json.dumps(_vocab(bpe, words)), encoding="utf-8")
-
-  dirs = {}
-  for src, tgt in (("en", "de"), ("de", "en")):
-    hf = transformers.FSMTTokenizer(
-      langs=[src, tgt],
-      src_vocab_file=str(raw / f"{src}.json"),
-      tgt_vocab_file=str(raw / f"{tgt}.json"),
-      merges_file=str(raw / "merges.txt"),
-    )
-    dirs[src, tgt] = tmp_path_factory.mktemp(f"fsmt_{src}_{tgt}")
-    hf.save_pretrained(dirs[src, tgt])
-  return dirs
 
 
 def _hf(directory) -> transformers.FSMTTokenizer:

@@ -2,15 +2,16 @@
 imports of FSMT, mBART-cc25 and NLLB fine-tune (Marian: test_finetune_import.py).
 
 The FSMT model is tiny (tests/hf_fakes.py's sizes), over the real tokenizer that
-test_fsmt_tokenizer.py builds from news text, and trained (hf_fakes.train_to_translate) to
-translate the sentences it is tested on into random targets; `run.py import` then
-`run.py translate --beam 1` must write what transformers' greedy `generate` decodes.
-mBART-cc25 and NLLB are test_hf_languages.py's tiny models. Each import is fine-tuned with
-`run.py train init.from=` on test_finetune_import.py's ~200 short newstest2013 pairs: the
-loss falls. For NLLB, stopping at step k and resuming is bit-identical to an uninterrupted run
-(one kind only: each run costs ~20 s on 2 cores; Marian's test covers the same for its kind).
-The packed batches hold what transformers' tokenizers and `shift_tokens_right` make of the same
-pairs: NLLB's targets start with the target code, mBART-cc25's decoder inputs do.
+tests/hf_kinds.py builds from news text (test_fsmt_tokenizer.py tests it), and trained
+(hf_fakes.train_to_translate) to translate the sentences it is tested on into random targets;
+`run.py import` then `run.py translate --beam 1` must write what transformers' greedy `generate`
+decodes. mBART-cc25 and NLLB are the tiny models of test_hf_languages.py (built by hf_kinds).
+Each import is fine-tuned with `run.py train init.from=` on ~200 short newstest2013 pairs
+(hf_kinds.data_root, as test_finetune_import.py does): the loss falls. For NLLB, stopping at
+step k and resuming is bit-identical to an uninterrupted run (one kind only: each run costs
+~20 s on 2 cores; Marian's test covers the same for its kind). The packed batches hold what
+transformers' tokenizers and `shift_tokens_right` make of the same pairs: NLLB's targets start
+with the target code, mBART-cc25's decoder inputs do.
 
 Select with `-m interop`; skipped without transformers (>= 5), torch, or the shared news data.
 """
@@ -25,9 +26,8 @@ import numpy as np
 import pytest
 
 torch, transformers = hf_fakes.require_interop()
-import test_finetune_import  # noqa: E402
-import test_fsmt_tokenizer  # noqa: E402
-import test_hf_languages  # noqa: E402
+import hf_kinds  # noqa: E402
+from helpers import losses_by_step  # noqa: E402
 
 from transformer_mt import cli  # noqa: E402
 from transformer_mt.config import registry  # noqa: E402
@@ -42,11 +42,11 @@ pytestmark = pytest.mark.interop
 
 # The fixtures these tests build on: FSMT tokenizer directories (en->de, de->en), SentencePiece
 # models for mBART and NLLB, and the local training files.
-hf_dirs = test_fsmt_tokenizer.hf_dirs
-sentencepiece_models = test_hf_languages.sentencepiece_models
-data_root = test_finetune_import.data_root
+hf_dirs = hf_kinds.hf_dirs
+sentencepiece_models = hf_kinds.sentencepiece_models
+data_root = hf_kinds.data_root
 # fairseq's special ids, which the FSMT tokenizer's vocabularies share.
-SPECIALS = test_fsmt_tokenizer.SPECIALS
+SPECIALS = hf_kinds.SPECIALS
 
 # Target tokens both decoders generate at most: our decode.max_len, their max_new_tokens.
 MAX_NEW_TOKENS = 16
@@ -109,8 +109,8 @@ def _generate_fsmt(directory, lines: list[str], suppressed: list[int]):
 
 def _fsmt_lines() -> list[str]:
   """The 8 sentences test_fsmt_import_translates_like_generate translates: none of them trained
-  the BPE merges (test_fsmt_tokenizer.TRAIN)."""
-  lines = test_fsmt_tokenizer._lines("en", slice(2500, 2700))
+  the BPE merges (hf_kinds.TRAIN)."""
+  lines = hf_kinds.news2014_lines("en", slice(2500, 2700))
   return [line for line in lines if len(line) < 80][:8]
 
 
@@ -145,7 +145,7 @@ def test_fsmt_import_translates_like_generate(fsmt_dir, fsmt_import, tmp_path, c
 
 
 # Fine-tuning: kind -> (source code, target code) of the multilingual imports; FSMT has none.
-LANGUAGES = {kind: test_hf_languages.KINDS[kind][3:5] for kind in ("mbart", "nllb")}
+LANGUAGES = {kind: hf_kinds.KINDS[kind][3:5] for kind in ("mbart", "nllb")}
 FINETUNED_KINDS = ("fsmt", *LANGUAGES)
 
 
@@ -160,18 +160,18 @@ def imports(request, tmp_path_factory):
         built[kind] = request.getfixturevalue("fsmt_dir"), request.getfixturevalue("fsmt_import")
       else:
         models = request.getfixturevalue("sentencepiece_models")
-        built[kind] = test_hf_languages.build_and_import(kind, models, tmp_path_factory)
+        built[kind] = hf_kinds.build_and_import(kind, models, tmp_path_factory)
     return built[kind]
 
   return get
 
 
 def _overrides(kind: str, imported, data_root, num_steps: int) -> list[str]:
-  """test_finetune_import.py's run (a checkpoint every RESUME_AT steps), with the language
+  """hf_kinds.finetune_overrides' run (a checkpoint every RESUME_AT steps), with the language
   codes of a multilingual import."""
   overrides = [
     o
-    for o in test_finetune_import._overrides(imported, data_root, num_steps)
+    for o in hf_kinds.finetune_overrides(imported, data_root, num_steps)
     if not o.startswith("train.checkpoint_every=")
   ]
   overrides.append(f"train.checkpoint_every={RESUME_AT}")
@@ -204,7 +204,7 @@ def finetuned(imports, data_root, tmp_path_factory):
 @pytest.mark.parametrize("kind", FINETUNED_KINDS)
 def test_finetuning_lowers_the_loss(kind, imports, finetuned):
   workdir = finetuned(kind)
-  losses = test_finetune_import._losses(workdir)
+  losses = losses_by_step(workdir)
   assert sorted(losses) == list(range(1, STEPS + 1))
   first, last = range(1, 4), range(STEPS - 2, STEPS + 1)
   assert np.mean([losses[s] for s in last]) < 0.8 * np.mean([losses[s] for s in first]), losses
@@ -226,7 +226,7 @@ def test_finetuning_resumes_bit_identically(imports, finetuned, data_root, tmp_p
   assert checkpointing.all_steps(str(split)) == [RESUME_AT]
   _train(split, _overrides(kind, imported, data_root, STEPS))
   full = finetuned(kind)
-  assert test_finetune_import._losses(split) == test_finetune_import._losses(full)
+  assert losses_by_step(split) == losses_by_step(full)
   full_params = translate.load_translator(str(full)).params
   split_params = translate.load_translator(str(split)).params
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(full_params), split_params)
@@ -254,7 +254,7 @@ def test_training_batches_hold_what_transformers_trains_on(kind, imports, data_r
   source, target = LANGUAGES[kind]
   config = registry.load_experiment(
     "demo",
-    test_finetune_import.cli_overrides(_overrides(kind, imported_dir, data_root, STEPS)),
+    hf_kinds.cli_overrides(_overrides(kind, imported_dir, data_root, STEPS)),
   )
   imported = finetune.read_import(str(imported_dir))
   config = finetune.merged_config(config, imported)
@@ -274,7 +274,7 @@ def test_training_batches_hold_what_transformers_trains_on(kind, imports, data_r
   )
   batch = {name: array[0] for name, array in next(batches).items()}  # [rows, max_len]
 
-  theirs = test_hf_languages._hf_tokenizer(kind, directory, src_lang=source, tgt_lang=target)
+  theirs = hf_kinds.hf_tokenizer(kind, directory, src_lang=source, tgt_lang=target)
   encoded = theirs(english, text_target=german)
   labels_of = {tuple(i): labels for i, labels in zip(encoded.input_ids, encoded.labels)}
   target_id = theirs.convert_tokens_to_ids(target)

@@ -1,15 +1,15 @@
 """`run.py import` of mBART-cc25, mBART-50 and NLLB-200: same ids, same text, same translations
 as transformers, language tags included.
 
-For each kind a tiny real tokenizer is built the way the published ones are: a SentencePiece
-model trained here on 3000 lines of news text (unigram for mBART, BPE for NLLB), turned into
-the transformers tokenizer (fairseq id layout, language codes after the pieces) and saved with
-`save_pretrained` beside a tiny model (tests/hf_fakes.py's sizes) trained
-(hf_fakes.train_to_translate) to translate the sentences the translation test decodes into
-random targets, after its target code as generate feeds it. The directory is imported with the
-CLI, then compared with transformers on 300 unseen sentences (ids and decoded text) and on
-greedy and beam translations, whose target language comes in as the decoder's first input
-(mBART-cc25) or as a forced first token (mBART-50, NLLB).
+For each kind a tiny real tokenizer is built (tests/hf_kinds.py's `build_and_import`) the way
+the published ones are: a SentencePiece model trained on 3000 lines of news text (unigram for
+mBART, BPE for NLLB), turned into the transformers tokenizer (fairseq id layout, language codes
+after the pieces) and saved with `save_pretrained` beside a tiny model (tests/hf_fakes.py's
+sizes) trained (hf_fakes.train_to_translate) to translate the sentences the translation test
+decodes into random targets, after its target code as generate feeds it. The directory is
+imported with the CLI, then compared with transformers on 300 unseen sentences (ids and decoded
+text) and on greedy and beam translations, whose target language comes in as the decoder's first
+input (mBART-cc25) or as a forced first token (mBART-50, NLLB).
 
 Select with `-m interop`; skipped without transformers (>= 5), torch, or the shared news data
 (under CI a skip fails: tests/conftest.py).
@@ -17,9 +17,7 @@ Select with `-m interop`; skipped without transformers (>= 5), torch, or the sha
 
 from __future__ import annotations
 
-import io
 import json
-import pathlib
 import shutil
 import types
 
@@ -29,7 +27,8 @@ import numpy as np
 import pytest
 
 torch, transformers = hf_fakes.require_interop()
-import sentencepiece as spm  # noqa: E402
+import hf_kinds  # noqa: E402
+from hf_kinds import KINDS, MAX_NEW_TOKENS, build_and_import, translated_lines  # noqa: E402
 
 from transformer_mt import cli  # noqa: E402
 from transformer_mt.data import multilingual_tokenizers as hf_tokenizers  # noqa: E402
@@ -40,116 +39,9 @@ from transformer_mt.workdir import checkpointing  # noqa: E402
 
 pytestmark = pytest.mark.interop
 
-# Target tokens both decoders generate at most (the forced language code included).
-MAX_NEW_TOKENS = 16
-# The SentencePiece models' vocabulary size.
-PIECES = 300
-# The lengths (EOS excluded) of the targets each model learns for the translated sentences
-# (`translated_lines`), after the target code: some reach MAX_NEW_TOKENS, so are cut there.
-TARGET_LENGTHS = (5, 11, 17, 7, 13, 4, 9, 15)
-
-# kind -> (transformers class, SentencePiece model type, model_type, source, target code,
-# extra from_pretrained arguments). NLLB gets three of its codes (the class would add none to
-# a bare SentencePiece model); the mBART classes always add their 25 / 52. clean-up is on
-# where transformers applies it (unigram mBART-50) and where it ignores it (BPE NLLB).
-KINDS = {
-  "mbart": ("MBartTokenizer", "unigram", "mbart", "en_XX", "de_DE", {}),
-  "mbart50": (
-    "MBart50Tokenizer",
-    "unigram",
-    "mbart",
-    "en_XX",
-    "de_DE",
-    {"clean_up_tokenization_spaces": True},
-  ),
-  "nllb": (
-    "NllbTokenizer",
-    "bpe",
-    "m2m_100",
-    "eng_Latn",
-    "deu_Latn",
-    {
-      "additional_special_tokens": ["eng_Latn", "deu_Latn", "fra_Latn"],
-      "clean_up_tokenization_spaces": True,
-    },
-  ),
-}
-
-
-@pytest.fixture(scope="module")
-def sentencepiece_models(tmp_path_factory) -> dict[str, pathlib.Path]:
-  """model type -> a SentencePiece model trained on English and German news lines."""
-  lines = hf_fakes.news_lines("en", 0, 1500) + hf_fakes.news_lines("de", 0, 1500)
-  directory = tmp_path_factory.mktemp("spm")
-  paths = {}
-  for model_type in ("unigram", "bpe"):
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(lines),
-      model_writer=model,
-      vocab_size=PIECES,
-      model_type=model_type,
-      character_coverage=1.0,
-      minloglevel=2,
-    )
-    paths[model_type] = directory / f"{model_type}.model"
-    paths[model_type].write_bytes(model.getvalue())
-  return paths
-
-
-def translated_lines() -> list[str]:
-  """The sentences test_imported_workdir_translates_like_generate translates."""
-  return [line for line in hf_fakes.news_lines("en", 2400, 2500) if len(line) < 60][:8]
-
-
-def _hf_model(kind: str, model_type: str, tokenizer, decoder_start: int | None):
-  """A tiny model whose vocabulary is the tokenizer's (source code set), trained to translate
-  `translated_lines` into random targets, read after the decoder start and target code as
-  `_generate` gives them."""
-  common = dict(
-    hf_fakes.SIZES,
-    max_position_embeddings=256,
-    vocab_size=len(tokenizer),
-    pad_token_id=tokenizer.pad_token_id,
-    eos_token_id=tokenizer.eos_token_id,
-    bos_token_id=0,
-    decoder_start_token_id=decoder_start,
-  )
-  if model_type == "mbart":
-    config = transformers.MBartConfig(activation_function="gelu", **common)
-  else:
-    config = transformers.M2M100Config(**common)
-  torch.manual_seed(0)
-  model = transformers.AutoModelForSeq2SeqLM.from_config(config)
-  target_id = tokenizer.convert_tokens_to_ids(KINDS[kind][4])
-  # mBART-cc25 starts from the target code; mBART-50 and NLLB from EOS, the code forced next.
-  prefix = [target_id] if kind == "mbart" else [tokenizer.eos_token_id, target_id]
-  # Pieces only (fairseq's ids 4 to PIECES - 1): not its specials 0-3, nor the language codes
-  # that follow the pieces.
-  targets = hf_fakes.random_targets(np.random.default_rng(0), range(4, PIECES), TARGET_LENGTHS)
-  sources = tokenizer(translated_lines()).input_ids
-  return hf_fakes.train_to_translate(model, sources, targets, prefix)
-
-
-def build_and_import(kind: str, sentencepiece_models, tmp_path_factory) -> tuple:
-  """(save_pretrained directory, imported workdir) of a tiny model of `kind`, imported with
-  its source and target codes (test_hf_import_kinds.py fine-tunes these)."""
-  class_name, spm_type, model_type, source, target, extra = KINDS[kind]
-  files = tmp_path_factory.mktemp(f"{kind}_files")
-  shutil.copy(sentencepiece_models[spm_type], files / "sentencepiece.bpe.model")
-  tokenizer = getattr(transformers, class_name).from_pretrained(files, **extra, src_lang=source)
-  # mBART-cc25's config names no decoder start (it is the target code); the others start at EOS.
-  model = _hf_model(
-    kind, model_type, tokenizer, None if kind == "mbart" else tokenizer.eos_token_id
-  )
-  directory = tmp_path_factory.mktemp(f"{kind}-tiny")
-  model.save_pretrained(directory)
-  tokenizer.save_pretrained(directory)
-  workdir = tmp_path_factory.mktemp(f"{kind}-imported") / "workdir"
-  argv = ["import", "--from", f"hf:{directory}", "--workdir", str(workdir)]
-  argv += ["--src_lang", source, "--tgt_lang", target, f"decode.max_len={MAX_NEW_TOKENS}"]
-  assert cli.main(argv) == 0
-  return directory, workdir
+# The fixture: model type -> a SentencePiece model trained on English and German news lines.
+sentencepiece_models = hf_kinds.sentencepiece_models
+_hf_tokenizer = hf_kinds.hf_tokenizer
 
 
 @pytest.fixture(scope="module", params=list(KINDS))
@@ -157,10 +49,6 @@ def imported(request, sentencepiece_models, tmp_path_factory):
   """(kind, save_pretrained directory, imported workdir) of a tiny model of each kind."""
   kind = request.param
   return kind, *build_and_import(kind, sentencepiece_models, tmp_path_factory)
-
-
-def _hf_tokenizer(kind: str, directory, **languages):
-  return getattr(transformers, KINDS[kind][0]).from_pretrained(directory, **languages)
 
 
 def test_tokenizer_matches_transformers(imported):

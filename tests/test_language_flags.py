@@ -3,7 +3,7 @@
 `has_language_tags` tells a multilingual import (LanguageTagTokenizer) from our SentencePiece
 tokenizer and FSMT's (which names its languages but has no tags); `check_language_flags` and
 `require_codes` give each caller's one error line. Fast: a real SentencePiece tokenizer trained
-on test_tokenizer's pairs and a LanguageTagTokenizer over a tiny word-level `tokenizers`
+on helpers.PAIRS and a LanguageTagTokenizer over a tiny word-level `tokenizers`
 pipeline (the one test_hf_languages builds needs transformers and a trained model).
 """
 
@@ -11,7 +11,7 @@ import types
 
 import pytest
 import tokenizers
-from test_tokenizer import PAIRS
+from helpers import PAIRS
 
 from transformer_mt.data import fsmt_tokenizer
 from transformer_mt.data import tokenizer as tokenizers_module

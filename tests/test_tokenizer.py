@@ -2,15 +2,10 @@
 
 import ml_collections
 import pytest
+from helpers import PAIRS
 
 from transformer_mt.data import input_pipeline, tokenizer
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-
-PAIRS = [
-  ("The cat sat on the mat.", "Die Katze saß auf der Matte."),
-  ("A dog barks at night.", "Ein Hund bellt in der Nacht."),
-  ("Über den Wolken!", "Above the clouds!"),
-] * 30
 
 
 @pytest.mark.parametrize("model_type", ["unigram", "bpe"])

@@ -63,7 +63,7 @@ def base_config() -> ml_collections.ConfigDict:
   # Local text: instead of the three lists above, one corpus (prefixes, globs allowed) cut into
   # test_size + validation_size held-out pairs and the rest for training, deterministically
   # (a split_seed-keyed hash of each source sentence) and with no held-out source sentence in
-  # training; see data_sources.split_indices.
+  # training; see data/sources.py, split_indices.
   config.data.split_prefixes = []
   # Local text: the cache folder of the train split's line indexes, made once per file version
   # ("" = $XDG_CACHE_HOME/transformer_mt/prepared, else ~/.cache/transformer_mt/prepared); see

@@ -40,7 +40,12 @@ def _suggest(name: str, valid: Sequence[str]) -> str:
 
 def experiment_module(name: str):
   """The module of experiment `name` (a name of `experiments/` or a path to a .py file),
-  loaded once per file: later calls return the same module object."""
+  loaded once per file: later calls return the same module object.
+
+  Raises:
+    FileNotFoundError: a path to no file.
+    ValueError: an unknown name (the close ones suggested), or a file without get_config().
+  """
   if is_experiment_path(name):
     path = pathlib.Path(name).expanduser()
     if not path.is_file():
@@ -86,6 +91,16 @@ def _load_file(path: pathlib.Path):
 
 
 def load_experiment(name: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
+  """The config of experiment `name` with `overrides` applied, and `experiment` set to `name`.
+
+  Args:
+    name: a name of `experiments/` or a path to a .py file (`experiment_module`).
+    overrides: "section.key=value" strings (`apply_overrides`); paths in them are taken as
+      given (the CLI makes them absolute first: commands/paths.py).
+
+  Raises:
+    FileNotFoundError, ValueError: as `experiment_module` and `apply_overrides` raise them.
+  """
   config = experiment_module(name).get_config()
   apply_overrides(config, overrides)
   config.experiment = name
@@ -117,6 +132,15 @@ def parse_value(text: str, current):
 
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str]) -> None:
+  """Sets each "section.key=value" of `overrides` in `config`, in order (a later one wins).
+
+  A key must already be in the config: overrides change settings, never add them. Values
+  are parsed by `parse_value`; an int given for a float field becomes a float.
+
+  Raises:
+    ValueError: not key=value, an unknown key (the close ones suggested), a value that is no
+      Python literal, or one of another type than the field's.
+  """
   valid = _flat_keys(config)
   for override in overrides:
     key, sep, text = override.partition("=")

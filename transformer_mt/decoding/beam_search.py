@@ -50,8 +50,8 @@ tests/test_beam_decode.py):
   every sentence is done or at `max_len`. Stopping changes no result: later finished
   hypotheses score <= the bound, and ties keep the hypothesis that finished first.
 * Cache reordering. When beam k of a sentence extends another beam, its cache rows must
-  be replaced by its parent's. Copying the whole cache after every step took a third to
-  a half of the step's time on CPU (benchmarks/decode.py). Now the copy is made at the
+  be replaced by its parent's. Copying the whole cache after every step would take a third
+  to a half of the step's time on CPU (benchmarks/decode.py), so the copy is made at the
   start of the next step (XLA then updates the cache in place), skipped (lax.cond) when
   every beam of every sentence extends itself, and `gather_cache` lets the caller copy
   less: beam_decode copies only the self-attention positions written so far and keeps
@@ -102,6 +102,8 @@ def penalty(length: jax.Array, alpha: float, kind: str = "gnmt") -> jax.Array:
 
 @flax.struct.dataclass
 class BeamState:
+  """The `lax.while_loop` carry of `beam_search`: `beam` slots per sentence, live and finished."""
+
   step: jax.Array  # int32 []: tokens generated so far (= the position fed next).
   live_seqs: jax.Array  # int32 [batch, beam, max_len]: generated ids after BOS, PAD-filled.
   live_log_probs: jax.Array  # float32 [batch, beam]: summed log-probs; -inf = dead slot.
@@ -120,6 +122,8 @@ class BeamState:
 
 @flax.struct.dataclass
 class BeamSearchOutput:
+  """What `beam_search` and `beam_decode` return; the `all_*` fields are the n-best lists."""
+
   sequences: jax.Array  # int32 [batch, max_len]: best hypothesis per sentence, EOS then PAD.
   scores: jax.Array  # float32 [batch]: its score, log-prob / lp(len).
   all_sequences: jax.Array  # int32 [batch, beam, max_len]: every returned hypothesis.
@@ -403,7 +407,7 @@ def beam_decode(
       transformers' `generate(num_beams=..., length_penalty=alpha, early_stopping="never")`.
 
   An ensemble (`params` a tuple of parameter trees, `config` the tuple of their configs;
-  `decode`'s module docstring) searches over the mean of its members' log-probabilities.
+  `incremental`'s module docstring) searches over the mean of its members' log-probabilities.
   """
   batch = inputs.shape[0]
   ids_config = decode.lead_config(config)

@@ -12,6 +12,12 @@ cache per step if done naively. `split_cache` separates the cross-attention keys
 (a function of the source sentence only, so equal across its beams: never reordered)
 from the self-attention cache, and `gather_written_rows` reorders only the positions
 the self-attention cache has written so far.
+
+An ensemble decodes as one model: `config` is the tuple of its members' configs (which may
+differ in architecture) and `params` the tuple of their parameter trees; each member keeps its
+own cache (under `member_key(i)`), and a step gives the mean of the members' log-probabilities
+(`model_step`). The members share one tokenizer and the ids of `lead_config`, so they read and
+write the same tokens.
 """
 
 from __future__ import annotations
@@ -56,8 +62,10 @@ def member_key(index: int) -> str:
 
 
 def init_cache(params: Any, inputs: jax.Array, config: ModelConfig, max_len: int) -> Any:
-  """Encodes `inputs` [batch, src_len] and returns a decode cache for `max_len` target steps
-  (an ensemble's: one per member, under `member_key(i)`)."""
+  """Encodes `inputs` int32 [batch, src_len] and returns a decode cache for `max_len` target
+  steps (an ensemble's: one per member, under `member_key(i)`): the Transformer's "cache"
+  collection, self-attention keys/values [batch, heads, max_len, head_dim] per decoder layer
+  and the cross-attention ones [batch, heads, src_len, head_dim], with a scalar write index."""
   if is_ensemble(config):
     return {
       member_key(i): init_cache(p, inputs, c, max_len)
@@ -114,8 +122,8 @@ def decode_step(
 
 # Leaf names of the decode cache (transformer_mt/model/attention.py), head-major. Cross-attention:
 # keys and values [batch, heads, src_len, head_dim]; self-attention: [batch, heads, max_len,
-# head_dim]
-# written at position `cache_index` (int32 [], the same in every layer) at each step, zeros beyond.
+# head_dim], written at position `cache_index` (int32 [], the same in every layer) at each
+# step, zeros beyond.
 CROSS_ATTENTION_LEAVES = ("cross_key", "cross_value")
 SELF_ATTENTION_LEAVES = ("cached_key", "cached_value")
 CACHE_INDEX = "cache_index"

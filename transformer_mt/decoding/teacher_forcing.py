@@ -107,9 +107,13 @@ def sequence_log_probs(
 def score_ids(
   translator: Translator, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]
 ) -> list[PairScore]:
-  """Scores of (source ids, target ids) pairs; ids as `encode` / `encode_targets` give them
-  (or as beam search returns a hypothesis: PAD removed; EOS absent if it stopped at its
-  maximum length). Every source must be non-empty."""
+  """One PairScore per (source ids, target ids) pair, in input order; ids as `encode` /
+  `encode_targets` give them (or as beam search returns a hypothesis: PAD removed; EOS absent
+  if it stopped at its maximum length). Every source must be non-empty.
+
+  Raises:
+    ValueError: `sources` and `targets` differ in length.
+  """
   if len(sources) != len(targets):
     raise errors.BadValue(f"{len(sources)} sources but {len(targets)} targets.")
   order = sorted(range(len(sources)), key=lambda i: max(len(sources[i]), len(targets[i])))
@@ -127,7 +131,8 @@ def score_lines(
   sources: Sequence[str],
   targets: Sequence[str],
 ) -> list[PairScore]:
-  """Scores of line-aligned source and target texts (module docstring: empty lines).
+  """One PairScore per line of line-aligned source and target texts, in input order (module
+  docstring: empty lines).
 
   Raises:
     ValueError: the two lists differ in length, or a target is longer than the model's

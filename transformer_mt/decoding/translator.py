@@ -105,6 +105,7 @@ class Translator:
     return self.members or (self.model_config,)
 
   def translate(self, lines: Sequence[str], progress: bool = False) -> list[str]:
+    """Each line's translation, in order ("" for an empty line); `progress`: a tqdm bar."""
     outputs = [""] * len(lines)
     for batch in self.source_batches(lines, progress, "translate"):
       for (index, _), ids in zip(batch, self._decode_batch([ids for _, ids in batch])):
@@ -119,10 +120,14 @@ class Translator:
     seed: int = 0,
     progress: bool = False,
   ) -> list[list[str]]:
-    """`num_samples` sampled translations of each line (transformer_mt/decoding/sampling.py): a list
-    per line, empty for an empty line's samples. The same seed gives the same samples whatever
-    the batch size or the mesh: a row's draws depend on (seed, line index, sample index).
-    `settings` default: temperature 1, no top-k, no top-p (the model's own distribution)."""
+    """`num_samples` sampled translations of each line (decoding/sampling.py): a list per
+    line, of "" for an empty line. The same seed gives the same samples whatever the batch size
+    or the mesh: a row's draws depend on (seed, line index, sample index). `settings` default:
+    temperature 1, no top-k, no top-p (the model's own distribution).
+
+    Raises:
+      ValueError: num_samples < 1, or a bad setting or seed (one line naming the flag).
+    """
     if num_samples < 1:
       raise errors.BadValue(f"--num_samples {num_samples}: must be at least 1.")
     settings = (settings or sampling.SamplingSettings()).check()
@@ -311,21 +316,22 @@ def load_translator(
   source_lang: str | None = None,
   target_lang: str | None = None,
 ) -> Translator:
-  """A Translator from a checkpoint directory alone (its config and tokenizer are inside).
+  """A Translator from checkpoint directories alone (config and tokenizer are inside); only
+  the checkpoint's `params` item is read, and no optimizer is built.
 
-  Only the checkpoint's `params` item is read, and no optimizer is built. The mesh is
-  the one inference runs on (default: every device on the data axis), never the training
-  mesh in the config, so a model trained with FSDP on 8 devices translates on 1.
-  Beam size and alpha default to the experiment's `decode` section; the languages of a
-  multilingual import (`source_lang`, `target_lang`: language codes) to its `data` section.
-
-  Several workdirs make an ensemble (`decode`'s module docstring): each member's checkpoint
-  at `step` (default: its latest), decoded together from the mean of their log-probabilities
-  with the first workdir's decode settings. Their architectures may differ; their tokenizer,
-  ids and language tags may not.
+  Args:
+    workdir: a workdir, or several: an ensemble (`incremental`'s module docstring), decoded
+      from the mean of the members' log-probabilities with the first workdir's decode
+      settings. Their architectures may differ; their tokenizer, ids and language tags may not.
+    step: each workdir's checkpoint step (default: its latest).
+    mesh: what inference runs on (default: every device on the data axis), never the config's
+      training mesh, so a model trained with FSDP on 8 devices translates on 1.
+    beam_size, alpha: default to the experiment's `decode` section.
+    source_lang, target_lang: a multilingual import's language codes (default: its `data`).
 
   Raises:
-    ValueError: the members' tokenizers or ids differ (one line naming both workdirs).
+    ValueError: no workdir, members whose tokenizers or ids differ, or refused languages.
+    FileNotFoundError: a workdir without checkpoints.
   """
   workdirs = [workdir] if isinstance(workdir, str) else list(workdir)
   if not workdirs:

@@ -209,6 +209,18 @@ def bleu_report(hypotheses: Sequence[str], references: Sequence[str], target_lan
   """Both BLEU numbers, chrF and chrF++, each next to the label that says how it was computed,
   so a reader cannot mistake the inflated tokenized number for the official one.
 
+  Args:
+    hypotheses, references: line-aligned detokenized text.
+    target_language: the Moses rules of the paper-comparable BLEU (e.g. "de").
+
+  Returns:
+    {"sacrebleu", "paper_bleu", "chrf", "chrf_plus_plus": scores (0-100), each with its
+    "..._signature" or "..._method"; "paper_bleu_multi_bleu": multi-bleu.perl's output line;
+    "num_sentences"}.
+
+  Raises:
+    ValueError: the two lists differ in length.
+
   (Named for its first use; the chrF keys were added beside the BLEU ones, which keep their
   names, so reports written before chrF still read the same.)
   """

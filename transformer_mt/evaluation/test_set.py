@@ -57,6 +57,15 @@ def evaluate(
     limit: only the first `limit` sentences (for quick checks; the report says so).
     mesh: the devices to decode on (default: every device on the data axis).
     source_lang, target_lang: language codes of a multilingual import (default: its config's).
+
+  Returns:
+    The report as written to WORKDIR/eval/SPLIT-stepN-beamB.json (the translations beside it,
+    .txt), with "report_path" added.
+
+  Raises:
+    ValueError: only one of the two files, an imported model without files, a split the
+      data lacks, or a missing, unreadable or misaligned file (text_files.DataError).
+    FileNotFoundError: a workdir without checkpoints.
   """
   workdirs = [workdir] if isinstance(workdir, str) else list(workdir)
   config, _, step = checkpointing.read_config(workdirs[0], step)
@@ -132,6 +141,9 @@ def score_translations(
   model. `target_lang` picks the Moses rules of the paper-comparable BLEU; `source_file`, if
   given, is only checked to be line-aligned too (a hypothesis file of another test set, or
   one with a line lost, would otherwise score garbage without a word).
+
+  Raises:
+    ValueError: no `target_lang`, or a missing, unreadable or misaligned file (DataError).
   """
   if not target_lang:
     raise errors.BadValue(

@@ -10,8 +10,8 @@ The config's `model` section holds every `TransformerConfig` field of the import
 sizes included, so `run_setup.model_setup` rebuilds exactly the converted model; `init` says
 where the weights came from. Importable: Marian (OPUS-MT), FSMT (fairseq's WMT19 models;
 fsmt_tokenizer.py reads its tokenizer), mBART (cc25 and 50) and NLLB-200 (model_type m2m_100
-with NllbTokenizer; hf_tokenizers.py reads the last two, and their language codes are saved as
-data.source_code / data.target_code).
+with NllbTokenizer; multilingual_tokenizers.py reads the last two, and their language codes are
+saved as data.source_code / data.target_code).
 
 Nothing is written until everything is converted, and the checkpoint is written into a
 temporary directory beside the workdir and renamed into place only when complete, so a

@@ -50,7 +50,14 @@ class ModelSetup:
 def model_setup(
   config: ml_collections.ConfigDict, tokenizer: AnyTokenizer | None, mesh: Mesh
 ) -> ModelSetup:
-  """Model config, model and parameter layout on `mesh`; no optimizer is built."""
+  """Model config, model and parameter layout on `mesh`; no optimizer is built and no array
+  is allocated (translation and averaging restore into `abstract_params`).
+
+  Args:
+    config: an experiment or checkpoint config; only its model and tokenizer sections count.
+    tokenizer: gives the vocabulary size (`model_config_for`); None before one is trained.
+    mesh: the devices the parameters will live on (e.g. sharding.inference_mesh_config()'s).
+  """
   model_config = model_config_for(config, tokenizer)
   model = Transformer(model_config)
   return ModelSetup(

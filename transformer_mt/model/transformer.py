@@ -64,6 +64,7 @@ class FeedForward(nn.Module):
 
 
 def layer_norm(cfg: TransformerConfig, name: str | None = None) -> nn.LayerNorm:
+  """The model's LayerNorm: its epsilon, bias, dtypes and the "embed" logical axis."""
   return nn.LayerNorm(
     epsilon=cfg.layer_norm_epsilon,
     use_bias=cfg.use_bias,
@@ -264,7 +265,16 @@ class Transformer(nn.Module):
       self.encoder_norm, self.decoder_norm = layer_norm(cfg), layer_norm(cfg)
 
   def encode(self, inputs, inputs_positions=None, inputs_segmentation=None):
-    """inputs: int [batch, src_len] (0 = pad) -> encoded [batch, src_len, d_model]."""
+    """The encoder's output [batch, src_len, d_model].
+
+    Args:
+      inputs: int [batch, src_len] source ids, `config.pad_id` at padding.
+      inputs_positions: int [batch, src_len], each token's position in its own sentence
+        (packed rows restart at 0 per sentence); default 0, 1, 2, ... along the row.
+      inputs_segmentation: int [batch, src_len], the sentence (1, 2, ...) of each token of a
+        packed row, 0 at padding; tokens attend only within their sentence. None: one
+        sentence per row.
+    """
     cfg = self.config
     positions = _default_positions(inputs) if inputs_positions is None else inputs_positions
     valid = inputs != cfg.pad_id  # [batch, src_len]
@@ -346,7 +356,9 @@ class Transformer(nn.Module):
     inputs_segmentation=None,
     targets_segmentation=None,
   ):
-    """Teacher-forced logits [batch, tgt_len, vocab] for source `inputs` and shifted targets."""
+    """Teacher-forced float32 logits [batch, tgt_len, vocab] for source `inputs` and shifted
+    targets `targets_in`, as `encode` then `decode` (which say what the positions and
+    segmentations of packed rows are)."""
     encoded = self.encode(inputs, inputs_positions, inputs_segmentation)
     return self.decode(
       encoded,

@@ -1,13 +1,13 @@
 """Process entry of `run.py` and the `transformer-mt` script: host allocator settings, then the CLI.
 
-Why the allocator: XLA's CPU runtime allocates each step's temporaries as one block (the demo:
-~85 MB a step) and frees it when the step ends. glibc hands a block that large to `mmap`, and
-worker threads allocate from per-thread arenas that give their memory back after every free, so
-every step faulted its buffers in afresh: 21,500 minor page faults and ~50 ms of system time per
-demo step, a third of the step's CPU time (the README demo took 44 million faults). With one
-arena that keeps what it frees and serves large blocks from the heap, the same steps take no
-faults and ~1 ms of system time, and give bit-identical results (allocation never changes the
-arithmetic).
+Why the allocator: XLA's CPU runtime allocates each step's temporaries as one block and frees
+it when the step ends. glibc hands a block that large to `mmap`, and worker threads allocate
+from per-thread arenas that give their memory back after every free, so every step faults its
+buffers in afresh (for the demo, a third of a step's CPU time went to system time). With one
+arena that keeps what it frees and serves large blocks from the heap, steps take no such faults
+and give bit-identical results (allocation never changes the arithmetic). The measurements are
+in docs/performance.md ("Where a small model's time went"); `benchmarks/page_faults.py` repeats
+them.
 
 Those settings are glibc tunables, read only when a process starts, so the command re-executes
 itself once with `GLIBC_TUNABLES` set (the same pid, so `timeout`, SLURM and signals see one

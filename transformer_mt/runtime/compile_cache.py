@@ -1,8 +1,9 @@
 """A persistent JAX compilation cache for every `run.py` command.
 
 Each translate/evaluate process compiles the decoder once per source-length bucket (seconds each
-on CPU), and a new process used to pay that again. With the cache, a later process loads the
-compiled programs from disk instead.
+on CPU), and without a cache every new process pays that again. With the cache, a later process
+loads the compiled programs from disk instead (docs/performance.md, "Compilation cache", has the
+figures).
 
 Where the cache lives:
   - `JAX_COMPILATION_CACHE_DIR`, when set, is JAX's own setting and wins: JAX reads it at import

@@ -18,25 +18,24 @@ class StopOnSignal:
   One process: a Python handler sets a flag, and the loop stops after the current step.
 
   Several processes must all stop at the same step (each saves its shards of that step's
-  checkpoint), and soon: SLURM sends SIGKILL ~120 s after SIGTERM, to one task or to all,
-  while a log step may be 100 steps away. They agree through JAX's preemption sync point
+  checkpoint), and soon: SLURM sends SIGKILL ~120 s after SIGTERM, to one task or to all, while
+  a log step may be 100 steps away. They agree through JAX's preemption sync point
   (`multihost_utils.reached_preemption_sync_point`): `jax.distributed.initialize` starts a
   notifier that catches SIGTERM itself (a C handler), the coordination service tells every
-  process, and they settle in the background on the furthest step any has reached, plus
-  one. The loop asks it at every step, and asking is a local check, not a host sync: an
-  all-gather of the flag at every step would stall JAX's asynchronous dispatch once per step
-  (it is what the processes fell back to at log steps only, before). So wherever that
+  process, and they settle in the background on the furthest step any has reached, plus one. The
+  loop asks it at every step, and asking is a local check, not a host sync: an all-gather of the
+  flag at every step would stall JAX's asynchronous dispatch once per step. So wherever that
   notifier runs (also in a one-process `jax.distributed` run) no Python SIGTERM handler is
-  installed, here or by the writer lock (workdir_lock.py), since it would replace JAX's: a
+  installed, here or by the writer lock (workdir/lock.py), since it would replace JAX's: a
   SIGTERM to any process, process 0 included, and to all at once, goes to JAX. SIGINT is
   re-raised as SIGTERM for JAX's notifier. The steps JAX is told are counted from this run's
-  first step: its count starts at 0 and the sync point must be met exactly, so a notice
-  during setup (count 0) is met at the first step, where a resumed run's own step numbers
-  would run past it. A SIGTERM before the loop therefore stops the run after its first
-  step, and after the loop JAX's handler stays: a SIGTERM during the final evaluation is
-  ignored (SIGKILL follows), and the writer lock is released by the normal exit. With the
-  preemption service off (`jax_enable_preemption_service=False`) the processes agree at log
-  steps, by an all-gather of their flags.
+  first step: its count starts at 0 and the sync point must be met exactly, so a notice during
+  setup (count 0) is met at the first step, where a resumed run's own step numbers would run
+  past it. A SIGTERM before the loop therefore stops the run after its first step, and after the
+  loop JAX's handler stays: a SIGTERM during the final evaluation is ignored (SIGKILL follows),
+  and the writer lock is released by the normal exit. With the preemption service off
+  (`jax_enable_preemption_service=False`) the processes agree at log steps, by an all-gather of
+  their flags.
   """
 
   def __init__(self, first_step: int = 0):

@@ -76,8 +76,26 @@ def reproduce(
   name: str, workdir: str, overrides: Sequence[str] = (), force_unlock: bool = False
 ) -> dict[str, Any]:
   """Train, average, evaluate and write results.json, holding the workdir's writer lock
-  throughout (workdir_lock.py; `train` inside shares it), so no second run writes into the
-  workdir between training and the results; `force_unlock` takes over another host's lock."""
+  throughout (workdir/lock.py; `train` inside shares it), so no second run writes into the
+  workdir between training and the results; `force_unlock` takes over another host's lock.
+
+  An experiment with `init.from` and train.num_steps=0 (a published model) is imported and
+  evaluated as it is. A workdir with checkpoints resumes, and an existing average of the same
+  steps is reused, so rerunning after a stop finishes the job.
+
+  Args:
+    name: an experiment name or file (`registry.load_experiment`).
+    overrides: "section.key=value" settings on top of the experiment.
+
+  Returns:
+    The results written to WORKDIR/results.json: sacreBLEU, the paper-comparable BLEU, chrF
+    and chrF++ with their signatures, the paper's figure, parameters, steps, averaged steps,
+    decoding settings, wall time and hardware.
+
+  Raises:
+    errors.UserError: as `train.train` and `evaluate` raise them; errors.Stopped when a
+      signal stopped training (rerunning resumes).
+  """
   config = registry.load_experiment(name, overrides)
   with workdir_lock.held_for_job(workdir, force_unlock):
     return _reproduce(name, workdir, overrides, config)

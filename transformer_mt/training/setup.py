@@ -107,7 +107,19 @@ class RunSetup:
 
 
 def setup_run(config: ml_collections.ConfigDict, workdir: str) -> RunSetup:
-  """Checks, then reads, then writes: a bad config or bad input leaves no half-made workdir."""
+  """Everything the loop needs for `config` in `workdir`: resumed from the workdir's newest
+  readable checkpoint, started from an import (`init.from`), or fresh.
+
+  Checks, then reads, then writes: a bad config or bad input leaves no half-made workdir.
+
+  Args:
+    config: the experiment; with `init.from` it is merged with the import's model section
+      (RunSetup.config is the merged one).
+    workdir: created if missing; its tokenizer, checkpoints and metrics are reused.
+
+  Raises:
+    errors.UserError: a bad config, missing data, or checkpoints that do not match the config.
+  """
   finetune.check_resume_source(workdir, config)
   imported, forced_first_id = None, None
   if finetune.source(config):

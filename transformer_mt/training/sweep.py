@@ -59,10 +59,12 @@ def _literal(value) -> str:
 
 
 def trial_overrides(trial: dict[str, Any]) -> list[str]:
+  """A trial's {key: value} as overrides ("key=repr(value)") the registry parses back exactly."""
   return [f"{key}={_literal(value)}" for key, value in trial.items()]
 
 
 def load_sweep(name: str) -> Sweep:
+  """The `get_sweep()` of experiment `name`; a ValueError (one line) if it declares none."""
   module = registry.experiment_module(name)
   if not hasattr(module, "get_sweep"):
     with_sweeps = [
@@ -135,8 +137,17 @@ def run_trial(
 ) -> dict | None:
   """Trains (or resumes) one trial and records its result; None if a signal stopped it.
 
-  The trial's workdir lock (workdir_lock.py) is held from training to trial.json, so a
-  second process running the same trial (e.g. a doubly submitted array task) is refused."""
+  The trial's workdir lock (workdir/lock.py) is held from training to trial.json, so a
+  second process running the same trial (e.g. a doubly submitted array task) is refused.
+
+  Args:
+    name: the experiment; `base_overrides` apply to every trial, then `trial["overrides"]`.
+    trial: one entry of `plan`'s list: {"name", "workdir", "overrides"}.
+
+  Returns:
+    The status written to WORKDIR/trial.json: the trial, its steps, final validation BLEU
+    and chrF, held-out BLEU, final loss and wall time.
+  """
   config = registry.load_experiment(name, list(base_overrides) + trial["overrides"])
   with workdir_lock.held(trial["workdir"], force_unlock):
     return _train_and_record(config, trial, force_unlock)
@@ -229,10 +240,27 @@ def run(
 ) -> list[dict[str, Any]]:
   """Runs the sweep's unfinished trials (or only trial `only_trial`); returns every status.
 
-  A whole sweep holds the writer lock of ROOT (workdir_lock.py), so a second whole sweep
+  A whole sweep holds the writer lock of ROOT (workdir/lock.py), so a second whole sweep
   into it is refused at once; a `--trial i` run does not (the tasks of a job array share
   the root), and each trial holds its own workdir's lock. `force_unlock` takes over locks
-  left by another host, the root's and the trials'."""
+  left by another host, the root's and the trials'.
+
+  Args:
+    name: an experiment declaring `get_sweep()`.
+    root: the sweep's directory: ROOT/sweep.json records the plan, ROOT/trial_NNN/ are the
+      trials' workdirs.
+    overrides: settings for every trial; none may set a key the sweep varies.
+    parallel: trials run at once, each in its own process on its own group of this host's
+      devices (`device_groups`).
+    only_trial: run only this trial index (one task of a job array).
+
+  Returns:
+    Every trial's status (trial.json's; unfinished ones marked so), in trial order.
+
+  Raises:
+    ValueError: a bad sweep, plan or --parallel (before anything runs), or, with
+      `parallel` > 1, trials that failed (after the others ran; rerun to retry).
+  """
   trials, record = plan(name, root, overrides)
   with workdir_lock.held(root, force_unlock) if only_trial is None else contextlib.nullcontext():
     return _run_trials(name, root, overrides, trials, record, parallel, only_trial, force_unlock)

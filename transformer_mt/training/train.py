@@ -37,21 +37,38 @@ def train(
   progress: bool = True,
   force_unlock: bool = False,
 ) -> dict[str, Any]:
-  """`_train` holding the workdir's writer lock (workdir_lock.py): a second run into the same
-  workdir stops with one line naming this one before writing anything. Process 0 holds it
-  for a multi-process job; `force_unlock` takes over a lock left by another host."""
+  """Trains (or resumes) the experiment `config` in `workdir`, then evaluates on held-out pairs.
+
+  The run holds the workdir's writer lock (workdir/lock.py; process 0 holds it for a
+  multi-process job): a second run into the same workdir stops with one line naming this one
+  before writing anything.
+
+  Args:
+    config: a whole experiment (registry.load_experiment, overrides applied).
+    workdir: where checkpoints, metrics.jsonl and TensorBoard events go; one that holds
+      checkpoints of this run is resumed from the latest.
+    progress: a tqdm bar over the steps (process 0).
+    force_unlock: take over a lock from another host, which this host cannot check (a lock
+      whose holder died on this host is taken over anyway).
+
+  Returns:
+    {"step": the last step, "state": the train state, "translator": a Translator of its
+    parameters, "bleu", "bleu_signature": held-out sacreBLEU and its signature, None when the
+    data source has no test split or the run was preempted (SIGTERM/SIGINT: the final
+    evaluation is skipped), "preempted", "nonfinite_steps_skipped": steps dropped under
+    train.nonfinite="skip"}.
+
+  Raises:
+    errors.UserError: one line, e.g. a bad config, data or workdir (before anything is
+      written), a busy workdir (WorkdirBusy), or a NaN/Inf step under train.nonfinite="stop"
+      (NonFiniteError; the checkpoints hold no update of that step).
+  """
   with workdir_lock.held_for_job(workdir, force_unlock):
     return _train(config, workdir, progress)
 
 
 def _train(config: ml_collections.ConfigDict, workdir: str, progress: bool) -> dict[str, Any]:
-  """Trains (or resumes) the experiment `config` in `workdir`, then evaluates on held-out pairs.
-
-  Returns:
-    {"step", "state", "translator", "bleu", "bleu_signature", "preempted",
-    "nonfinite_steps_skipped"}; BLEU is None when the data source has no test split or
-    the run was preempted (SIGTERM/SIGINT), in which case the final evaluation is skipped.
-  """
+  """`train` inside the writer lock."""
   run = setup_run(config, workdir)
   with preemption.StopOnSignal(run.start) as stop_signal:
     loop_actions = default_actions(run, stop_signal, progress)

@@ -24,8 +24,16 @@ def average_last(workdir: str, last_n: int, output_dir: str | None = None) -> tu
   read and written: an averaged model is for translation, not for resuming, so it has
   no optimizer state. It is saved under the newest averaged step.
 
+  Args:
+    output_dir: where the average goes (default WORKDIR/averaged_last{N}); it must not hold
+      checkpoints yet.
+
   Returns:
-    The output directory (default WORKDIR/averaged_last{N}) and the averaged steps.
+    The output directory and the averaged steps, ascending.
+
+  Raises:
+    ValueError: last_n < 1, or fewer than `last_n` checkpoints in `workdir`.
+    FileExistsError: `output_dir` already holds checkpoints.
   """
   steps = checkpointing.all_steps(workdir)
   if last_n < 1 or len(steps) < last_n:

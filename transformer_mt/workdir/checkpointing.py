@@ -47,6 +47,7 @@ def absolute(path: str) -> str:
 
 
 def checkpoint_dir(workdir: str) -> str:
+  """WORKDIR/checkpoints, absolute: the directory the CheckpointManager owns."""
   return str(epath.Path(absolute(workdir)) / "checkpoints")
 
 
@@ -124,7 +125,8 @@ def restore_failure(workdir: str, step: int, error: BaseException) -> str:
 def make_manager(
   workdir: str, keep: int | None = None, save_every: int = 1, read_only: bool = False
 ) -> ocp.CheckpointManager:
-  """A manager saving every `save_every` steps (plus forced saves) and keeping the last `keep`.
+  """A manager saving every `save_every` steps (plus forced saves) and keeping the last `keep`
+  (None: all of them).
 
   `read_only` managers (translation, inspection) never create or delete anything.
   """
@@ -213,6 +215,11 @@ def save(
 
   Args:
     state: a TrainState; its params and the rest of it become separate items.
+    data_iterator: the Grain iterator, saved at the first batch not yet trained on.
+    force: save although `step` is not a multiple of the manager's `save_every`.
+
+  Returns:
+    Whether a save was started (False: not a save step, and not forced).
   """
   return manager.save(
     step,
@@ -313,7 +320,19 @@ def read_config(
   """Config, tokenizer and step of a checkpoint (default: the latest), without any arrays.
 
   The config is completed from `config/defaults.py` (`defaults.complete`): a checkpoint saved
-  before a key was declared, or an import's partial config, reads back with every key."""
+  before a key was declared, or an import's partial config, reads back with every key.
+
+  Args:
+    workdir: a workdir, its checkpoints/ directory, or an averaged checkpoint's directory.
+    step: the checkpoint to read; None for the latest.
+
+  Returns:
+    (config, tokenizer, step): the step actually read.
+
+  Raises:
+    FileNotFoundError: no such directory, or no checkpoint in it.
+    ValueError: no checkpoint of `step`, one of an older format, or a damaged one.
+  """
   manager = make_manager(resolve_workdir(workdir), read_only=True)
   steps = manager.all_steps()
   if not steps:
@@ -340,8 +359,16 @@ def read_config(
 
 
 def restore_params(workdir: str, step: int, abstract_params: Any) -> Any:
-  """Only the parameters of a checkpoint (translation, averaging), into the given shardings;
-  the optimizer state is never read."""
+  """Only the parameters of a checkpoint (translation, averaging); the optimizer state is
+  never read.
+
+  Args:
+    abstract_params: a tree of jax.ShapeDtypeStruct with `.sharding` set (`model_setup`'s
+      abstract_params): the arrays are restored into those shardings.
+
+  Raises:
+    ValueError: a checkpoint of an older format, or a damaged one (one line naming the step).
+  """
   check_format(workdir, step)
   workdir = resolve_workdir(workdir)
   manager = make_manager(workdir, read_only=True)
@@ -375,7 +402,11 @@ def save_inference(
   workdir: str, step: int, params: Any, config: ml_collections.ConfigDict, tokenizer: AnyTokenizer
 ) -> str:
   """Writes a checkpoint of parameters, config and tokenizer (e.g. averaged parameters): it
-  translates like any other, and cannot be resumed. Waits until it is on disk."""
+  translates like any other, and cannot be resumed. Waits until it is on disk.
+
+  Returns:
+    The checkpoint's directory, WORKDIR/checkpoints/STEP.
+  """
   manager = make_manager(workdir, keep=None)
   manager.save(step, force=True, args=ocp.args.Composite(**_model_items(params, config, tokenizer)))
   manager.wait_until_finished()
@@ -393,6 +424,7 @@ def saved_process_count(workdir: str, step: int) -> int | None:
 
 
 def all_steps(workdir: str) -> list[int]:
+  """The steps of the workdir's checkpoints, ascending ([] when there are none)."""
   return sorted(make_manager(resolve_workdir(workdir), read_only=True).all_steps())
 
 
