@@ -334,20 +334,14 @@ def test_default_actions_come_in_the_contracts_order(monkeypatch, tmp_path):
       "data": {"max_len": 32},
     }
   )
+  unused = ("writer", "manager", "best_manager", "filter_counts", "validate", "batches")
   run = types.SimpleNamespace(
     config=config,
     start=0,
     state=types.SimpleNamespace(opt_state=None),
     workdir=str(tmp_path),
-    writer=None,
-    manager=None,
-    best_manager=None,
-    filter_counts=None,
-    validate=None,
     bleu_every=0,
-    batches=None,
-    tokenizer=None,
-    restored_step=None,
+    **dict.fromkeys(unused + ("tokenizer", "restored_step")),
   )
   kinds = [type(a) for a in train.default_actions(run, FakeSignal(None), progress=False)]
   assert kinds == [
