@@ -14,7 +14,7 @@ from transformer_mt.workdir import checkpointing
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "transformer_mt"
 
-# Receivers that are experiment configs (ConfigDicts), as docs/dev/issue24_plan.md §1 counts
+# Receivers that are experiment configs (ConfigDicts), as the restructuring (issue 24) counted
 # them: `config`, `config.<section>` (also as an attribute, e.g. `imported.config.data`), and
 # the section names modules give them.
 SECTION_NAMES = {"data_config", "decode_config", "train_config", "init"}
