@@ -3,7 +3,10 @@
 Training prepares a local train split (data.train_prefixes) by itself on first use: one line
 index per text file in data.prepared_dir (transformer_mt/data/prepared_corpus.py). A WMT-size
 corpus takes minutes to scan, which a job would spend holding its accelerators; this command
-does it ahead, with the same config and overrides, so the job finds it done.
+does it ahead, with the same config and overrides, so the job finds it done. It also trains
+the experiment's SentencePiece vocabulary on that corpus (tokenizer.* settings) into the same
+cache folder, where a fresh workdir copies it from (data/tokenizer_cache.py); an experiment
+that starts from an import (init.from) keeps the imported tokenizer and trains none.
 """
 
 from __future__ import annotations
@@ -28,8 +31,11 @@ def run(args) -> None:
   import time
 
   from transformer_mt.config import registry
-  from transformer_mt.data import prepared_corpus
+  from transformer_mt.data import prepared_corpus, text_files
   from transformer_mt.data import sources as data_sources
+  from transformer_mt.data import tokenizer as tokenizers
+  from transformer_mt.runtime import errors
+  from transformer_mt.training import finetune
 
   config = registry.load_experiment(args.experiment, args.overrides)
   data = config.data
@@ -60,3 +66,20 @@ def run(args) -> None:
   for index in files:
     state = "prepared now" if index.path in now else "already prepared"
     print(f"  {index.path}  {index.lines:,} lines  {state}")
+  if finetune.source(config):
+    print(f"Tokenizer: none trained; init.from={finetune.source(config)!r} brings its own.")
+    return
+  start = time.perf_counter()
+  try:
+    tokenizer, path, found = tokenizers.cached_tokenizer(corpus, config.tokenizer)
+  except text_files.DataError:
+    raise
+  except errors.BadValue as e:
+    # The corpus is prepared all the same; training will stop on this until the settings change.
+    print(f"Tokenizer: not trained with these tokenizer.* settings: {e}")
+    return
+  seconds = time.perf_counter() - start
+  state = "already trained" if found else f"trained now ({seconds:.1f} s)"
+  if path is None:
+    state += "; the cache folder could not keep it, so each fresh workdir trains it again"
+  print(f"Tokenizer: {path or '-'}  vocab {tokenizer.vocab_size:,}  {state}")

@@ -125,7 +125,7 @@ def prepare_file(path: str, folder: str) -> tuple[FileIndex, bool]:
     os.makedirs(folder, exist_ok=True)
   except OSError as e:
     raise _cannot_write(folder, e) from e
-  with _locked(os.path.join(folder, group + _LOCK)):
+  with locked(os.path.join(folder, group + _LOCK)):
     index = _complete_index(final, path, stat)  # another process may have made it meanwhile
     if index is not None:
       return index, False
@@ -193,6 +193,15 @@ class PreparedCorpus(Sequence):
   def __iter__(self) -> Iterator[tuple[str, str]]:
     for i in range(len(self)):
       yield self[i]
+
+  def files_key(self) -> list[tuple[str, int, int]]:
+    """(absolute path, size, mtime_ns) of every file as prepared, in order: what the corpus
+    is, for keying what is derived from it (a tokenizer trained on it, tokenizer_cache.py)."""
+    return [
+      (os.path.abspath(index.path), index.size, index.mtime_ns)
+      for pair in self.indexes
+      for index in pair
+    ]
 
   def __repr__(self) -> str:
     return f"PreparedCorpus({len(self)} pairs, {2 * len(self.indexes)} files)"
@@ -374,7 +383,7 @@ def _remove_stale(folder: str, group: str) -> None:
 
 
 @contextlib.contextmanager
-def _locked(lock_path: str):
+def locked(lock_path: str):
   """An exclusive flock on `lock_path` (created if needed, never removed), waited for."""
   try:
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)

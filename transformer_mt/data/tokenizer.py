@@ -30,6 +30,7 @@ import numpy as np
 import sentencepiece as spm
 
 from transformer_mt.data import multilingual_tokenizers as hf_tokenizers
+from transformer_mt.data import prepared_corpus, tokenizer_cache
 from transformer_mt.data.fsmt_tokenizer import FsmtTokenizer
 from transformer_mt.data.multilingual_tokenizers import LanguageTagTokenizer
 from transformer_mt.data.text_files import write_atomically
@@ -380,14 +381,66 @@ def train_tokenizer(
 
 
 def load_or_train(workdir: str, pairs: Sequence[tuple[str, str]], tokenizer_config) -> Tokenizer:
-  """Reuses `workdir/tokenizer.model` when present (resumed runs), else trains and saves it."""
+  """`workdir/tokenizer.model` when present (resumed runs); else, for a prepared corpus, the
+  model kept in its cache folder for these settings (tokenizer_cache.py), else a new one, trained
+  (and kept there for the next fresh workdir). Either of the last two is saved to the workdir,
+  which stays self-contained."""
   path = os.path.join(workdir, MODEL_FILENAME)
   if os.path.exists(path):
     tokenizer = Tokenizer.load(path)
     logging.info("Loaded tokenizer %s (vocab %d).", path, tokenizer.vocab_size)
     return tokenizer
-  tokenizer = train_tokenizer(
-    pairs, tokenizer_config.vocab_size, tokenizer_config.model_type, tokenizer_config.sample_size
-  )
+  if isinstance(pairs, prepared_corpus.PreparedCorpus):
+    tokenizer, _, _ = cached_tokenizer(pairs, tokenizer_config)
+  else:
+    tokenizer = _train(pairs, tokenizer_config)
   tokenizer.save(path)
   return tokenizer
+
+
+# Bump when train_tokenizer's sampling or trainer call changes the model it makes: models kept
+# in a prepared corpus's cache under the old number are then trained again.
+TRAINER_VERSION = 1
+# The seed of the sample of pairs the vocabulary is trained on.
+SAMPLE_SEED = 0
+
+
+def cache_settings(tokenizer_config) -> dict:
+  """Everything that changes the model trained from a given corpus: the key of a cached one."""
+  return {
+    "trainer_version": TRAINER_VERSION,
+    "sentencepiece": spm.__version__,
+    "vocab_size": int(tokenizer_config.vocab_size),
+    "model_type": str(tokenizer_config.model_type),
+    "sample_size": int(tokenizer_config.sample_size),
+    "seed": SAMPLE_SEED,
+  }
+
+
+def cached_tokenizer(
+  corpus: prepared_corpus.PreparedCorpus, tokenizer_config
+) -> tuple[Tokenizer, str | None, bool]:
+  """The tokenizer of `corpus` and `tokenizer_config` from the corpus's cache folder, trained
+  and kept there if not yet (`run.py prepare` calls it ahead of a job): (tokenizer, its path
+  there or None if it could not be kept, whether it came from the cache)."""
+  proto, path, found = tokenizer_cache.load_or_train(
+    corpus, cache_settings(tokenizer_config), lambda: _train(corpus, tokenizer_config).model_proto
+  )
+  tokenizer = Tokenizer(proto)
+  if found:
+    logging.info(
+      "Loaded tokenizer %s (vocab %d) from the prepared corpus cache.", path, tokenizer.vocab_size
+    )
+  elif path:
+    logging.info("Stored the tokenizer in the prepared corpus cache: %s.", path)
+  return tokenizer, path, found
+
+
+def _train(pairs: Sequence[tuple[str, str]], tokenizer_config) -> Tokenizer:
+  return train_tokenizer(
+    pairs,
+    tokenizer_config.vocab_size,
+    tokenizer_config.model_type,
+    tokenizer_config.sample_size,
+    SAMPLE_SEED,
+  )
