@@ -5,13 +5,13 @@ first step, RSS per process and pipeline throughput for a line-aligned corpus of
                                       [--workdir-root DIR] [--keep]
 
 1. The corpus: `--corpus DIR/PREFIX` (PREFIX.en / PREFIX.de, taken as they are), or N generated
-   pairs written to WORKDIR_ROOT/corpus/gen.{en,de}. Generated sentences sample their words from
-   the running text of the EN-DE news files in ../shared/data (a fixed pseudo-word list when
-   that folder is missing), so word frequencies are Zipf-like as in news; source lengths are
-   log-normal (mean --mean_words, 25 by default, with a long tail up to 150 words, as WMT news
-   sentences are) and each target length is the source's times a noisy DE/EN word ratio.
-   Vectorised NumPy (word ids -> one byte gather per chunk), so 4.5M pairs take seconds to a
-   minute; its time (`generate_s`) is not part of anything else.
+   pairs written to WORKDIR_ROOT/corpus/gen.{en,de} by benchmarks/_generated_corpus.py: words
+   sampled from the running text of the EN-DE news files in ../shared/data (a fixed pseudo-word
+   list when that folder is missing), so word frequencies are Zipf-like as in news; source
+   lengths log-normal (mean --mean_words, 25 by default, with a long tail up to 150 words, as
+   WMT news sentences are) and each target length the source's times a noisy DE/EN word ratio.
+   Vectorised NumPy, so 4.5M pairs take seconds to a minute; its time (`generate_s`) is not
+   part of anything else.
 2. Preparation, where the project has it (`transformer_mt.commands.prepare` exists):
    `run.py prepare --experiment news_ende_small` with the training command's overrides, timed as
    `prepare_s` (null without it: today's in-memory path reads the text in the training process).
@@ -59,7 +59,6 @@ Prints a table and one JSON line. Generated corpora and workdirs are deleted at 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import glob
 import importlib.util
 import json
@@ -76,119 +75,15 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
+
+from benchmarks._generated_corpus import SOURCE_LANG, generate_corpus  # noqa: E402
 
 EXPERIMENT = "news_ende_small"
-SOURCE_LANG, TARGET_LANG = "en", "de"
-DEFAULT_DATA_ROOT = ROOT.parent / "shared" / "data"
 GB = 1e9
-MAX_WORDS = 150
 # Seconds JAX logs per jitted function under JAX_LOG_COMPILES=1 (tracing, lowering, XLA).
 COMPILE_LINE = re.compile(
   r"Finished (?:tracing|jaxpr to MLIR module conversion|XLA compilation)\b.* in ([0-9.]+) sec"
 )
-
-
-# --- the corpus --------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class WordPool:
-  """Words to sample: each word's UTF-8 bytes followed by one space, back to back in `buffer`
-  (at `offsets`, `sizes` bytes each), and `stream`, word ids in running-text order: a uniform
-  index into it draws words with their text frequency."""
-
-  buffer: np.ndarray  # uint8 [total bytes]
-  offsets: np.ndarray  # int64 [words]
-  sizes: np.ndarray  # int64 [words], including the space
-  stream: np.ndarray  # int32 [running words]
-
-
-def pool_from_tokens(tokens: list[str]) -> WordPool:
-  index: dict[str, int] = {}
-  stream = np.fromiter((index.setdefault(t, len(index)) for t in tokens), np.int32, len(tokens))
-  encoded = [word.encode("utf-8") + b" " for word in index]
-  sizes = np.fromiter((len(e) for e in encoded), np.int64, len(encoded))
-  offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-  return WordPool(np.frombuffer(b"".join(encoded), np.uint8), offsets, sizes, stream)
-
-
-def fallback_tokens(seed: int, count: int = 300_000) -> list[str]:
-  """Pseudo-words of 1-4 syllables with Zipf frequencies, for a machine without the news files."""
-  rng = np.random.default_rng(seed)
-  syllables = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
-  words = sorted(
-    {"".join(rng.choice(syllables, size=rng.integers(1, 5))) for _ in range(20_000)}, key=len
-  )
-  ranks = np.minimum(rng.zipf(1.2, size=count), len(words)) - 1
-  return [words[r] for r in ranks]
-
-
-def word_pool(lang: str, data_root: pathlib.Path, seed: int) -> WordPool:
-  """The running text of data_root/news/en-de/*.LANG (the WMT news sets), or pseudo-words."""
-  tokens = []
-  folder = data_root / "news" / f"{SOURCE_LANG}-{TARGET_LANG}"
-  for path in sorted(glob.glob(str(folder / f"*.{lang}"))):
-    tokens += pathlib.Path(path).read_text(encoding="utf-8").split()
-  return pool_from_tokens(tokens or fallback_tokens(seed + len(lang)))
-
-
-def sentence_lengths(
-  rng: np.random.Generator, count: int, mean_words: float, ratio: float
-) -> tuple[np.ndarray, np.ndarray]:
-  """(source, target) words per pair, int64 [count] each, in 1..MAX_WORDS: log-normal source
-  lengths of mean `mean_words` (sigma 0.55: a long tail, p99 ~ 3x the mean) and targets of
-  `ratio` x the source length with 15% log-normal noise."""
-  sigma = 0.55
-  source = rng.lognormal(np.log(mean_words) - sigma**2 / 2, sigma, count)
-  target = source * ratio * rng.lognormal(-(0.15**2) / 2, 0.15, count)
-  clip = lambda x: np.clip(np.rint(x), 1, MAX_WORDS).astype(np.int64)  # noqa: E731
-  return clip(source), clip(target)
-
-
-def render(pool: WordPool, lengths: np.ndarray, rng: np.random.Generator) -> bytes:
-  """Sentences of `lengths` words drawn from `pool`, one per line, as UTF-8 bytes."""
-  ids = pool.stream[rng.integers(0, len(pool.stream), size=int(lengths.sum()))]
-  starts, sizes = pool.offsets[ids], pool.sizes[ids]
-  ends = np.cumsum(sizes)  # [words] end of each word in the output
-  gather = np.arange(ends[-1]) + np.repeat(starts - (ends - sizes), sizes)
-  out = pool.buffer[gather]
-  out[ends[np.cumsum(lengths) - 1] - 1] = ord("\n")  # each sentence's last space
-  return out.tobytes()
-
-
-def generate_corpus(
-  prefix: str | os.PathLike,
-  pairs: int,
-  seed: int = 0,
-  mean_words: float = 25.0,
-  data_root: pathlib.Path = DEFAULT_DATA_ROOT,
-  chunk: int = 50_000,
-) -> dict:
-  """Writes `pairs` line-aligned generated pairs to PREFIX.en / PREFIX.de; returns
-  {"pairs", "bytes", "source_words", "target_words"}."""
-  source_pool = word_pool(SOURCE_LANG, data_root, seed)
-  target_pool = word_pool(TARGET_LANG, data_root, seed)
-  ratio = len(target_pool.stream) / len(source_pool.stream)
-  rng = np.random.default_rng(seed)
-  stats = {"pairs": pairs, "bytes": 0, "source_words": 0, "target_words": 0}
-  with (
-    open(f"{prefix}.{SOURCE_LANG}", "wb") as source_file,
-    open(f"{prefix}.{TARGET_LANG}", "wb") as target_file,
-  ):
-    for first in range(0, pairs, chunk):
-      source_lengths, target_lengths = sentence_lengths(
-        rng, min(chunk, pairs - first), mean_words, ratio
-      )
-      for file, pool, lengths, key in (
-        (source_file, source_pool, source_lengths, "source_words"),
-        (target_file, target_pool, target_lengths, "target_words"),
-      ):
-        text = render(pool, lengths, rng)
-        file.write(text)
-        stats["bytes"] += len(text)
-        stats[key] += int(lengths.sum())
-  return stats
 
 
 # --- memory of a process tree -------------------------------------------------------------------

@@ -1,7 +1,8 @@
-"""benchmarks/corpus_scale.py's parts that decide what it measures: the generated corpus must be
-line-aligned with news-like lengths (a misaligned or empty-line corpus would measure another
-workload), and the /proc sampler must read the memory of a live process. The benchmark itself
-runs for minutes and is never run here."""
+"""The parts of benchmarks/corpus_scale.py (and of its corpus, benchmarks/_generated_corpus.py)
+that decide what it measures: the generated corpus must be line-aligned with news-like lengths
+(a misaligned or empty-line corpus would measure another workload), and the /proc sampler must
+read the memory of a live process. The benchmark itself runs for minutes and is never run
+here."""
 
 import os
 import subprocess
@@ -13,7 +14,7 @@ from helpers import ROOT
 
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import corpus_scale  # noqa: E402
+from benchmarks import _generated_corpus, corpus_scale  # noqa: E402
 
 
 def _lines(path) -> list[str]:
@@ -24,24 +25,24 @@ def _lines(path) -> list[str]:
 
 @pytest.mark.parametrize("words_from", ["shared", "fallback"])
 def test_generated_corpus_is_aligned_with_news_like_lengths(tmp_path, words_from):
-  data_root = corpus_scale.DEFAULT_DATA_ROOT if words_from == "shared" else tmp_path / "none"
+  data_root = _generated_corpus.DEFAULT_DATA_ROOT if words_from == "shared" else tmp_path / "none"
   if words_from == "shared" and not (data_root / "news" / "en-de").is_dir():
     pytest.skip("no ../shared/data/news/en-de")
   prefix = tmp_path / "gen"
-  stats = corpus_scale.generate_corpus(prefix, 200, seed=1, data_root=data_root, chunk=64)
+  stats = _generated_corpus.generate_corpus(prefix, 200, seed=1, data_root=data_root, chunk=64)
   source, target = _lines(tmp_path / "gen.en"), _lines(tmp_path / "gen.de")
   assert len(source) == len(target) == stats["pairs"] == 200
   source_words = np.array([len(line.split()) for line in source])
   target_words = np.array([len(line.split()) for line in target])
   assert source_words.min() >= 1 and target_words.min() >= 1
-  assert source_words.max() <= corpus_scale.MAX_WORDS
+  assert source_words.max() <= _generated_corpus.MAX_WORDS
   assert stats["source_words"] == source_words.sum()
   assert stats["target_words"] == target_words.sum()
   assert stats["bytes"] == sum(len(line.encode()) + 1 for line in source + target)
   assert 18 <= source_words.mean() <= 32  # mean 25
   assert source_words.max() > 2 * source_words.mean()  # a long tail
   # The same seed gives the same corpus.
-  corpus_scale.generate_corpus(tmp_path / "again", 200, seed=1, data_root=data_root, chunk=64)
+  _generated_corpus.generate_corpus(tmp_path / "again", 200, seed=1, data_root=data_root, chunk=64)
   assert (tmp_path / "again.en").read_bytes() == (tmp_path / "gen.en").read_bytes()
 
 
