@@ -36,8 +36,14 @@ first step, RSS per process and pipeline throughput for a line-aligned corpus of
                     the memory a process can neither share with others nor drop
 4. The input pipeline alone, in this process: `input_pipeline.training_batches` over the same
    training pairs (as `data_sources.load_pairs` gives them to the training command) with the
-   run's tokenizer and K workers, timed by benchmarks/input_pipeline.py's `pipeline_rate`:
-   non-pad target tokens/s after the first batch (`target_tokens_per_s`, and per worker).
+   run's tokenizer, timed by benchmarks/input_pipeline.py's `pipeline_rate`: non-pad target
+   tokens/s after the first batch, at 0, 1 and K workers (`target_tokens_per_s_wN`; at K also
+   `target_tokens_per_s`, per worker and the non-pad fraction). The reference, measured in the
+   same process right after: the same pipeline over the first 500k of those pairs held as a list
+   of Python strings, the in-memory design (`in_memory_tokens_per_s_wN`). Compare the two, not
+   figures from another run. And `random_pairs_per_s_first` / `_warm`: pairs/s read one index at
+   a time at 200k random indices, twice (--drop-caches empties the page cache before the first
+   pass, as root, so that pass reads from disk).
 
 Measured on the 2-core, 24 GiB machine at its commit, before preparation existed (prepare_s
 null: the in-memory path), load average 6.8-8.6 throughout (other jobs on the 2 cores), so the
@@ -79,6 +85,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._generated_corpus import SOURCE_LANG, generate_corpus  # noqa: E402
 
 EXPERIMENT = "news_ende_small"
+# Pairs held as Python strings for the in-memory reference rate (2M would be ~1 GB per copy).
+REFERENCE_PAIRS = 500_000
 GB = 1e9
 # Seconds JAX logs per jitted function under JAX_LOG_COMPILES=1 (tracing, lowering, XLA).
 COMPILE_LINE = re.compile(
@@ -277,8 +285,14 @@ def train_and_measure(keys: list[str], workdir: str, env: dict) -> dict:
   }
 
 
-def pipeline_throughput(keys: list[str], workdir: str, workers: int, batches: int) -> dict:
-  """Non-pad target tokens/s of the training batches alone, with the run's tokenizer."""
+def pipeline_throughput(
+  keys: list[str], workdir: str, workers: int, batches: int, drop_caches: bool = False
+) -> dict:
+  """Non-pad target tokens/s of the training batches alone, with the run's tokenizer, at 0, 1 and
+  `workers` worker processes: over the training pairs as the run reads them (from disk for a
+  prepared corpus), and, as the reference measured in this same process, over the first
+  REFERENCE_PAIRS of them held as Python strings (the in-memory design that preparation
+  replaced). Also the random-access read rate of those training pairs, one process."""
   from benchmarks.input_pipeline import pipeline_rate
   from transformer_mt.config import registry
   from transformer_mt.data import input_pipeline
@@ -290,12 +304,38 @@ def pipeline_throughput(keys: list[str], workdir: str, workers: int, batches: in
   tokenizer = Tokenizer.load(os.path.join(workdir, MODEL_FILENAME))
   max_len = config.data.max_len
   rows = input_pipeline.rows_per_batch(config.train.batch_tokens, max_len, 1, 1)
-  rate, filled = pipeline_rate(pairs, tokenizer, rows, max_len, workers, batches)
-  return {
-    "target_tokens_per_s": round(rate),
-    "target_tokens_per_s_per_worker": round(rate / max(workers, 1)),
-    "non_pad_fraction": round(filled, 4),
-  }
+  result = random_read_rate(pairs, drop_caches=drop_caches)
+  in_memory = [pairs[i] for i in range(min(len(pairs), REFERENCE_PAIRS))]
+  for count in sorted({0, 1, workers}):
+    rate, filled = pipeline_rate(pairs, tokenizer, rows, max_len, count, batches)
+    reference, _ = pipeline_rate(in_memory, tokenizer, rows, max_len, count, batches)
+    result[f"target_tokens_per_s_w{count}"] = round(rate)
+    result[f"in_memory_tokens_per_s_w{count}"] = round(reference)
+    if count == workers:
+      result["target_tokens_per_s"] = round(rate)
+      result["target_tokens_per_s_per_worker"] = round(rate / max(workers, 1))
+      result["non_pad_fraction"] = round(filled, 4)
+  return result
+
+
+def random_read_rate(pairs, reads: int = 200_000, seed: int = 0, drop_caches=False) -> dict:
+  """Pairs/s read one `pairs[i]` at a time at uniformly random indices (how a globally shuffled
+  Grain source reads), in this process: a first pass over `reads` indices and a second over the
+  same ones (warm). The first is cold only where the files are not in the page cache (see
+  --drop-caches); right after generation they usually are."""
+  import numpy as np
+
+  indices = np.random.default_rng(seed).integers(0, len(pairs), size=reads).tolist()
+  if drop_caches:
+    os.sync()
+    pathlib.Path("/proc/sys/vm/drop_caches").write_text("3\n")
+  result = {}
+  for label in ("first", "warm"):
+    start = time.perf_counter()
+    for index in indices:
+      pairs[index]
+    result[f"random_pairs_per_s_{label}"] = round(reads / (time.perf_counter() - start))
+  return result
 
 
 def main():
@@ -312,6 +352,11 @@ def main():
   parser.add_argument("--vocab_size", type=int, default=8000, help="tokenizer.vocab_size")
   parser.add_argument("--sample_size", type=int, default=20_000, help="tokenizer.sample_size")
   parser.add_argument("--batches", type=int, default=200, help="batches the pipeline is timed on")
+  parser.add_argument(
+    "--drop-caches",
+    action="store_true",
+    help="empty the page cache (/proc/sys/vm/drop_caches, needs root) before the random reads",
+  )
   args = parser.parse_args()
   if args.workdir_root:
     os.makedirs(args.workdir_root, exist_ok=True)
@@ -364,7 +409,7 @@ def measure(args, folder: str) -> dict:
     result["prepare_s"] = round(run_command(argv + keys, log, env)["seconds"], 2)
   workdir = os.path.join(folder, f"train_w{args.workers}")
   result.update(train_and_measure(keys, workdir, env))
-  result.update(pipeline_throughput(keys, workdir, args.workers, args.batches))
+  result.update(pipeline_throughput(keys, workdir, args.workers, args.batches, args.drop_caches))
   result["load_after"] = loadavg()
   return result
 
