@@ -16,7 +16,7 @@ from helpers import (
 from transformer_mt.config import defaults as _defaults
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.model.transformer_config import TransformerConfig
-from transformer_mt.runtime import sharding
+from transformer_mt.runtime import errors, sharding
 from transformer_mt.training import losses, optimizer, train_step
 from transformer_mt.workdir import checkpointing
 
@@ -118,6 +118,40 @@ def test_learning_rate_at_chosen_steps():
   assert float(schedule(3999)) == pytest.approx(
     float(jnp.max(jax.vmap(schedule)(jnp.arange(8000))))
   )
+
+
+def test_cosine_schedule_warms_up_as_the_paper_then_decays_to_zero():
+  """train.schedule='cosine': the paper's warm-up to the same peak, then
+  peak * (1 + cos(pi * (step - warmup) / (num_steps + 1 - warmup))) / 2, step counted from 1."""
+  warmup, num_steps, d_model, scale = 40, 200, 256, 0.7
+  train = tiny_train_config(schedule="cosine", warmup_steps=warmup, num_steps=num_steps)
+  train.lr_scale = scale
+  schedule = optimizer.learning_rate(train, d_model)
+  paper = optimizer.paper_learning_rate(d_model, warmup, scale)
+  steps = np.arange(1, num_steps + 1)
+  peak = scale * d_model**-0.5 * warmup**-0.5
+  decay = 0.5 * peak * (1 + np.cos(np.pi * (steps - warmup) / (num_steps + 1 - warmup)))
+  expected = np.where(steps <= warmup, peak * steps / warmup, decay)
+  got = np.array([float(schedule(step - 1)) for step in steps])
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-9)
+  # The warm-up is the paper's, and the last update still moves the parameters.
+  np.testing.assert_allclose(got[:warmup], [float(paper(c)) for c in range(warmup)], rtol=1e-5)
+  assert 0 < got[-1] < 1e-3 * peak
+  # rsqrt (the default) is the paper's schedule.
+  rsqrt = optimizer.learning_rate(tiny_train_config(warmup_steps=warmup, lr_scale=scale), d_model)
+  assert float(rsqrt(150)) == pytest.approx(float(paper(150)))
+
+
+@pytest.mark.parametrize(
+  "changes, message",
+  [
+    (dict(schedule="linear"), "train.schedule='linear' is not one of"),
+    (dict(schedule="cosine", warmup_steps=100, num_steps=100), "must be larger than"),
+  ],
+)
+def test_bad_schedules_are_one_error(changes, message):
+  with pytest.raises(errors.BadValue, match=message):
+    optimizer.make_optimizer(tiny_train_config(**changes), 32)
 
 
 def test_sgd_update_is_minus_learning_rate_times_gradient():

@@ -100,6 +100,9 @@ def base_config() -> ml_collections.ConfigDict:
   # LR = lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5).
   config.train.lr_scale = 1.0
   config.train.warmup_steps = 4000
+  # "rsqrt" (the LR above throughout) or "cosine": the same linear warm-up to the same peak,
+  # then a half cosine to 0 at num_steps (training/optimizer.py), for short runs.
+  config.train.schedule = "rsqrt"
   # "adam" (the paper's) or "sgd": plain gradient descent, params -= LR * gradient, with the
   # same schedule (its LR wants a far larger lr_scale). The equivalence tests train with SGD:
   # its update is linear in the gradient, so a wrong gradient scale shows.
