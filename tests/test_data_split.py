@@ -2,6 +2,7 @@
 
 import collections
 import hashlib
+import pathlib
 import random
 
 import pytest
@@ -22,6 +23,21 @@ def corpus_with_duplicates(num_sources=300, seed=1):
     sources += [f"satz {i}"] * rng.choice([1, 1, 2, 3, 4])
   rng.shuffle(sources)
   return sources
+
+
+def test_default_data_root_is_the_shared_folder_beside_the_repository(tmp_path, monkeypatch):
+  """An experiment run without data.root, from any working directory, reads ../shared/data
+  beside the repository root (the package's own location decides, not the cwd)."""
+  shared_data.require("tatoeba")
+  repository = pathlib.Path(data_sources.__file__).resolve().parents[2]
+  assert (repository / "pyproject.toml").is_file()
+  assert repository.parent / "shared" / "data" == data_sources.DEFAULT_LOCAL_ROOT
+  monkeypatch.chdir(tmp_path)
+  config = registry.load_experiment("tatoeba_deen")
+  assert config.data.root == ""
+  assert data_sources.local_root(config.data) == str(repository.parent / "shared" / "data")
+  splits = data_sources.load_pairs(config.data)
+  assert len(splits["test"]) == 1000 and len(splits["validation"]) == 500
 
 
 def test_sizes_are_exact_and_splits_partition_the_lines():

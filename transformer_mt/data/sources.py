@@ -36,7 +36,7 @@ SOURCES = ("synthetic", "tfds", "local")
 SPLITS = ("train", "validation", "test")
 
 # `data.root` defaults to the shared data folder beside the repository (../shared/data).
-DEFAULT_LOCAL_ROOT = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
+DEFAULT_LOCAL_ROOT = pathlib.Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 # Where the WMT news test sets can be fetched; shown when data.root holds no such files.
