@@ -152,6 +152,9 @@ def base_config() -> ml_collections.ConfigDict:
   config.evaluate = ml_collections.ConfigDict()
   # Final models average the last N checkpoints (`run.py average --last N`; 0: no averaging).
   config.evaluate.average_last = 0
+  # Whether `run.py train` ends with the held-out test BLEU. Off for the runs of a recipe
+  # search, so that validation decides and the test split is read once, by the final run.
+  config.evaluate.test_after_training = True
 
   config.decode = ml_collections.ConfigDict()
   # Beam size (1 = greedy) and the GNMT length penalty ((5 + len) / 6)^alpha (paper: 4, 0.6).

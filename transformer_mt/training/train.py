@@ -108,8 +108,9 @@ def run_loop(run: RunSetup, loop_actions: Sequence[actions.Action]):
 
 
 def final_evaluation(run: RunSetup, state, preempted: bool, skipped: int) -> dict[str, Any]:
-  """The run's result: a Translator of the last parameters and, unless the run was preempted
-  or has no test split, its held-out BLEU (printed with a few examples)."""
+  """The run's result: a Translator of the last parameters and, unless the run was preempted,
+  has no test split or evaluate.test_after_training is off, its held-out BLEU (printed with a
+  few examples)."""
   translator = Translator(
     params=state.params,
     model_config=run.layout.model_config,
@@ -127,7 +128,7 @@ def final_evaluation(run: RunSetup, state, preempted: bool, skipped: int) -> dic
     "preempted": preempted,
     "nonfinite_steps_skipped": skipped,
   }
-  if run.pairs.get("test") and not preempted:
+  if run.pairs.get("test") and not preempted and run.config.evaluate.test_after_training:
     result.update(
       validation.evaluate_held_out(translator, run.pairs["test"], validation.HELD_OUT_EXAMPLES)
     )
