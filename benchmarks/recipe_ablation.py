@@ -1,0 +1,178 @@
+"""Which recipe choices raise tatoeba_deen's validation BLEU at equal wall time? Runs variants of
+the experiment side by side, each pinned to its own CPU core, and prints their validation BLEU.
+
+    python benchmarks/recipe_ablation.py --variants NAME [NAME ...] [--steps N] [--parallel P]
+                                         [--root DIR] [--report-only]
+
+Each variant is `run.py train --experiment tatoeba_deen` with the overrides of its choices
+(CHOICES), plus `train.num_steps` (scaled by the variant's steps factor where its steps cost
+more or less time), a warm-up of half the steps, validation BLEU every 100 steps and
+`evaluate.test_after_training=False`: validation decides, and the held-out test split is read
+once, by the final run of the recipe kept. Up to --parallel variants run at a time, each under
+`taskset` on one core of its own, so each has the same compute whatever the others do; a
+variant is compared with the others at the same minutes of its own training loop
+(`plots.training_minutes`, from its metrics.jsonl), not at the same step.
+
+Prints, per variant: its overrides, steps, training-loop minutes and whole-command minutes, and
+the validation BLEU (beam 4, the 500 validation sentences) at each evaluation with its minute;
+then one JSON line per variant. Workdirs stay under --root (a variant whose workdir has a
+finished run is not run again, only reported), so rounds can add variants one at a time.
+Nothing is asserted: figures depend on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from transformer_mt.evaluation import plots  # noqa: E402
+from transformer_mt.workdir import metrics_log  # noqa: E402
+
+EXPERIMENT = "tatoeba_deen"
+# choice -> (overrides on top of the experiment, factor on the steps for equal wall time). A
+# variant is one choice or several joined by "+" (their overrides in order, factors multiplied).
+# Every variant warms up for half its steps, as the experiment does (400 of 800), unless it sets
+# train.warmup_steps itself.
+CHOICES: dict[str, tuple[list[str], float]] = {
+  "today": ([], 1.0),
+  "cosine": (["train.schedule='cosine'"], 1.0),
+  "vocab4k": (["tokenizer.vocab_size=4000"], 1.0),
+  "vocab2k": (["tokenizer.vocab_size=2000"], 1.0),
+  "batch2k": (["train.batch_tokens=2048"], 2.0),
+  "dropout": (
+    ["model.dropout_rate=0.2", "model.attention_dropout_rate=0.1", "model.relu_dropout_rate=0.1"],
+    1.0,
+  ),
+  "smooth02": (["train.label_smoothing=0.2"], 1.0),
+  "lr1": (["train.lr_scale=1.0"], 1.0),
+}
+
+
+def variant(name: str) -> tuple[list[str], float]:
+  """The overrides and the steps factor of `name` ("cosine+vocab4k": both choices)."""
+  overrides, factor = [], 1.0
+  for choice in name.split("+"):
+    if choice not in CHOICES:
+      raise ValueError(f"unknown choice {choice!r} in {name!r}; choices: {', '.join(CHOICES)}")
+    overrides += CHOICES[choice][0]
+    factor *= CHOICES[choice][1]
+  return overrides, factor
+
+
+def command(name: str, steps: int, root: str) -> list[str]:
+  overrides, factor = variant(name)
+  num_steps = round(steps * factor)
+  warmup = (
+    []
+    if any(o.startswith("train.warmup_steps=") for o in overrides)
+    else [f"train.warmup_steps={num_steps // 2}"]
+  )
+  return [
+    sys.executable,
+    "run.py",
+    "train",
+    "--experiment",
+    EXPERIMENT,
+    "--workdir",
+    os.path.join(root, name),
+    f"train.num_steps={num_steps}",
+    *warmup,
+    "evaluate.test_after_training=False",
+    "train.bleu_every=100",
+    *overrides,
+  ]
+
+
+def finished(workdir: str) -> bool:
+  return os.path.exists(os.path.join(workdir, "done.json"))
+
+
+def run_all(names: list[str], steps: int, root: str, parallel: int) -> None:
+  """Runs the variants not finished yet, `parallel` at a time, each on its own core."""
+  pending = [name for name in names if not finished(os.path.join(root, name))]
+  running: dict[int, tuple[str, subprocess.Popen, float]] = {}
+  while pending or running:
+    free = [core for core in range(parallel) if core not in running]
+    while pending and free:
+      name, core = pending.pop(0), free.pop(0)
+      workdir = os.path.join(root, name)
+      log = open(workdir + ".log", "w")  # noqa: SIM115 - closed with the process
+      argv = ["taskset", "-c", str(core % os.cpu_count()), *command(name, steps, root)]
+      print(f"start {name} on core {core}: {' '.join(argv[3:])}", flush=True)
+      process = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+      running[core] = (name, process, time.perf_counter())
+    time.sleep(2)
+    for core, (name, process, start) in list(running.items()):
+      if process.poll() is None:
+        continue
+      del running[core]
+      seconds = time.perf_counter() - start
+      print(f"done {name}: exit {process.returncode}, {seconds / 60:.1f} min", flush=True)
+      if process.returncode == 0:
+        with open(os.path.join(root, name, "done.json"), "w") as f:
+          json.dump({"command_minutes": round(seconds / 60, 2)}, f)
+
+
+def report(name: str, steps: int, root: str) -> dict | None:
+  workdir = os.path.join(root, name)
+  if not finished(workdir):
+    return None
+  records = metrics_log.read_metrics(workdir)
+  step_list, minutes = plots.training_minutes(records)
+  minute_at = dict(zip(step_list, minutes))
+  bleu = [
+    (int(r["step"]), round(minute_at.get(int(r["step"]), float("nan")), 1), r["validation/bleu"])
+    for r in records
+    if "validation/bleu" in r
+  ]
+  with open(os.path.join(workdir, "done.json")) as f:
+    command_minutes = json.load(f)["command_minutes"]
+  overrides, factor = variant(name)
+  return {
+    "variant": name,
+    "overrides": overrides,
+    "steps": round(steps * factor),
+    "loop_minutes": round(minutes[-1], 1) if minutes else None,
+    "command_minutes": command_minutes,
+    "validation_bleu": bleu,  # (step, loop minute, BLEU)
+  }
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--variants", nargs="+", default=["today", "cosine"], help="e.g. a+b")
+  parser.add_argument("--steps", type=int, default=400, help="train.num_steps at factor 1")
+  parser.add_argument("--parallel", type=int, default=2, help="variants run at a time")
+  parser.add_argument("--root", default="workdirs/recipe_ablation", help="workdirs go here")
+  parser.add_argument("--report-only", action="store_true", help="run nothing, report")
+  args = parser.parse_args()
+  for name in args.variants:
+    try:
+      variant(name)  # an unknown choice stops here, before anything runs
+    except ValueError as e:
+      parser.error(str(e))
+  root = os.path.abspath(args.root)
+  os.makedirs(root, exist_ok=True)
+  if not args.report_only:
+    run_all(args.variants, args.steps, root, args.parallel)
+  rows = [row for name in args.variants if (row := report(name, args.steps, root))]
+  for row in rows:
+    curve = "  ".join(f"{bleu:.2f}@{minute}m" for _, minute, bleu in row["validation_bleu"])
+    print(
+      f"{row['variant']:<10} steps {row['steps']:>5}  loop {row['loop_minutes']} min  "
+      f"command {row['command_minutes']} min  validation BLEU {curve}"
+    )
+  for row in rows:
+    print(json.dumps(row))
+
+
+if __name__ == "__main__":
+  main()
