@@ -57,14 +57,26 @@ def builder(data_dir: str | os.PathLike):
 
   # Registers the builder whatever optional modules are missing (see data/tfds_source.py).
   importlib.import_module("tensorflow_datasets.translate.wmt14")
-  return tfds.builder_cls(DATASET)(
-    config=CONFIG, data_dir=os.fspath(data_dir), file_format="array_record"
-  )
+  # A builder of a dataset not prepared yet looks for its info on GCS through an empty
+  # mkdtemp("tfds") it never removes: made in a folder of ours, removed here.
+  scratch, tempfile.tempdir = tempfile.tempdir, tempfile.mkdtemp(prefix="tfds_builder_")
+  try:
+    return tfds.builder_cls(DATASET)(
+      config=CONFIG, data_dir=os.fspath(data_dir), file_format="array_record"
+    )
+  finally:
+    scratch, tempfile.tempdir = tempfile.tempdir, scratch
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 def dataset_dir(data_dir: str | os.PathLike) -> pathlib.Path:
-  """DATA_DIR/wmt14_translate/de-en/VERSION: where the prepared files are."""
-  return pathlib.Path(builder(data_dir).data_dir)
+  """DATA_DIR/wmt14_translate/de-en/VERSION: where the prepared files are (or will be)."""
+  import tensorflow_datasets as tfds
+
+  importlib.import_module("tensorflow_datasets.translate.wmt14")
+  cls = tfds.builder_cls(DATASET)
+  version = cls.builder_configs[CONFIG].version or cls.VERSION
+  return pathlib.Path(data_dir, DATASET, CONFIG, str(version))
 
 
 def train_pairs(data_dir: str | os.PathLike) -> int:

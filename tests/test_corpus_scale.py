@@ -92,6 +92,8 @@ def test_tfds_dataset_opens_prepared_with_the_pairs_of_the_text_files(tmp_path, 
       prefix, data_dir, workers=workers, held_out=40, num_shards=4
     )
   assert written["pairs"] == 300 and written["shards"] == 4
+  assert written["dir"] == str(_tfds_corpus.dataset_dir(data_dir))
+  assert written["dir"] == _tfds_corpus.builder(data_dir).data_dir
   assert _tfds_corpus.train_pairs(data_dir) == 300
   with pytest.raises(FileExistsError):  # never written over
     _tfds_corpus.write_tfds_dataset(prefix, data_dir)
