@@ -1,7 +1,9 @@
-"""Does a local corpus of WMT size start training quickly and in little memory? Time to the
-first step, RSS per process and pipeline throughput for a line-aligned corpus of N pairs.
+"""Does a corpus of WMT size start training quickly and in little memory? Time to the first
+step, RSS per process and pipeline throughput for N pairs, read as local text files
+(`--source local`) or as a prepared TFDS dataset (`--source tfds`).
 
     python benchmarks/corpus_scale.py --pairs N [--workers K] [--corpus DIR/PREFIX]
+                                      [--source {local,tfds}] [--tfds-data-dir DIR]
                                       [--workdir-root DIR] [--keep]
 
 1. The corpus: `--corpus DIR/PREFIX` (PREFIX.en / PREFIX.de, taken as they are), or N generated
@@ -12,14 +14,28 @@ first step, RSS per process and pipeline throughput for a line-aligned corpus of
    WMT news sentences are) and each target length the source's times a noisy DE/EN word ratio.
    Vectorised NumPy, so 4.5M pairs take seconds to a minute; its time (`generate_s`) is not
    part of anything else.
+   With `--source tfds`, the corpus is then written as the prepared TFDS dataset
+   wmt14_translate/de-en (array_record) by benchmarks/_tfds_corpus.py, with TFDS's own example
+   serializer, shard layout and dataset_info (train: the corpus in file order; validation and
+   test: its first 300 pairs, since the tfds source always opens all three splits), to
+   WORKDIR_ROOT/tfds, or to --tfds-data-dir DIR when DIR does not hold it yet; a DIR that does
+   is reused as it is (never deleted, as a given --corpus), so a 36M-pair dataset is written
+   once. That time is `write_tfds_s` (null when reused), apart from every other figure;
+   `tfds_gb` is its size on disk. The text files of a generated corpus are deleted once written
+   (kept with --keep). The training command then reads data.source='tfds' with
+   data.tfds_data_dir=DIR through `tfds.data_source`, which finds the dataset prepared and
+   downloads nothing.
 2. Preparation, where the project has it (`transformer_mt.commands.prepare` exists):
    `run.py prepare --experiment news_ende_small` with the training command's overrides, timed as
-   `prepare_s` (null without it: today's in-memory path reads the text in the training process).
+   `prepare_s` (null without it: today's in-memory path reads the text in the training process;
+   always null for tfds, which `run.py prepare` leaves as it is: nothing to prepare).
    Where `data.prepared_dir` is a config key, the prepared form goes to WORKDIR_ROOT/prepared.
 3. The training command, as a user runs it: `run.py train --experiment news_ende_small` on the
-   corpus with a small model (d_model 64, one layer each side), no validation or test split,
-   a tokenizer sample of --sample_size sentences, train.num_steps=2, train.log_every=1, a fresh
-   workdir and a fresh (cold) JAX compilation cache. Measured:
+   corpus with a small model (d_model 64, one layer each side), no validation or test split
+   (tfds: 300 pairs each, never evaluated), a tokenizer sample of --sample_size sentences (tfds:
+   trained in every fresh workdir, the tokenizer cache being for prepared local corpora),
+   train.num_steps=2, train.log_every=1, a fresh workdir and a fresh (cold) JAX compilation
+   cache. Measured:
      first_step_s   command start until metrics.jsonl holds step 1's row: with log_every=1 that
                     row is written once step 1's metrics were fetched from the device, i.e. the
                     step has finished (polled every 0.1 s)
@@ -57,9 +73,9 @@ times are upper bounds and the pipeline rate swings with the load:
   | 1M | 2 | 49.5 s | 17.3 s, 16.4 s | 2.24 GB | 1.15 GB | 4.55 GB | 180k |
   | 4.5M | 0 | 58.1 s | 35.3 s, 19.1 s | 5.73 GB | - | 5.73 GB | 146k |
 
-Prints a table and one JSON line. Generated corpora and workdirs are deleted at the end unless
---keep (a given --corpus is never touched). Figures depend on the machine and its load
-(/proc/loadavg is printed before and after); nothing is asserted.
+Prints a table and one JSON line. Generated corpora, TFDS datasets and workdirs are deleted at
+the end unless --keep (a given --corpus or --tfds-data-dir is never touched). Figures depend on
+the machine and its load (/proc/loadavg is printed before and after); nothing is asserted.
 """
 
 from __future__ import annotations
@@ -82,7 +98,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-from benchmarks._generated_corpus import SOURCE_LANG, generate_corpus  # noqa: E402
+from benchmarks import _tfds_corpus  # noqa: E402
+from benchmarks._generated_corpus import SOURCE_LANG, TARGET_LANG, generate_corpus  # noqa: E402
 
 EXPERIMENT = "news_ende_small"
 # Pairs held as Python strings for the in-memory reference rate (2M would be ~1 GB per copy).
@@ -197,13 +214,21 @@ def has_prepared_dir_key() -> bool:
   return "prepared_dir" in defaults.base_config().data
 
 
-def overrides(args, root: str, prefix: str, workers: int, folder: str) -> list[str]:
-  """The run's `key=value` overrides: the corpus, no held-out splits, a small model."""
-  keys = [
-    f"data.root={root!r}",
-    f"data.train_prefixes={[prefix]!r}",
-    "data.validation_prefixes=[]",
-    "data.test_prefixes=[]",
+def overrides(args, root: str, prefix: str, workers: int, folder: str, tfds_dir: str = "") -> list:
+  """The run's `key=value` overrides: the corpus (the text files DIR/PREFIX, or the TFDS data
+  directory `tfds_dir` with --source tfds), no held-out splits, a small model."""
+  if tfds_dir:
+    # The tfds source always opens all three splits: _tfds_corpus gives them a few hundred pairs.
+    keys = ["data.source='tfds'", f"data.tfds_name={_tfds_corpus.DATASET!r}"]
+    keys.append(f"data.tfds_data_dir={tfds_dir!r}")
+  else:
+    keys = [
+      f"data.root={root!r}",
+      f"data.train_prefixes={[prefix]!r}",
+      "data.validation_prefixes=[]",
+      "data.test_prefixes=[]",
+    ]
+  keys += [
     f"data.num_workers={workers}",
     "model.d_model=64",
     "model.num_heads=2",
@@ -217,7 +242,7 @@ def overrides(args, root: str, prefix: str, workers: int, folder: str) -> list[s
     "train.eval_every=0",
     "train.bleu_every=0",
   ]
-  if has_prepared_dir_key():
+  if has_prepared_dir_key() and not tfds_dir:
     keys.append(f"data.prepared_dir={os.path.join(folder, 'prepared')!r}")
   return keys
 
@@ -343,6 +368,15 @@ def main():
   parser.add_argument("--pairs", type=int, default=100_000, help="pairs to generate")
   parser.add_argument("--workers", type=int, default=0, help="data.num_workers")
   parser.add_argument("--corpus", default="", help="DIR/PREFIX of an existing corpus to use")
+  parser.add_argument("--source", choices=("local", "tfds"), default="local", help="data.source")
+  parser.add_argument(
+    "--tfds-data-dir",
+    default="",
+    help="--source tfds: a TFDS data dir holding the dataset (reused) or to write it into (kept)",
+  )
+  parser.add_argument(
+    "--write-workers", type=int, default=0, help="processes writing TFDS shards (0: all cores)"
+  )
   parser.add_argument(
     "--workdir-root", default="", help="a new folder for the corpus and workdirs is made here"
   )
@@ -367,6 +401,8 @@ def main():
   finally:
     if args.keep:
       print(f"kept {folder}")
+      if args.source == "tfds" and not args.tfds_data_dir:
+        print(f"TFDS data dir (reuse with --tfds-data-dir): {os.path.join(folder, 'tfds')}")
     else:
       shutil.rmtree(folder, ignore_errors=True)
   width = max(len(key) for key in result)
@@ -376,11 +412,16 @@ def main():
 
 
 def measure(args, folder: str) -> dict:
-  """Generates (or counts) the corpus, prepares it where the project can, trains, times the
-  pipeline; returns the figures in the order printed."""
-  result = {"pairs": args.pairs, "workers": args.workers, "source": "local"}
+  """Generates (or counts) the corpus, writes it as a TFDS dataset for --source tfds, prepares it
+  where the project can, trains, times the pipeline; returns the figures in the order printed."""
+  result = {"pairs": args.pairs, "workers": args.workers, "source": args.source}
   result["load_before"] = loadavg()
-  if args.corpus:
+  tfds_dir = os.path.abspath(args.tfds_data_dir) if args.tfds_data_dir else ""
+  if args.source == "tfds" and tfds_dir and _tfds_corpus.dataset_dir(tfds_dir).is_dir():
+    prefix = ""  # An existing dataset: no text corpus needed.
+    result["pairs"] = _tfds_corpus.train_pairs(tfds_dir)
+    result["generate_s"] = None
+  elif args.corpus:
     prefix = os.path.abspath(args.corpus)
     with open(f"{prefix}.{SOURCE_LANG}", "rb") as f:
       result["pairs"] = sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 24), b""))
@@ -394,8 +435,11 @@ def measure(args, folder: str) -> dict:
     result["corpus_gb"] = round(stats["bytes"] / GB, 3)
     result["mean_source_words"] = round(stats["source_words"] / args.pairs, 1)
     result["mean_target_words"] = round(stats["target_words"] / args.pairs, 1)
+  if args.source == "tfds":
+    result.update(tfds_dataset(args, prefix, tfds_dir or os.path.join(folder, "tfds")))
+    tfds_dir = result["tfds_dir"]
   root, name = os.path.split(prefix)
-  keys = overrides(args, root, name, args.workers, folder)
+  keys = overrides(args, root, name, args.workers, folder, tfds_dir)
   env = dict(
     os.environ,
     JAX_LOG_COMPILES="1",
@@ -403,7 +447,8 @@ def measure(args, folder: str) -> dict:
     PYTHONUNBUFFERED="1",
   )
   result["prepare_s"] = None
-  if prepare_available():
+  # `run.py prepare` has nothing to do for a TFDS source (it is read as it is).
+  if prepare_available() and args.source == "local":
     argv = [sys.executable, "run.py", "prepare", "--experiment", EXPERIMENT]
     log = os.path.join(folder, "prepare.log")
     result["prepare_s"] = round(run_command(argv + keys, log, env)["seconds"], 2)
@@ -412,6 +457,28 @@ def measure(args, folder: str) -> dict:
   result.update(pipeline_throughput(keys, workdir, args.workers, args.batches, args.drop_caches))
   result["load_after"] = loadavg()
   return result
+
+
+def tfds_dataset(args, prefix: str, data_dir: str) -> dict:
+  """The prepared TFDS dataset in `data_dir`: reused when there, else written from the text
+  corpus at `prefix` (a generated one is deleted then, unless --keep: only the dataset is read).
+  Returns {"write_tfds_s" (None when reused), "tfds_gb" (on disk), "tfds_shards", "tfds_dir"}."""
+  path = _tfds_corpus.dataset_dir(data_dir)
+  written = None
+  if not path.is_dir():
+    start = time.perf_counter()
+    _tfds_corpus.write_tfds_dataset(prefix, data_dir, workers=args.write_workers)
+    written = round(time.perf_counter() - start, 2)
+    if not args.corpus and not args.keep:
+      for lang in (SOURCE_LANG, TARGET_LANG):
+        os.remove(f"{prefix}.{lang}")
+  shards = glob.glob(str(path / "*-train.array_record-*"))
+  return {
+    "write_tfds_s": written,
+    "tfds_gb": round(sum(os.path.getsize(p) for p in path.iterdir()) / GB, 3),
+    "tfds_shards": len(shards),
+    "tfds_dir": data_dir,
+  }
 
 
 if __name__ == "__main__":

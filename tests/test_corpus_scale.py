@@ -4,6 +4,7 @@ that decide what it measures: the generated corpus must be line-aligned with new
 read the memory of a live process. The benchmark itself runs for minutes and is never run
 here."""
 
+import argparse
 import os
 import subprocess
 import sys
@@ -70,3 +71,44 @@ def test_sampler_of_a_finished_process_stops():
   sampler = corpus_scale.TreeSampler(child.pid)
   assert not sampler.sample()
   assert sampler.gigabytes()["rss_gb_worker_max"] is None
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_tfds_dataset_opens_prepared_with_the_pairs_of_the_text_files(tmp_path, workers):
+  """The synthetic TFDS dataset of `--source tfds` must be what the benchmark's training command
+  reads: opened by the project's tfds source with the benchmark's overrides (so with no
+  download), every line pair in file order, EN source and DE target, whichever process wrote
+  which shard. Small blocks make the shard offsets cross block boundaries."""
+  from benchmarks import _tfds_corpus
+  from transformer_mt.config import registry
+  from transformer_mt.data import sources
+
+  prefix = tmp_path / "gen"
+  _generated_corpus.generate_corpus(prefix, 300, seed=2, data_root=tmp_path / "none", chunk=64)
+  data_dir = tmp_path / "tfds"
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(_tfds_corpus, "BLOCK", 1000)
+    written = _tfds_corpus.write_tfds_dataset(
+      prefix, data_dir, workers=workers, held_out=40, num_shards=4
+    )
+  assert written["pairs"] == 300 and written["shards"] == 4
+  assert written["dir"] == str(_tfds_corpus.dataset_dir(data_dir))
+  assert written["dir"] == _tfds_corpus.builder(data_dir).data_dir
+  assert _tfds_corpus.train_pairs(data_dir) == 300
+  with pytest.raises(FileExistsError):  # never written over
+    _tfds_corpus.write_tfds_dataset(prefix, data_dir)
+
+  args = argparse.Namespace(vocab_size=100, sample_size=1000)
+  keys = corpus_scale.overrides(args, "", "", 0, str(tmp_path), str(data_dir))
+  config = registry.load_experiment(corpus_scale.EXPERIMENT, keys)
+  assert (config.data.source, config.data.source_lang, config.data.target_lang) == (
+    "tfds",
+    "en",
+    "de",
+  )
+  pairs = sources.load_pairs(config.data)
+  expected = list(zip(_lines(tmp_path / "gen.en"), _lines(tmp_path / "gen.de")))
+  assert len(pairs["train"]) == 300
+  assert list(pairs["train"]) == expected
+  assert pairs["train"].__getitems__([299, 0, 151]) == [expected[299], expected[0], expected[151]]
+  assert list(pairs["validation"]) == list(pairs["test"]) == expected[:40]
