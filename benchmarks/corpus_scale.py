@@ -58,8 +58,8 @@ step, RSS per process and pipeline throughput for N pairs, read as local text fi
    same process right after: the same pipeline over the first 500k of those pairs held as a list
    of Python strings, the in-memory design (`in_memory_tokens_per_s_wN`). Compare the two, not
    figures from another run. And `random_pairs_per_s_first` / `_warm`: pairs/s read one index at
-   a time at 200k random indices, twice (--drop-caches empties the page cache before the first
-   pass, as root, so that pass reads from disk).
+   a time at up to 200k random indices (30 s at most), twice (--drop-caches empties the page
+   cache before the first pass, as root, so that pass reads from disk).
 
 Measured on the 2-core, 24 GiB machine at its commit, before preparation existed (prepare_s
 null: the in-memory path), load average 6.8-8.6 throughout (other jobs on the 2 cores), so the
@@ -100,6 +100,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import _tfds_corpus  # noqa: E402
 from benchmarks._generated_corpus import SOURCE_LANG, TARGET_LANG, generate_corpus  # noqa: E402
+from benchmarks._process_memory import TreeSampler  # noqa: E402
 
 EXPERIMENT = "news_ende_small"
 # Pairs held as Python strings for the in-memory reference rate (2M would be ~1 GB per copy).
@@ -109,91 +110,6 @@ GB = 1e9
 COMPILE_LINE = re.compile(
   r"Finished (?:tracing|jaxpr to MLIR module conversion|XLA compilation)\b.* in ([0-9.]+) sec"
 )
-
-
-# --- memory of a process tree -------------------------------------------------------------------
-
-
-def read_rss(pid: int) -> tuple[int, int] | None:
-  """(VmRSS, RssAnon) of `pid` in bytes, or None once it is gone (or a zombie)."""
-  try:
-    text = pathlib.Path(f"/proc/{pid}/status").read_text()
-  except OSError:
-    return None
-  fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-  if "VmRSS" not in fields:
-    return None
-  kb = lambda name: int(fields.get(name, "0 kB").split()[0]) * 1024  # noqa: E731
-  return kb("VmRSS"), kb("RssAnon")
-
-
-def children(pid: int) -> list[int]:
-  """Direct children of `pid` (every thread's /proc children list)."""
-  found = []
-  for path in glob.glob(f"/proc/{pid}/task/*/children"):
-    try:
-      found += [int(c) for c in pathlib.Path(path).read_text().split()]
-    except OSError:
-      continue
-  return found
-
-
-def _cmdline(pid: int) -> str:
-  try:
-    return pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-  except OSError:
-    return ""
-
-
-class TreeSampler:
-  """Maxima of the RSS of a process (main), of its worker descendants (each) and of the whole
-  tree (summed within one sample), as VmRSS and RssAnon. Python's multiprocessing resource
-  tracker is counted in the total but is no worker."""
-
-  PARTS = ("main", "worker_max", "total")
-
-  def __init__(self, pid: int):
-    self.pid = pid
-    self.max = {(kind, part): 0 for kind in ("rss", "rss_anon") for part in self.PARTS}
-    self.workers_seen: set[int] = set()
-    self.samples = 0
-
-  def sample(self) -> bool:
-    """Takes one sample; False once the main process is gone."""
-    main = read_rss(self.pid)
-    if main is None:
-      return False
-    self.samples += 1
-    total = main
-    pending = children(self.pid)
-    while pending:
-      pid = pending.pop()
-      pending += children(pid)
-      rss = read_rss(pid)
-      if rss is None:
-        continue
-      total = (total[0] + rss[0], total[1] + rss[1])
-      if "resource_tracker" not in _cmdline(pid):
-        self.workers_seen.add(pid)
-        self._raise("worker_max", rss)
-    self._raise("main", main)
-    self._raise("total", total)
-    return True
-
-  def _raise(self, part: str, values: tuple[int, int]) -> None:
-    for kind, value in zip(("rss", "rss_anon"), values):
-      self.max[kind, part] = max(self.max[kind, part], value)
-
-  def gigabytes(self) -> dict:
-    """{"rss_gb_main", "rss_gb_worker_max", "rss_gb_total", "rss_anon_gb_...", "rss_samples"};
-    the worker maxima are None when no worker was seen."""
-    result = {
-      f"{kind}_gb_{part}": round(value / GB, 3)
-      if part != "worker_max" or self.workers_seen
-      else None
-      for (kind, part), value in self.max.items()
-    }
-    return dict(result, rss_samples=self.samples)
 
 
 # --- the commands ------------------------------------------------------------------------------
@@ -330,7 +246,7 @@ def pipeline_throughput(
   max_len = config.data.max_len
   rows = input_pipeline.rows_per_batch(config.train.batch_tokens, max_len, 1, 1)
   result = random_read_rate(pairs, drop_caches=drop_caches)
-  in_memory = [pairs[i] for i in range(min(len(pairs), REFERENCE_PAIRS))]
+  in_memory = first_pairs(pairs, REFERENCE_PAIRS)
   for count in sorted({0, 1, workers}):
     rate, filled = pipeline_rate(pairs, tokenizer, rows, max_len, count, batches)
     reference, _ = pipeline_rate(in_memory, tokenizer, rows, max_len, count, batches)
@@ -343,11 +259,26 @@ def pipeline_throughput(
   return result
 
 
-def random_read_rate(pairs, reads: int = 200_000, seed: int = 0, drop_caches=False) -> dict:
+def first_pairs(pairs, count: int, block: int = 10_000) -> list[tuple[str, str]]:
+  """The first `count` pairs as a list, read `block` at a time through `__getitems__` where
+  the source has it (the TFDS source reads one record far slower than a batch of them)."""
+  count = min(len(pairs), count)
+  if not hasattr(pairs, "__getitems__"):
+    return [pairs[i] for i in range(count)]
+  found = []
+  for start in range(0, count, block):
+    found += pairs.__getitems__(list(range(start, min(start + block, count))))
+  return found
+
+
+def random_read_rate(
+  pairs, reads: int = 200_000, seconds: float = 30.0, seed: int = 0, drop_caches=False
+) -> dict:
   """Pairs/s read one `pairs[i]` at a time at uniformly random indices (how a globally shuffled
-  Grain source reads), in this process: a first pass over `reads` indices and a second over the
-  same ones (warm). The first is cold only where the files are not in the page cache (see
-  --drop-caches); right after generation they usually are."""
+  Grain source reads), in this process: a first pass over up to `reads` indices (stopping after
+  `seconds`, for a slow source) and a second over the same ones (warm). The first is cold only
+  where the files are not in the page cache (see --drop-caches); right after generation they
+  usually are."""
   import numpy as np
 
   indices = np.random.default_rng(seed).integers(0, len(pairs), size=reads).tolist()
@@ -357,9 +288,13 @@ def random_read_rate(pairs, reads: int = 200_000, seed: int = 0, drop_caches=Fal
   result = {}
   for label in ("first", "warm"):
     start = time.perf_counter()
-    for index in indices:
+    for done, index in enumerate(indices, 1):
       pairs[index]
-    result[f"random_pairs_per_s_{label}"] = round(reads / (time.perf_counter() - start))
+      if done % 1000 == 0 and time.perf_counter() - start > seconds:
+        indices = indices[:done]  # the warm pass rereads exactly these
+        break
+    result[f"random_pairs_per_s_{label}"] = round(len(indices) / (time.perf_counter() - start))
+  result["random_reads"] = len(indices)
   return result
 
 

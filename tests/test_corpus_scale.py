@@ -15,7 +15,7 @@ from helpers import ROOT
 
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import _generated_corpus, corpus_scale  # noqa: E402
+from benchmarks import _generated_corpus, _process_memory, corpus_scale  # noqa: E402
 
 
 def _lines(path) -> list[str]:
@@ -48,7 +48,7 @@ def test_generated_corpus_is_aligned_with_news_like_lengths(tmp_path, words_from
 
 
 def test_tree_sampler_reads_this_process_and_a_child():
-  sampler = corpus_scale.TreeSampler(os.getpid())
+  sampler = _process_memory.TreeSampler(os.getpid())
   script = "import time; print('up', flush=True); time.sleep(30)"
   child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
   try:
@@ -62,13 +62,13 @@ def test_tree_sampler_reads_this_process_and_a_child():
   assert figures["rss_gb_main"] > 0 and figures["rss_anon_gb_main"] > 0
   assert figures["rss_gb_worker_max"] > 0  # the child counts as a worker
   assert figures["rss_gb_total"] >= figures["rss_gb_main"] + figures["rss_gb_worker_max"] - 1e-3
-  assert corpus_scale.read_rss(child.pid) is None  # gone (reaped)
+  assert _process_memory.read_rss(child.pid) is None  # gone (reaped)
 
 
 def test_sampler_of_a_finished_process_stops():
   child = subprocess.Popen([sys.executable, "-c", "pass"])
   child.wait()
-  sampler = corpus_scale.TreeSampler(child.pid)
+  sampler = _process_memory.TreeSampler(child.pid)
   assert not sampler.sample()
   assert sampler.gigabytes()["rss_gb_worker_max"] is None
 
