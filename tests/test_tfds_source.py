@@ -94,7 +94,7 @@ def test_tfds_default_mock_goes_through_its_array_record_data_source():
   """TFDS's own mock keeps its ArrayRecordDataSource class (random str text); it must pickle."""
   with tfds.testing.mock_data(num_examples=3, policy=tfds.testing.MockPolicy.USE_CODE):
     pairs = tfds_source.load_tfds_pairs("wmt14_translate", "en", "de", "train")
-    assert type(pairs.records).__name__ == "ArrayRecordDataSource"
+    assert type(pairs.records.records).__name__ == "ArrayRecordDataSource"
     assert len(pairs) == 3
     assert all(isinstance(text, str) and text for pair in pairs for text in pair)
     assert list(pickle.loads(pickle.dumps(pairs))) == list(pairs)
@@ -297,7 +297,7 @@ def test_reads_real_array_record_files_in_both_directions(prepared_data_dir):
   en_de = tfds_source.load_tfds_pairs(
     "wmt_t2t_translate", "en", "de", "test", data_dir=str(prepared_data_dir), download=False
   )
-  assert type(en_de.records).__name__ == "ArrayRecordDataSource"
+  assert type(en_de.records.records).__name__ == "ArrayRecordDataSource"
   assert sorted(en_de) == [(f"en newstest2014 {i}", f"de newstest2014 {i}") for i in range(3)]
   # Already prepared: download=True reuses the files (no download is patched in here).
   de_en = tfds_source.load_tfds_pairs(
@@ -314,6 +314,49 @@ def test_reads_real_array_record_files_in_both_directions(prepared_data_dir):
   restored = pickle.loads(pickle.dumps(de_en))
   assert list(restored) == list(de_en)
   assert restored.__getitems__([0, 8]) == [de_en[0], de_en[8]]
+
+
+class _SpyReader:
+  """Delegates to an ArrayRecordReader and records each `read` call's arguments."""
+
+  def __init__(self, reader, calls):
+    self.reader, self.calls = reader, calls
+
+  def read(self, *args):
+    self.calls.append(args)
+    return self.reader.read(*args)
+
+
+@pytest.mark.parametrize("split", ["train", "train[2:7]", "test"])
+def test_single_reads_are_range_reads_equal_to_tfds_own(prepared_data_dir, split):
+  """One index is read with the shard reader's read(i, i + 1), not array_record's read([i])
+  (whose cost grows with the shard), and decodes to exactly what TFDS's own read gives, slices
+  (a start inside a shard) included; batches still go through TFDS."""
+  pairs = tfds_source.load_tfds_pairs(
+    "wmt_t2t_translate", "de", "en", split, data_dir=str(prepared_data_dir), download=False
+  )
+  reads = pairs.records
+  assert reads.fast, "the installed tfds/array_record lack what the range read needs"
+  tfds_own = [tfds_source._text(reads.records[i]["de"]) for i in range(len(pairs))]
+  inner = reads.records.data_source
+  calls = []
+  for k in range(len(inner._readers)):
+    inner._ensure_reader_exists(k)
+    inner._readers[k] = _SpyReader(inner._readers[k], calls)
+  assert [pairs[i][0] for i in range(len(pairs))] == tfds_own
+  assert calls and all(len(args) == 2 and args[1] == args[0] + 1 for args in calls)
+  if split == "train[2:7]":
+    assert (
+      tfds_own
+      == [
+        src
+        for src, _ in tfds_source.load_tfds_pairs(
+          "wmt_t2t_translate", "de", "en", "train", data_dir=str(prepared_data_dir), download=False
+        )
+      ][2:7]
+    )
+  assert pairs.__getitems__([len(pairs) - 1, 0]) == [pairs[len(pairs) - 1], pairs[0]]
+  assert pickle.loads(pickle.dumps(pairs))[1] == pairs[1]
 
 
 def test_tfrecord_copy_is_explained(prepared_data_dir, tmp_path):

@@ -51,6 +51,7 @@ from typing import Any
 import jax
 import tensorflow_datasets as tfds
 
+from transformer_mt.data import array_record_reads
 from transformer_mt.data.text_files import DataError
 from transformer_mt.runtime import distributed, errors
 
@@ -246,7 +247,8 @@ def load_tfds_pairs(
       raise failure
     kwargs["download"] = False
   records = _open_records(name, kwargs, dataset, config, split, data_dir, manual_dir)
-  return TranslationPairs(records, source_lang, target_lang)
+  # One record at a time, as a shuffled pipeline reads, at a cost independent of the shard size.
+  return TranslationPairs(array_record_reads.SingleRecordReads(records), source_lang, target_lang)
 
 
 def _open_records(name, kwargs, dataset, config, split, data_dir, manual_dir):
