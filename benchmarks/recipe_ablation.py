@@ -6,11 +6,11 @@ the experiment side by side, each pinned to its own CPU core, and prints their v
 
 Each variant is `run.py train --experiment tatoeba_deen` with the overrides of its choices
 (CHOICES), plus `train.num_steps` (scaled by the variant's steps factor where its steps cost
-more or less time), a warm-up of half the steps, validation BLEU every 100 steps and
-`evaluate.test_after_training=False`: validation decides, and the held-out test split is read
-once, by the final run of the recipe kept. Up to --parallel variants run at a time, each under
-`taskset` on one core of its own, so each has the same compute whatever the others do; a
-variant is compared with the others at the same minutes of its own training loop
+more or less time), a warm-up of half the steps (or what a choice sets), validation BLEU every
+100 steps and `evaluate.test_after_training=False`: validation decides, and the held-out test
+split is read once, by the final run of the recipe kept. Up to --parallel variants run at a
+time, each under `taskset` on one core of its own, so each has the same compute whatever the
+others do; a variant is compared with the others at the same minutes of its own training loop
 (`plots.training_minutes`, from its metrics.jsonl), not at the same step.
 
 Prints, per variant: its overrides, steps, training-loop minutes and whole-command minutes, and
@@ -39,16 +39,24 @@ from transformer_mt.workdir import metrics_log  # noqa: E402
 EXPERIMENT = "tatoeba_deen"
 # choice -> (overrides on top of the experiment, factor on the steps for equal wall time). A
 # variant is one choice or several joined by "+" (their overrides in order, factors multiplied).
-# Every variant warms up for half its steps, as the experiment does (400 of 800), unless it sets
-# train.warmup_steps itself.
+# Every variant warms up for WARMUP_FRACTION of its steps, as the experiment does (400 of 800),
+# unless a choice sets another fraction ("warm20") or train.warmup_steps itself.
+WARMUP_FRACTION = 0.5
 CHOICES: dict[str, tuple[list[str], float]] = {
   "today": ([], 1.0),
   "cosine": (["train.schedule='cosine'"], 1.0),
+  # A fifth of the steps to warm up, to the same peak: the peak is
+  # lr_scale * d_model^-0.5 * warmup^-0.5, so lr_scale 0.7 * sqrt(0.2 / 0.5).
+  "warm20": (["WARMUP_FRACTION=0.2", "train.lr_scale=0.4427"], 1.0),
   "vocab4k": (["tokenizer.vocab_size=4000"], 1.0),
   "vocab2k": (["tokenizer.vocab_size=2000"], 1.0),
   "batch2k": (["train.batch_tokens=2048"], 2.0),
   "dropout": (
     ["model.dropout_rate=0.2", "model.attention_dropout_rate=0.1", "model.relu_dropout_rate=0.1"],
+    1.0,
+  ),
+  "dropout03": (
+    ["model.dropout_rate=0.3", "model.attention_dropout_rate=0.1", "model.relu_dropout_rate=0.1"],
     1.0,
   ),
   "smooth02": (["train.label_smoothing=0.2"], 1.0),
@@ -70,11 +78,13 @@ def variant(name: str) -> tuple[list[str], float]:
 def command(name: str, steps: int, root: str) -> list[str]:
   overrides, factor = variant(name)
   num_steps = round(steps * factor)
-  warmup = (
-    []
-    if any(o.startswith("train.warmup_steps=") for o in overrides)
-    else [f"train.warmup_steps={num_steps // 2}"]
-  )
+  fraction = WARMUP_FRACTION
+  for override in overrides:
+    if override.startswith("WARMUP_FRACTION="):
+      fraction = float(override.split("=", 1)[1])
+  keys = [o for o in overrides if not o.startswith("WARMUP_FRACTION=")]
+  if not any(o.startswith("train.warmup_steps=") for o in keys):
+    keys.insert(0, f"train.warmup_steps={round(num_steps * fraction)}")
   return [
     sys.executable,
     "run.py",
@@ -84,10 +94,9 @@ def command(name: str, steps: int, root: str) -> list[str]:
     "--workdir",
     os.path.join(root, name),
     f"train.num_steps={num_steps}",
-    *warmup,
     "evaluate.test_after_training=False",
     "train.bleu_every=100",
-    *overrides,
+    *keys,
   ]
 
 
