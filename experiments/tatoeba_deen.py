@@ -17,6 +17,27 @@ checkpoint in WORKDIR/best; the final held-out BLEU is of the last step's parame
     python run.py train --experiment tatoeba_deen --workdir workdirs/tatoeba_deen
 
 Hardware: 2 CPU cores (see the README's results table for what N minutes give).
+
+The recipe search (issue 26; this file's recipe is still today's). `python
+benchmarks/recipe_ablation.py --variants V ... --steps 400` runs variants side by side, one CPU
+core each, with the test split never read: validation BLEU (all 500 sentences, beam 4) after a
+budget of ~20 minutes of one core's training loop, i.e. 400 steps of 4096 target slots, with
+half the steps of warm-up (as here: 400 of 800). Equal wall time: a variant with cheaper steps
+gets more of them. 2026-11-25, commit d318abe onwards, 2 cores busy with the two variants:
+
+  variant (choices, on top of the one before where +)  steps x slots  minutes  valid. BLEU  kept
+  today: rsqrt schedule, 8000 pieces                      400 x 4096    21.1       17.22   -
+  cosine: train.schedule='cosine' (decay to 0)            400 x 4096    20.9       17.58   yes
+  cosine+warm20: warm-up 80 steps, same peak LR           400 x 4096    (stopped)   0.07   no
+    (loss stalled at 5.0-5.6 after a gradient spike at step 100; BLEU 0.07 at step 200)
+  cosine+vocab4k: 4000 pieces                             400 x 4096    18.8       15.64   no
+  cosine+vocab4k+batch2k: 2048 target slots a step        800 x 2048    19.8       19.64   yes
+  cosine+batch2k: 8000 pieces, 2048 slots a step        800 x 2048    21.6       23.10   yes
+  cosine+batch1k: 1024 slots a step (warm-up 800)        1600 x 1024    25.4       23.97   open
+    (24.38 at step 1400, minute 22.3; 21.14 at minute 19.4: no better than batch2k at equal time)
+Validation loss at step 400 of `cosine` was 2.73 against a training NLL of 2.00: the 16k
+pairs are already overfitted by 7 epochs, so regularization (dropout 0.2-0.3 with attention
+and ReLU dropout) is the next thing to measure, at the full budget, where it has time to pay.
 """
 
 from transformer_mt.config import defaults as _defaults
