@@ -51,6 +51,7 @@ CHOICES: dict[str, tuple[list[str], float]] = {
   "vocab4k": (["tokenizer.vocab_size=4000"], 1.0),
   "vocab2k": (["tokenizer.vocab_size=2000"], 1.0),
   "batch2k": (["train.batch_tokens=2048"], 2.0),
+  "batch1k": (["train.batch_tokens=1024"], 4.0),
   "dropout": (
     ["model.dropout_rate=0.2", "model.attention_dropout_rate=0.1", "model.relu_dropout_rate=0.1"],
     1.0,
