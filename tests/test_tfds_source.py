@@ -332,9 +332,12 @@ def test_single_reads_are_range_reads_equal_to_tfds_own(prepared_data_dir, split
   """One index is read with the shard reader's read(i, i + 1), not array_record's read([i])
   (whose cost grows with the shard), and decodes to exactly what TFDS's own read gives, slices
   (a start inside a shard) included; batches still go through TFDS."""
-  pairs = tfds_source.load_tfds_pairs(
-    "wmt_t2t_translate", "de", "en", split, data_dir=str(prepared_data_dir), download=False
-  )
+
+  def load(name):
+    data_dir = str(prepared_data_dir)
+    return tfds_source.load_tfds_pairs("wmt_t2t_translate", "de", "en", name, data_dir, None, False)
+
+  pairs = load(split)
   reads = pairs.records
   assert reads.fast, "the installed tfds/array_record lack what the range read needs"
   tfds_own = [tfds_source._text(reads.records[i]["de"]) for i in range(len(pairs))]
@@ -346,15 +349,7 @@ def test_single_reads_are_range_reads_equal_to_tfds_own(prepared_data_dir, split
   assert [pairs[i][0] for i in range(len(pairs))] == tfds_own
   assert calls and all(len(args) == 2 and args[1] == args[0] + 1 for args in calls)
   if split == "train[2:7]":
-    assert (
-      tfds_own
-      == [
-        src
-        for src, _ in tfds_source.load_tfds_pairs(
-          "wmt_t2t_translate", "de", "en", "train", data_dir=str(prepared_data_dir), download=False
-        )
-      ][2:7]
-    )
+    assert tfds_own == [src for src, _ in load("train")][2:7]
   assert pairs.__getitems__([len(pairs) - 1, 0]) == [pairs[len(pairs) - 1], pairs[0]]
   assert pickle.loads(pickle.dumps(pairs))[1] == pairs[1]
 
