@@ -337,7 +337,8 @@ def _lines_empty_from(index: FileIndex, first: int) -> bool:
   lengths = np.diff(opened._offsets[first:]) - 1  # bytes before each line's "\n"
   if (lengths > 1).any():
     return False
-  return all(opened.line(i) == "" for i in range(first, len(opened._offsets) - 1))
+  # A one-byte line is empty only if that byte is the "\r" of a "\r\n"; zero-byte ones are.
+  return all(opened.line(first + int(i)) == "" for i in np.flatnonzero(lengths == 1))
 
 
 def _state(stat: os.stat_result) -> tuple[int, int]:
