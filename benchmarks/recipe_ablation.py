@@ -60,7 +60,12 @@ CHOICES: dict[str, tuple[list[str], float]] = {
     ["model.dropout_rate=0.3", "model.attention_dropout_rate=0.1", "model.relu_dropout_rate=0.1"],
     1.0,
   ),
+  "dropout0": (["model.dropout_rate=0.0"], 1.0),
+  # The ~28k WMT news test-set pairs (DE->EN) as more training data (data.extra_train_prefixes).
+  "news": (["data.extra_train_prefixes=['news/en-de/*']", "data.extra_train_langs='de,en'"], 1.0),
   "smooth02": (["train.label_smoothing=0.2"], 1.0),
+  # LayerNorm before each sub-layer (and after each stack), which tolerates a short warm-up.
+  "preln": (["model.layer_norm_position='pre'"], 1.0),
   "lr1": (["train.lr_scale=1.0"], 1.0),
 }
 

@@ -125,25 +125,97 @@ def test_split_prefixes_cannot_be_mixed_with_split_lists(tmp_path):
 def test_tatoeba_deen_split():
   """The experiment's split of the shared Tatoeba file: sizes, every pair used once, no
   German test or validation sentence in training, and the first test lines pinned."""
-  config = registry.load_experiment("tatoeba_deen", [f"data.root='{SHARED}'"])
+  config = registry.load_experiment(
+    "tatoeba_deen", [f"data.root='{SHARED}'", "data.extra_train_prefixes=[]"]
+  )
   splits = data_sources.load_pairs(config.data)
   assert {name: len(pairs) for name, pairs in splits.items()} == {
     "test": 1000,
     "validation": 500,
-    "train": 16065,
+    "train": 15915,
   }
   with open(f"{TATOEBA}.deu", encoding="utf-8") as f:
     german = f.read().split("\n")[:-1]
   with open(f"{TATOEBA}.eng", encoding="utf-8") as f:
     english = f.read().split("\n")[:-1]
   file_pairs = list(zip(german, english))
-  assert sorted(sum(splits.values(), [])) == sorted(file_pairs)
-  train_sources = {source for source, _ in splits["train"]}
-  held_out = [source for source, _ in splits["test"] + splits["validation"]]
-  assert not train_sources & set(held_out)
+  held_out_pairs = splits["test"] + splits["validation"]
+  held_out = {sentence.strip() for pair in held_out_pairs for sentence in pair}
+  # Every file pair is held out, trained on, or dropped for sharing a held-out sentence (150
+  # English ones, translations of other German sentences); training shares no sentence.
+  shares = [pair for pair in file_pairs if pair[0] in held_out or pair[1] in held_out]
+  assert sorted(held_out_pairs + splits["train"] + shares) == sorted(file_pairs + held_out_pairs)
+  assert len(shares) - len(held_out_pairs) == 150
+  assert not {sentence.strip() for pair in splits["train"] for sentence in pair} & held_out
   # Tatoeba repeats German sentences, so the check above is not vacuous.
   assert len(set(german)) < len(german)
   line = {pair: i for i, pair in enumerate(file_pairs)}  # every pair of the file is distinct
   # Golden: lines 7462 and 7463 share their German sentence and are held out together.
   assert [line[pair] for pair in splits["test"][:3]] == [7462, 7463, 12140]
   assert german[7462] == german[7463]
+
+
+def _sentences(pairs):
+  return {sentence.strip() for pair in pairs for sentence in pair}
+
+
+def test_extra_training_pairs_never_share_a_held_out_sentence(tmp_path):
+  """data.extra_train_prefixes adds pairs to training only; a pair with a held-out sentence on
+  either side (a held-out German source as an extra English target too) is dropped, and the
+  held-out splits are the same as without the extra files."""
+  lines = [(f"quelle {i}", f"target {i}") for i in range(40)]
+  (tmp_path / "corpus.de").write_text("".join(f"{s}\n" for s, _ in lines), encoding="utf-8")
+  (tmp_path / "corpus.en").write_text("".join(f"{t}\n" for _, t in lines), encoding="utf-8")
+  overrides = [
+    f"data.root='{tmp_path}'",
+    "data.source_lang='de'",
+    "data.target_lang='en'",
+    "data.split_prefixes=['corpus']",
+    "data.test_size=5",
+    "data.validation_size=5",
+  ]
+  plain = data_sources.load_pairs(registry.load_experiment("tatoeba_deen", overrides).data)
+  test_source, test_target = plain["test"][0]
+  valid_source, valid_target = plain["validation"][0]
+  extra = [
+    (f" {test_source} ", "ein neuer satz"),  # held-out source, with stray spaces
+    ("noch ein satz", valid_target),  # held-out target
+    ("ein dritter satz", valid_source),  # held-out German sentence on the English side
+    (test_target, "vierter"),  # held-out English sentence on the German side
+    ("sauber", "clean"),
+    ("sauber 2", "clean 2"),
+  ]
+  (tmp_path / "more.deu").write_text("".join(f"{s}\n" for s, _ in extra), encoding="utf-8")
+  (tmp_path / "more.eng").write_text("".join(f"{t}\n" for _, t in extra), encoding="utf-8")
+  config = registry.load_experiment(
+    "tatoeba_deen",
+    overrides + ["data.extra_train_prefixes=['more']", "data.extra_train_langs='deu,eng'"],
+  )
+  splits = data_sources.load_pairs(config.data)
+  assert splits["test"] == plain["test"] and splits["validation"] == plain["validation"]
+  assert splits["train"] == plain["train"] + [("sauber", "clean"), ("sauber 2", "clean 2")]
+  assert not _sentences(splits["train"]) & _sentences(splits["test"] + splits["validation"])
+  config.data.split_prefixes = []
+  config.data.train_prefixes = ["corpus"]
+  with pytest.raises(ValueError, match="data.extra_train_prefixes"):
+    data_sources.load_pairs(config.data)
+  config.data.update(split_prefixes=["corpus"], train_prefixes=[], extra_train_langs="deu")
+  with pytest.raises(ValueError, match="data.extra_train_langs='deu'"):
+    data_sources.load_pairs(config.data)
+
+
+@pytest.mark.shared_data("tatoeba/deu-eng.deu", "news/en-de/newstest2014.de")
+def test_tatoeba_deen_training_data_shares_no_sentence_with_its_held_out_splits():
+  """With the news pairs added (data.extra_train_prefixes), as the experiment trains: no
+  sentence of the held-out Tatoeba test or validation pairs, German or English, is trained on,
+  and the held-out splits are those of the Tatoeba file alone."""
+  news = ["data.extra_train_prefixes=['news/en-de/*']", "data.extra_train_langs='de,en'"]
+  config = registry.load_experiment("tatoeba_deen", [f"data.root='{SHARED}'"] + news)
+  splits = data_sources.load_pairs(config.data)
+  alone = registry.load_experiment(
+    "tatoeba_deen", [f"data.root='{SHARED}'", "data.extra_train_prefixes=[]"]
+  )
+  tatoeba = data_sources.load_pairs(alone.data)
+  assert splits["test"] == tatoeba["test"] and splits["validation"] == tatoeba["validation"]
+  assert len(splits["train"]) > len(tatoeba["train"]) + 30_000
+  assert not _sentences(splits["train"]) & _sentences(splits["test"] + splits["validation"])

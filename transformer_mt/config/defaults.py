@@ -65,6 +65,12 @@ def base_config() -> ml_collections.ConfigDict:
   # (a split_seed-keyed hash of each source sentence) and with no held-out source sentence in
   # training; see data/sources.py, split_indices.
   config.data.split_prefixes = []
+  # Local text, with split_prefixes only: more files (globs allowed) whose pairs are added to
+  # the training split alone, e.g. another domain. A pair sharing a sentence, on either side,
+  # with a held-out (test or validation) pair is dropped and counted. Read as
+  # PREFIX.<a> / PREFIX.<b> of extra_train_langs="a,b" ("" = source_lang,target_lang).
+  config.data.extra_train_prefixes = []
+  config.data.extra_train_langs = ""
   # Local text: the cache folder of the train split's line indexes, made once per file version
   # ("" = $XDG_CACHE_HOME/transformer_mt/prepared, else ~/.cache/transformer_mt/prepared); see
   # docs/data.md and `run.py prepare`.

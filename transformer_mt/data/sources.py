@@ -9,7 +9,9 @@ in the experiment's translation direction:
   local       line-aligned text files, e.g. ../shared/data (transformer_mt.data.text_files):
               each split from its own files (data.train_prefixes, validation_prefixes,
               test_prefixes), or all three cut from one corpus (data.split_prefixes, see
-              `split_by_source`)
+              `split_by_source`), optionally with more training-only files
+              (data.extra_train_prefixes); no training pair of a cut corpus shares a
+              sentence, on either side, with a held-out pair
 
 A local train split of its own files (data.train_prefixes) is a `PreparedCorpus`
 (transformer_mt.data.prepared_corpus): read by index from the text files through a line index
@@ -132,6 +134,16 @@ def load_pairs(
         data_config.validation_size,
         data_config.split_seed,
       )
+    extra_prefixes = list(data_config.extra_train_prefixes or [])
+    if extra_prefixes and not split_prefixes:
+      raise errors.BadValue(
+        "data.extra_train_prefixes adds training pairs to a corpus cut by "
+        "data.split_prefixes; with data.train_prefixes, list the files there instead."
+      )
+    if split_prefixes:
+      splits["train"] = _train_without_held_out(
+        text_files, splits, extra_prefixes, data_config, root
+      )
     if require_train and "train" not in splits:
       raise errors.BadValue(
         "data.source='local' needs data.train_prefixes (file prefixes such as "
@@ -155,11 +167,62 @@ def prepare_local_train(data_config: ml_collections.ConfigDict):
     return prepared_corpus.prepare(files, data_config.prepared_dir)
 
 
-def _read_local(text_files, prefixes, data_config, root) -> list[tuple[str, str]]:
-  """`text_files.read_corpus` under `root`."""
+def _train_without_held_out(text_files, splits, extra_prefixes, data_config, root):
+  """The training pairs cut from data.split_prefixes, then those of data.extra_train_prefixes,
+  less every pair that shares a sentence (either side) with a test or validation pair: a
+  held-out English sentence may be the translation of another German one in training, and
+  extra files may contain held-out sentences. The held-out splits stay as they are."""
+  held_out = splits["test"] + splits["validation"]
+  train, dropped = without_held_out(splits["train"], held_out)
+  extra, extra_dropped = [], 0
+  if extra_prefixes:
+    source_lang, target_lang = extra_train_langs(data_config)
+    pairs = _read_local(text_files, extra_prefixes, data_config, root, source_lang, target_lang)
+    extra, extra_dropped = without_held_out(pairs, held_out)
+  logging.info(
+    "Training pairs: %d from data.split_prefixes and %d from data.extra_train_prefixes; "
+    "dropped %d and %d that share a sentence with a held-out pair.",
+    len(train),
+    len(extra),
+    dropped,
+    extra_dropped,
+  )
+  return train + extra
+
+
+def extra_train_langs(data_config: ml_collections.ConfigDict) -> tuple[str, str]:
+  """The (source, target) file suffixes of data.extra_train_prefixes ("de,en")."""
+  given = data_config.extra_train_langs
+  if not given:
+    return data_config.source_lang, data_config.target_lang
+  langs = [lang.strip() for lang in given.split(",")]
+  if len(langs) != 2 or not all(langs):
+    raise errors.BadValue(
+      f"data.extra_train_langs={given!r} must be two file suffixes, source first, e.g. 'de,en'."
+    )
+  return langs[0], langs[1]
+
+
+def without_held_out(
+  pairs: Sequence[tuple[str, str]], held_out: Sequence[tuple[str, str]]
+) -> tuple[list[tuple[str, str]], int]:
+  """(the pairs sharing no sentence with `held_out`, how many were dropped). A sentence is
+  compared on either side, whitespace-stripped: a held-out source as an extra target counts."""
+  held = {sentence.strip() for pair in held_out for sentence in pair}
+  kept = [pair for pair in pairs if pair[0].strip() not in held and pair[1].strip() not in held]
+  return kept, len(pairs) - len(kept)
+
+
+def _read_local(
+  text_files, prefixes, data_config, root, source_lang=None, target_lang=None
+) -> list[tuple[str, str]]:
+  """`text_files.read_corpus` under `root` (in the config's languages unless given)."""
   with _where_files_are(text_files, root):
     return text_files.read_corpus(
-      prefixes, data_config.source_lang, data_config.target_lang, root=root
+      prefixes,
+      source_lang or data_config.source_lang,
+      target_lang or data_config.target_lang,
+      root=root,
     )
 
 
@@ -201,8 +264,8 @@ def split_indices(
   else to train. A split lists its lines in that shuffled order (file order within a
   group), so the first N validation pairs (train.bleu_sentences) are a random sample
   rather than the file's often sorted first lines. Empty lines are kept (the pipeline
-  drops them). The same target may still occur in two splits as the translation of
-  different sources: different inputs, so nothing to memorize.
+  drops them). The same target may still be the translation of a training source;
+  `load_pairs` then drops that training pair (`_train_without_held_out`).
 
   Raises:
     ValueError: a negative size, or sizes that leave no training lines or cannot be met
