@@ -206,3 +206,14 @@ def test_training_curves_without_known_series(tmp_path):
   (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "data/pairs_seen": 3.0}) + "\n")
   with pytest.raises(ValueError, match="none of the series"):
     plots.training_curves(tmp_path, tmp_path / "curves.png")
+
+
+def test_minutes_axis_extends_past_the_last_step_instead_of_clamping():
+  """The top axis maps steps to minutes (and back) along the run and at the same average rate
+  beyond it: matplotlib places ticks past the last step, which np.interp alone would put all
+  on the last minute, drawn over each other."""
+  to_minutes = plots._linear_map([100, 200, 400], [1.0, 3.0, 5.0])  # 4 minutes per 300 steps
+  np.testing.assert_allclose(to_minutes([100, 150, 300, 400]), [1.0, 2.0, 4.0, 5.0])
+  np.testing.assert_allclose(to_minutes([25, 550]), [0.0, 7.0])
+  to_steps = plots._linear_map([1.0, 3.0, 5.0], [100, 200, 400])
+  np.testing.assert_allclose(to_steps(to_minutes([25, 250, 550])), [25, 250, 550])

@@ -213,6 +213,24 @@ def _series(records: Sequence[dict], key: str) -> tuple[list[int], list[float]]:
   return steps, [by_step[s] for s in steps]
 
 
+def _linear_map(xs, ys):
+  """x -> y along the points, extended at the average rate past both ends: np.interp alone
+  clamps, so axis ticks past the last step all land on its minute, over each other."""
+  xs, ys = np.asarray(xs, float), np.asarray(ys, float)
+  rate = (ys[-1] - ys[0]) / (xs[-1] - xs[0]) if xs[-1] != xs[0] else 0.0
+
+  def apply(x):
+    x = np.asarray(x, float)
+    inside = np.interp(x, xs, ys)
+    return np.where(
+      x < xs[0],
+      ys[0] + (x - xs[0]) * rate,
+      np.where(x > xs[-1], ys[-1] + (x - xs[-1]) * rate, inside),
+    )
+
+  return apply
+
+
 def training_minutes(records: Sequence[dict]) -> tuple[list[int], list[float]]:
   """(steps, minutes of the training loop up to the end of each step), from the per-step
   `num_tokens` / `tokens_per_second` records.
@@ -283,8 +301,7 @@ def training_curves(workdir: str | os.PathLike, path: str | os.PathLike) -> list
   steps, minutes = training_minutes(records)
   if len(steps) > 1:
     # Wall minutes of the training loop on a second axis: time-to-BLEU at a glance.
-    to_minutes = lambda x: np.interp(x, steps, minutes)  # noqa: E731
-    to_steps = lambda m: np.interp(m, minutes, steps)  # noqa: E731
+    to_minutes, to_steps = _linear_map(steps, minutes), _linear_map(minutes, steps)
     top = axes_list[0].secondary_xaxis("top", functions=(to_minutes, to_steps))
     top.set_xlabel("minutes of training", fontsize=8)
   figure.suptitle(f"Training curves: {os.path.basename(os.path.normpath(workdir))}", fontsize=10)
