@@ -121,6 +121,11 @@ def test_split_prefixes_cannot_be_mixed_with_split_lists(tmp_path):
   ]
 
 
+def _sentences(pairs):
+  """Every sentence of `pairs`, either side, stripped (written here, not taken from sources)."""
+  return {sentence.strip() for pair in pairs for sentence in pair}
+
+
 @pytest.mark.shared_data("tatoeba/deu-eng.deu", "tatoeba/deu-eng.eng")
 def test_tatoeba_deen_split():
   """The experiment's split of the shared Tatoeba file: sizes, every pair used once, no
@@ -140,23 +145,19 @@ def test_tatoeba_deen_split():
     english = f.read().split("\n")[:-1]
   file_pairs = list(zip(german, english))
   held_out_pairs = splits["test"] + splits["validation"]
-  held_out = {sentence.strip() for pair in held_out_pairs for sentence in pair}
+  held_out = _sentences(held_out_pairs)
   # Every file pair is held out, trained on, or dropped for sharing a held-out sentence (150
   # English ones, translations of other German sentences); training shares no sentence.
   shares = [pair for pair in file_pairs if pair[0] in held_out or pair[1] in held_out]
   assert sorted(held_out_pairs + splits["train"] + shares) == sorted(file_pairs + held_out_pairs)
   assert len(shares) - len(held_out_pairs) == 150
-  assert not {sentence.strip() for pair in splits["train"] for sentence in pair} & held_out
+  assert not _sentences(splits["train"]) & held_out
   # Tatoeba repeats German sentences, so the check above is not vacuous.
   assert len(set(german)) < len(german)
   line = {pair: i for i, pair in enumerate(file_pairs)}  # every pair of the file is distinct
   # Golden: lines 7462 and 7463 share their German sentence and are held out together.
   assert [line[pair] for pair in splits["test"][:3]] == [7462, 7463, 12140]
   assert german[7462] == german[7463]
-
-
-def _sentences(pairs):
-  return {sentence.strip() for pair in pairs for sentence in pair}
 
 
 def test_extra_training_pairs_never_share_a_held_out_sentence(tmp_path):

@@ -172,7 +172,7 @@ def _train_without_held_out(text_files, splits, extra_prefixes, data_config, roo
   less every pair that shares a sentence (either side) with a test or validation pair: a
   held-out English sentence may be the translation of another German one in training, and
   extra files may contain held-out sentences. The held-out splits stay as they are."""
-  held_out = splits["test"] + splits["validation"]
+  held_out = sentences_of(splits["test"] + splits["validation"])
   train, dropped = without_held_out(splits["train"], held_out)
   extra, extra_dropped = [], 0
   if extra_prefixes:
@@ -203,13 +203,22 @@ def extra_train_langs(data_config: ml_collections.ConfigDict) -> tuple[str, str]
   return langs[0], langs[1]
 
 
+def sentences_of(pairs: Sequence[tuple[str, str]]) -> set[str]:
+  """Every sentence of `pairs`, either side, whitespace-stripped."""
+  return {sentence.strip() for pair in pairs for sentence in pair}
+
+
 def without_held_out(
-  pairs: Sequence[tuple[str, str]], held_out: Sequence[tuple[str, str]]
+  pairs: Sequence[tuple[str, str]], held_out: set[str]
 ) -> tuple[list[tuple[str, str]], int]:
-  """(the pairs sharing no sentence with `held_out`, how many were dropped). A sentence is
-  compared on either side, whitespace-stripped: a held-out source as an extra target counts."""
-  held = {sentence.strip() for pair in held_out for sentence in pair}
-  kept = [pair for pair in pairs if pair[0].strip() not in held and pair[1].strip() not in held]
+  """(the pairs with no sentence in `held_out` (`sentences_of` the held-out pairs), how many
+  were dropped). Either side is compared with every held-out sentence: a held-out source as
+  an extra target counts."""
+  kept = [
+    (source, target)
+    for source, target in pairs
+    if source.strip() not in held_out and target.strip() not in held_out
+  ]
   return kept, len(pairs) - len(kept)
 
 
