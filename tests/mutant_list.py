@@ -1,0 +1,266 @@
+"""The mutant list of tests/mutants.py: each deliberate one-line bug, the line it replaces and the
+tests that should catch it. It is the part that changes with the code (a moved line, a renamed
+test), so it lives apart from the runner that copies the repository, applies each mutant and
+reads pytest's results. Not a test module: pytest collects test_*.py only.
+
+Each `original` must occur exactly once in its file, indentation included; mutants.py checks
+that before running anything. List a mutant's existing tests before any in
+test_mutant_guards.py, so the results table shows whether the older tests already catch it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+  """One deliberate bug: the line `original` of `file` (matched exactly, indentation
+  included) replaced by `mutated`; `tests` are expected to fail on it."""
+
+  id: str
+  description: str
+  file: str  # relative to the repository root
+  original: str  # one line, exactly as in the file (without its newline)
+  mutated: str
+  tests: tuple[str, ...]  # pytest node ids, run in this order with -x
+
+
+MUTANTS = (
+  Mutant(
+    "attention-scale-d-model",
+    "fused attention scaled by 1/sqrt(d_model) instead of 1/sqrt(head_dim)",
+    "transformer_mt/model/attention.py",
+    "    **masking,",
+    "    **masking, scale=1.0 / math.sqrt(query.shape[-2] * query.shape[-1]),",
+    (
+      "tests/test_model.py::test_fused_attention_matches_explicit_path",
+      "tests/test_mutant_guards.py::test_multi_head_attention_matches_numpy",
+    ),
+  ),
+  Mutant(
+    "explicit-attention-scale-d-model",
+    "attention that sows its weights (plots, attention dropout) scaled by 1/sqrt(d_model)",
+    "transformer_mt/model/attention.py",
+    "    query = query / jnp.sqrt(query.shape[-1]).astype(query.dtype)",
+    "    query = query / jnp.sqrt(query.shape[-1] * query.shape[-2]).astype(query.dtype)",
+    (
+      "tests/test_model.py::test_fused_attention_matches_explicit_path",
+      "tests/test_mutant_guards.py::test_multi_head_attention_matches_numpy",
+    ),
+  ),
+  Mutant(
+    "decode-attention-scale-d-model",
+    "cached decoding attention scaled by 1/sqrt(d_model)",
+    "transformer_mt/model/attention.py",
+    "  logits = logits * jnp.float32(1.0 / math.sqrt(depth))",
+    "  logits = logits * jnp.float32(1.0 / math.sqrt(depth * heads))",
+    (
+      "tests/test_decode.py::test_decode_attention_equals_dot_product_attention",
+      "tests/test_decode.py::test_cached_step_logits_equal_full_forward",
+    ),
+  ),
+  Mutant(
+    "causal-mask-off-by-one",
+    "causal mask lets position i see position i+1",
+    "transformer_mt/model/attention.py",
+    "  return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]",
+    "  return jnp.tril(jnp.ones((length, length), dtype=bool), k=1)[None, None]",
+    ("tests/test_model.py::test_causal_mask_hides_future_targets",),
+  ),
+  Mutant(
+    "decode-step-mask-off-by-one",
+    "a decoding step also sees the next, not yet written, cache slot",
+    "transformer_mt/model/attention.py",
+    "    step_mask = (jnp.arange(total) <= index)[None, None, None, :]  # [1, 1, 1, cache_len]",
+    "    step_mask = (jnp.arange(total) <= index + 1)[None, None, None, :]",
+    ("tests/test_decode.py::test_cached_step_logits_equal_full_forward",),
+  ),
+  Mutant(
+    "padding-mask-or",
+    "padding mask ORs query and key validity (valid queries attend to padded keys)",
+    "transformer_mt/model/attention.py",
+    "  return query_valid[:, None, :, None] & key_valid[:, None, None, :]",
+    "  return query_valid[:, None, :, None] | key_valid[:, None, None, :]",
+    ("tests/test_model.py::test_padding_is_ignored",),
+  ),
+  Mutant(
+    "segment-mask-ignores-ids",
+    "segment mask only checks non-padding, not that query and key share a segment id",
+    "transformer_mt/model/attention.py",
+    "  return query_segments[:, None, :, None] == key_segments[:, None, None, :]",
+    "  return (query_segments[:, None, :, None] > 0) & (key_segments[:, None, None, :] > 0)",
+    ("tests/test_model.py::test_packed_sentences_match_unpacked",),
+  ),
+  Mutant(
+    "sinusoid-sin-cos-swapped",
+    "sinusoidal positions: cos in the even dims, sin in the odd ones",
+    "transformer_mt/model/attention.py",
+    "    encoding = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # [b, l, ceil(d/2), 2]",
+    "    encoding = jnp.stack([jnp.cos(angles), jnp.sin(angles)], axis=-1)",
+    ("tests/test_model.py::test_seed_minimal_matches_numpy_equations",),
+  ),
+  Mutant(
+    "embedding-not-scaled",
+    "token embeddings not multiplied by sqrt(d_model)",
+    "transformer_mt/model/transformer.py",
+    "      x = x * jnp.sqrt(cfg.d_model).astype(x.dtype)",
+    "      x = x * 1.0",
+    ("tests/test_mutant_guards.py::test_embedder_scales_tokens_and_adds_sinusoids",),
+  ),
+  Mutant(
+    "residual-dropped",
+    "sub-layer output replaces its input instead of being added to it (no residual)",
+    "transformer_mt/model/transformer.py",
+    "      y = x + y",
+    "      y = y",
+    ("tests/test_mutant_guards.py::test_encoder_layer_matches_numpy",),
+  ),
+  Mutant(
+    "label-smoothing-v-minus-1",
+    "label smoothing spreads eps over the V-1 wrong classes (eps/(V-1)) instead of eps/V",
+    "transformer_mt/training/losses.py",
+    "    log_z - jnp.mean(logits, axis=-1)",
+    "    log_z - (jnp.sum(logits, axis=-1) - target_logit) / (logits.shape[-1] - 1)",
+    ("tests/test_training.py::test_label_smoothed_loss_matches_numpy",),
+  ),
+  Mutant(
+    "warmup-exponent",
+    "warm-up ramp step * warmup^-1 instead of step * warmup^-1.5",
+    "transformer_mt/training/optimizer.py",
+    "    return scale * d_model**-0.5 * jnp.minimum(step**-0.5, step * warmup_steps**-1.5)",
+    "    return scale * d_model**-0.5 * jnp.minimum(step**-0.5, step * warmup_steps**-1.0)",
+    ("tests/test_training.py::test_learning_rate_at_chosen_steps",),
+  ),
+  Mutant(
+    "schedule-step-from-zero",
+    "the schedule counts steps from 0 (first update gets learning rate 0)",
+    "transformer_mt/training/optimizer.py",
+    "    step = jnp.asarray(count, jnp.float32) + 1.0",
+    "    step = jnp.asarray(count, jnp.float32) + 0.0",
+    ("tests/test_training.py::test_learning_rate_at_chosen_steps",),
+  ),
+  Mutant(
+    "adam-b2-from-b1",
+    "Adam built with beta2 = the config's beta1",
+    "transformer_mt/training/optimizer.py",
+    "      schedule, b1=train_config.adam_b1, b2=train_config.adam_b2, eps=train_config.adam_eps",
+    "      schedule, b1=train_config.adam_b1, b2=train_config.adam_b1, eps=train_config.adam_eps",
+    ("tests/test_mutant_guards.py::test_optimizer_matches_numpy_adam_with_paper_schedule",),
+  ),
+  Mutant(
+    "gnmt-penalty-on-len",
+    "GNMT length penalty len^alpha instead of ((5 + len) / 6)^alpha",
+    "transformer_mt/decoding/beam_search.py",
+    "  return ((5.0 + length) / 6.0) ** alpha",
+    "  return length**alpha",
+    ("tests/test_beam_search.py::test_small_beam_scores_are_exact",),
+  ),
+  Mutant(
+    "average-first-checkpoints",
+    "checkpoint averaging takes the first k checkpoints instead of the last k",
+    "transformer_mt/workdir/averaging.py",
+    "  chosen = steps[-last_n:]",
+    "  chosen = steps[:last_n]",
+    ("tests/test_averaging.py::test_two_checkpoints_average_to_their_mean",),
+  ),
+  Mutant(
+    "average-restores-newest-only",
+    "checkpoint averaging restores the newest chosen checkpoint k times",
+    "transformer_mt/workdir/averaging.py",
+    "    params = checkpointing.restore_params(workdir, step, target)",
+    "    params = checkpointing.restore_params(workdir, chosen[-1], target)",
+    ("tests/test_averaging.py::test_two_checkpoints_average_to_their_mean",),
+  ),
+  Mutant(
+    "average-running-mean-halves",
+    "running mean m + (x - m) / k replaced by (m + x) / 2 (right for 2 checkpoints only)",
+    "transformer_mt/workdir/averaging.py",
+    "      params if mean is None else jax.tree.map(lambda m, x, k=count: m + (x - m) / k, "
+    "mean, params)",
+    "      params if mean is None else jax.tree.map(lambda m, x, k=count: (m + x) / 2, "
+    "mean, params)",
+    (
+      "tests/test_averaging.py::test_two_checkpoints_average_to_their_mean",
+      "tests/test_mutant_guards.py::test_three_distinct_checkpoints_average_to_their_mean",
+    ),
+  ),
+  Mutant(
+    "validation-drops-last-batch",
+    "validation batches (input_pipeline.evaluation_batches) drop the last partial batch",
+    "transformer_mt/data/input_pipeline.py",
+    "  for start in range(0, len(examples), batch_rows):",
+    "  for start in range(0, len(examples) - batch_rows + 1, batch_rows):",
+    (
+      "tests/test_input_pipeline.py::test_evaluation_batches_keep_every_pair",
+      "tests/test_mutant_guards.py::test_evaluation_batches_keep_a_partial_last_batch",
+    ),
+  ),
+  Mutant(
+    "translate-drops-last-batch",
+    "translation (translate, evaluate) drops the last partial batch of sentences",
+    "transformer_mt/decoding/translator.py",
+    "    batches = [todo[i : i + self.batch_size] for i in range(0, len(todo), self.batch_size)]",
+    "    batches = [todo[i : i + self.batch_size] for i in range(0, len(todo) - self.batch_size "
+    "+ 1, self.batch_size)]",
+    (
+      "tests/test_sampling.py::test_same_samples_on_1_and_8_devices_and_any_batch_size",
+      "tests/test_mutant_guards.py::test_translation_batches_keep_a_partial_last_batch",
+    ),
+  ),
+  Mutant(
+    "scoring-drops-last-batch",
+    "scoring (run.py score) drops the last partial batch of pairs",
+    "transformer_mt/decoding/teacher_forcing.py",
+    "  for start in range(0, len(order), translator.batch_size):",
+    "  for start in range(0, len(order) - translator.batch_size + 1, translator.batch_size):",
+    ("tests/test_scoring.py::test_score_equals_numpy_log_softmax_of_each_full_forward",),
+  ),
+  # The 1/N mutants: a global scale error is the same on 1 and on 8 devices, so comparing the two
+  # cannot see it (nor can Adam, nearly scale-invariant); the SGD guard compares the update
+  # with the gradient of the mean token loss written out by hand.
+  Mutant(
+    "loss-normalized-per-micro-batch",
+    "1/N: each micro-batch's loss divided by its own token count (then by the batch's again)",
+    "transformer_mt/training/train_step.py",
+    '  return sums["loss"], sums',
+    '  return sums["loss"] / sums["num_tokens"], sums',
+    (
+      "tests/test_training.py::test_gradient_accumulation_equals_large_batch",
+      "tests/test_mutant_guards.py::test_sgd_step_moves_params_by_the_mean_token_gradient",
+    ),
+  ),
+  Mutant(
+    "loss-normalized-by-rows",
+    "1/N: gradients divided by the number of rows (sentences) instead of target tokens",
+    "transformer_mt/training/train_step.py",
+    "  grads = jax.tree.map(lambda g: g / num_tokens, grads)",
+    '  grads = jax.tree.map(lambda g: g / (num_micro * batch["targets"].shape[1]), grads)',
+    (
+      "tests/test_training.py::test_gradient_accumulation_equals_large_batch",
+      "tests/test_mutant_guards.py::test_sgd_step_moves_params_by_the_mean_token_gradient",
+    ),
+  ),
+  Mutant(
+    "loss-normalized-per-device",
+    "1/N: gradients divided by the per-device share of the tokens (global / device count)",
+    "transformer_mt/training/train_step.py",
+    '  num_tokens = jnp.maximum(sums["num_tokens"], 1.0)',
+    '  num_tokens = jnp.maximum(sums["num_tokens"] / jax.device_count(), 1.0)',
+    (
+      "tests/test_training.py::test_sharded_steps_match_single_device",
+      "tests/test_mutant_guards.py::test_sgd_step_moves_params_by_the_mean_token_gradient",
+    ),
+  ),
+  Mutant(
+    "paper-bleu-aggressive-hyphens",
+    "paper BLEU tokenizes with Moses -a (aggressive hyphen splitting), unlike get_ende_bleu.sh",
+    "transformer_mt/evaluation/corpus_scores.py",
+    "    text, aggressive_dash_splits=False, return_str=True, escape=True",
+    "    text, aggressive_dash_splits=True, return_str=True, escape=True",
+    (
+      "tests/test_evaluation.py::test_paper_tokenize_matches_the_perl_pipeline",
+      "tests/test_evaluation.py::test_moses_tokenize_alone_gives_the_perl_row_without_compound_splitting",
+    ),
+  ),
+)
