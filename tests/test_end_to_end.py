@@ -139,9 +139,18 @@ def test_evaluate_writes_a_labelled_report(trained, capsys):
   out = capsys.readouterr().out
   assert "sacreBLEU" in out and "paper-comparable BLEU" in out
   assert "  chrF " in out and "  chrF++ " in out and "nw:2" in out
-  report_path = os.path.join(trained[0], "eval", "test-step20-beam2.json")
+  report_path = os.path.join(trained[0], "eval", "test-step20-beam2-alpha0.6-first8.json")
   with open(report_path) as f:
     report = json.load(f)
+  # Another length penalty writes its own report; the first stays as it was.
+  assert (
+    cli.main(["evaluate", "--workdir", trained[0], "--limit", "8", "--beam", "2", "--alpha", "1.5"])
+    == 0
+  )
+  with open(report_path.replace("alpha0.6", "alpha1.5")) as f:
+    assert json.load(f)["alpha"] == 1.5
+  with open(report_path) as f:
+    assert json.load(f) == report
   assert (
     report["num_sentences"] == 8 and report["beam_size"] == 2 and report["limited_to_first"] == 8
   )

@@ -59,8 +59,8 @@ def evaluate(
     source_lang, target_lang: language codes of a multilingual import (default: its config's).
 
   Returns:
-    The report as written to WORKDIR/eval/SPLIT-stepN-beamB.json (the translations beside it,
-    .txt), with "report_path" added.
+    The report as written to WORKDIR/eval/SPLIT-stepN-beamB-alphaA[-firstL].json (the
+    translations beside it, .txt), with "report_path" added.
 
   Raises:
     ValueError: only one of the two files, an imported model without files, a split the
@@ -120,7 +120,11 @@ def evaluate(
       "sentences_per_second": len(pairs) / seconds,
     }
   )
-  stem = f"{name}-step{step}-beam{translator.beam_size}"
+  # Every setting that changes the numbers is in the name, so a second evaluation with another
+  # --alpha or --limit writes beside the first instead of over it.
+  stem = f"{name}-step{step}-beam{translator.beam_size}-alpha{translator.alpha:g}"
+  if limit:
+    stem += f"-first{limit}"
   if len(workdirs) > 1:
     report["ensemble"] = [os.path.abspath(w) for w in workdirs]
     stem += f"-ensemble{len(workdirs)}"
