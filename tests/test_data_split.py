@@ -205,18 +205,48 @@ def test_extra_training_pairs_never_share_a_held_out_sentence(tmp_path):
     data_sources.load_pairs(config.data)
 
 
-@pytest.mark.shared_data("tatoeba/deu-eng.deu", "news/en-de/newstest2014.de")
-def test_tatoeba_deen_training_data_shares_no_sentence_with_its_held_out_splits():
-  """With the news pairs added (data.extra_train_prefixes), as the experiment trains: no
-  sentence of the held-out Tatoeba test or validation pairs, German or English, is trained on,
-  and the held-out splits are those of the Tatoeba file alone."""
-  news = ["data.extra_train_prefixes=['news/en-de/*']", "data.extra_train_langs='de,en'"]
-  config = registry.load_experiment("tatoeba_deen", [f"data.root='{SHARED}'"] + news)
+@pytest.mark.shared_data("tatoeba/deu-eng.deu", "tatoeba/eng-fra.fra", "news/en-de/newstest2014.de")
+@pytest.mark.parametrize(
+  "prefix, langs, kept, dropped",
+  [
+    # The WMT news test sets: none shares a sentence with the held-out Tatoeba pairs.
+    ("news/en-de/*", "de,en", 35_579, 0),
+    # Tatoeba's English-French pairs as FR->EN: 140 have a held-out English sentence.
+    ("tatoeba/eng-fra", "fra,eng", 12_541, 140),
+  ],
+)
+def test_tatoeba_deen_training_data_shares_no_sentence_with_its_held_out_splits(
+  prefix, langs, kept, dropped
+):
+  """With extra training pairs (data.extra_train_prefixes): no sentence of the held-out
+  Tatoeba test or validation pairs, German or English, is trained on, and the held-out
+  splits are those of the Tatoeba file alone."""
+  extra = [f"data.extra_train_prefixes=['{prefix}']", f"data.extra_train_langs='{langs}'"]
+  config = registry.load_experiment("tatoeba_deen", [f"data.root='{SHARED}'"] + extra)
   splits = data_sources.load_pairs(config.data)
   alone = registry.load_experiment(
     "tatoeba_deen", [f"data.root='{SHARED}'", "data.extra_train_prefixes=[]"]
   )
   tatoeba = data_sources.load_pairs(alone.data)
   assert splits["test"] == tatoeba["test"] and splits["validation"] == tatoeba["validation"]
-  assert len(splits["train"]) > len(tatoeba["train"]) + 30_000
-  assert not _sentences(splits["train"]) & _sentences(splits["test"] + splits["validation"])
+  assert splits["train"][: len(tatoeba["train"])] == tatoeba["train"]
+  extra_pairs = splits["train"][len(tatoeba["train"]) :]
+  held_out = _sentences(splits["test"] + splits["validation"])
+  assert not _sentences(splits["train"]) & held_out
+  # Brute force over the raw files: the pairs kept plus those sharing a held-out sentence are
+  # every extra pair read.
+  assert len(extra_pairs) == kept
+  source_lang, target_lang = langs.split(",")
+  pattern = pathlib.Path(prefix)
+  files = sorted((SHARED / pattern.parent).glob(f"{pattern.name}.{source_lang}"))
+  assert files
+  raw = []
+  for source_file in files:
+    target_file = source_file.with_suffix("." + target_lang)
+    # Lines end at "\n" only: two news files hold U+0085, which str.splitlines splits on.
+    sources = source_file.read_text(encoding="utf-8").removesuffix("\n").split("\n")
+    targets = target_file.read_text(encoding="utf-8").removesuffix("\n").split("\n")
+    raw += [(s.strip(), t.strip()) for s, t in zip(sources, targets, strict=True)]
+  sharing = [pair for pair in raw if {pair[0], pair[1]} & held_out]
+  assert len(sharing) == dropped
+  assert len(raw) - len(sharing) == kept
