@@ -63,6 +63,12 @@ CHOICES: dict[str, tuple[list[str], float]] = {
   "dropout0": (["model.dropout_rate=0.0"], 1.0),
   # The ~28k WMT news test-set pairs (DE->EN) as more training data (data.extra_train_prefixes).
   "news": (["data.extra_train_prefixes=['news/en-de/*']", "data.extra_train_langs='de,en'"], 1.0),
+  # The 12,681 Tatoeba English-French pairs as FR->EN training pairs: more in-domain English
+  # for the decoder (a many-to-one model; no language tag is needed with one target language).
+  "fra": (
+    ["data.extra_train_prefixes=['tatoeba/eng-fra']", "data.extra_train_langs='fra,eng'"],
+    1.0,
+  ),
   "smooth02": (["train.label_smoothing=0.2"], 1.0),
   # LayerNorm before each sub-layer (and after each stack), which tolerates a short warm-up.
   "preln": (["model.layer_norm_position='pre'"], 1.0),

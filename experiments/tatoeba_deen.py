@@ -64,7 +64,25 @@ With no dropout the longer run memorized its training pairs (training accuracy 9
 validation loss rising from step 700 and BLEU falling over the last 200 steps), so dropout
 0.1 came back, decided on that run's validation curve; the test split was read by both runs.
 Decoding on a0e4ff0's validation split (`run.py evaluate --split validation`): beam 4 with
-alpha 0.6 (kept) 26.06, alpha 1.0 26.19, alpha 0.2 25.54, beam 8 26.06, greedy 25.08.
+alpha 0.6 (kept) 26.06, alpha 1.0 26.19, alpha 1.5 26.00 (brevity penalty 1.0), alpha 0.2
+25.54, beam 8 26.06, greedy 25.08; the average of its last two checkpoints (steps 1600 and
+1800, `run.py average --last 2`) 26.00.
+
+At the full budget (2026-11-26, commits b723198 to 28e1f37): `recipe_ablation.py --variants
+V --steps 1800 --bleu-every 300` with V = warm400+CHOICES, i.e. this file's own 1800 steps
+of 2048 slots with its 400 steps of warm-up, one core each; validation BLEU at steps
+300..1800. The reference is a0e4ff0's full run above, on 2 cores, with the same steps and
+batches (~ marks a value between two of its evaluations, which were every 200 steps):
+
+  variant                                  valid. BLEU at 300 600 900 1200 1500 1800    kept
+  this file (a0e4ff0)                      ~4.6 15.8 ~20.3 23.9 ~25.5 26.1              -
+  label smoothing 0.2                      4.4 15.8 21.9 24.3 26.3 26.5                  not yet
+    (+0.4: within a run's noise; adopting it needs a full run, which reads the test again)
+  pre-LN, lr_scale 1.0 (peak 3.1e-3)       9.6 19.1 23.0 23.5 24.9 24.6                  no
+    (faster early, then overfits: validation loss rises from 2.71 at step 900 to 2.83)
+  pre-LN, lr_scale 1.0, + the 12,541       6.0 13.7 20.8 23.0 25.0 24.2                  no
+    Tatoeba FR->EN pairs of tatoeba/eng-fra (140 sharing a held-out English sentence dropped)
+  + the FR->EN pairs (post-LN, lr 0.7)     1.7 9.8 (stopped at step 875)                 no
 """
 
 from transformer_mt.config import defaults as _defaults
