@@ -121,6 +121,12 @@ def test_split_prefixes_cannot_be_mixed_with_split_lists(tmp_path):
   ]
 
 
+def _lines(path):
+  """The lines of a shared text file, split at "\n" only (two news files hold U+0085, which
+  str.splitlines splits on), as the project reads them (written here, not taken from it)."""
+  return pathlib.Path(path).read_text(encoding="utf-8").removesuffix("\n").split("\n")
+
+
 def _sentences(pairs):
   """Every sentence of `pairs`, either side, stripped (written here, not taken from sources)."""
   return {sentence.strip() for pair in pairs for sentence in pair}
@@ -139,10 +145,7 @@ def test_tatoeba_deen_split():
     "validation": 500,
     "train": 15915,
   }
-  with open(f"{TATOEBA}.deu", encoding="utf-8") as f:
-    german = f.read().split("\n")[:-1]
-  with open(f"{TATOEBA}.eng", encoding="utf-8") as f:
-    english = f.read().split("\n")[:-1]
+  german, english = _lines(f"{TATOEBA}.deu"), _lines(f"{TATOEBA}.eng")
   file_pairs = list(zip(german, english))
   held_out_pairs = splits["test"] + splits["validation"]
   held_out = _sentences(held_out_pairs)
@@ -242,10 +245,7 @@ def test_tatoeba_deen_training_data_shares_no_sentence_with_its_held_out_splits(
   assert files
   raw = []
   for source_file in files:
-    target_file = source_file.with_suffix("." + target_lang)
-    # Lines end at "\n" only: two news files hold U+0085, which str.splitlines splits on.
-    sources = source_file.read_text(encoding="utf-8").removesuffix("\n").split("\n")
-    targets = target_file.read_text(encoding="utf-8").removesuffix("\n").split("\n")
+    sources, targets = _lines(source_file), _lines(source_file.with_suffix("." + target_lang))
     raw += [(s.strip(), t.strip()) for s, t in zip(sources, targets, strict=True)]
   sharing = [pair for pair in raw if {pair[0], pair[1]} & held_out]
   assert len(sharing) == dropped
