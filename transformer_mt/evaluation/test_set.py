@@ -120,8 +120,8 @@ def evaluate(
       "sentences_per_second": len(pairs) / seconds,
     }
   )
-  # Every setting that changes the numbers is in the name, so a second evaluation with another
-  # --alpha or --limit writes beside the first instead of over it.
+  # The beam, the length penalty and --limit are in the name, so a second evaluation with
+  # another --alpha or --limit writes beside the first instead of over it.
   stem = f"{name}-step{step}-beam{translator.beam_size}-alpha{translator.alpha:g}"
   if limit:
     stem += f"-first{limit}"
