@@ -326,7 +326,8 @@ def test_run_loop_calls_the_actions_in_order_and_stops_when_asked():
 
 
 def test_default_actions_come_in_the_contracts_order(monkeypatch, tmp_path):
-  """Profile, preemption, metrics (the NaN check), validation loss, BLEU, then the save."""
+  """Profile, preemption, metrics (the NaN check), validation loss, early stopping (which
+  reads the loss just computed), BLEU, then the save (which sees early stopping's stop)."""
   monkeypatch.setattr(train.optimizer, "updates_applied", lambda opt_state: 0)
   config = ml_collections.ConfigDict(
     {
@@ -349,6 +350,7 @@ def test_default_actions_come_in_the_contracts_order(monkeypatch, tmp_path):
     actions.Preemption,
     actions.LogMetrics,
     actions.ValidationLoss,
+    actions.EarlyStopping,
     actions.ValidationBleu,
     actions.SaveCheckpoint,
   ]

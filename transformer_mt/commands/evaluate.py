@@ -30,6 +30,15 @@ def add_parser(subparsers) -> None:
   p.add_argument("--beam", type=int, default=None, help="beam size (default: the config's)")
   p.add_argument("--alpha", type=float, default=None, help="length penalty alpha (default: config)")
   p.add_argument("--limit", type=int, default=None, help="only the first N sentences")
+  p.add_argument(
+    "--bleu",
+    choices=("sacrebleu", "tokenized"),
+    default=None,
+    help="'tokenized' scores text that is tokenized already (e.g. Multi30k's lc.norm.tok "
+    "files) as it is, with multi-bleu.perl, as published results on such data do (no "
+    "--tgt_lang needed); 'sacrebleu' scores detokenized text (default: the experiment's "
+    "evaluate.bleu with --workdir, sacrebleu with --hypotheses)",
+  )
   p.set_defaults(func=run)
 
 
@@ -48,7 +57,7 @@ def run(args) -> None:
         "--hypotheses needs --reference, the file to score the translations on."
       )
     report = evaluate.score_translations(
-      args.hypotheses, args.reference, args.tgt_lang, args.source
+      args.hypotheses, args.reference, args.tgt_lang, args.source, args.bleu or "sacrebleu"
     )
     print(f"{report['split']}: {report['num_sentences']} given translations")
   else:
@@ -69,15 +78,22 @@ def run(args) -> None:
       flags.inference_mesh(args),
       args.src_lang,
       args.tgt_lang,
+      args.bleu,
     )
     print(
       f"{report['split']}: {report['num_sentences']} sentences, step {report['step']}, "
       f"beam {report['beam_size']}, alpha {report['alpha']}, "
       f"{report['sentences_per_second']:.1f} sentences/s"
     )
-  print(f"  sacreBLEU {report['sacrebleu']:.2f}  ({report['sacrebleu_signature']})")
-  print(f"  paper-comparable BLEU {report['paper_bleu']:.2f}  ({report['paper_bleu_method']})")
+  sacre = f"  sacreBLEU {report['sacrebleu']:.2f}  ({report['sacrebleu_signature']})"
+  tokenized = report["bleu_kind"] == "tokenized"
+  label = "tokenized BLEU" if tokenized else "paper-comparable BLEU"
+  if not tokenized:  # on tokenized text the published figure leads; sacreBLEU follows it
+    print(sacre)
+  print(f"  {label} {report['paper_bleu']:.2f}  ({report['paper_bleu_method']})")
   print(f"    multi-bleu.perl: {report['paper_bleu_multi_bleu']}")
+  if tokenized:
+    print(sacre)
   print(f"  chrF {report['chrf']:.2f}  ({report['chrf_signature']})")
   print(f"  chrF++ {report['chrf_plus_plus']:.2f}  ({report['chrf_plus_plus_signature']})")
   if "report_path" in report:

@@ -138,6 +138,9 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.bleu_every = 5000
   # Validation sentences translated for that BLEU (0: all of them).
   config.train.bleu_sentences = 0
+  # Stop once this many validation-loss evaluations (every eval_every steps) in a row have not
+  # beaten the best validation loss so far, as fairseq's --patience (0: never stop early).
+  config.train.patience = 0
   # Steps between checkpoints (a checkpoint is always written at the end).
   config.train.checkpoint_every = 1000
   # Checkpoints kept on disk.
@@ -161,6 +164,11 @@ def base_config() -> ml_collections.ConfigDict:
   # Whether `run.py train` ends with the held-out test BLEU. Off for the runs of a recipe
   # search, so that validation decides and the test split is read once, by the final run.
   config.evaluate.test_after_training = True
+  # The BLEU that `train`'s held-out line, validation BLEU, `evaluate` and `report` lead with:
+  # "sacrebleu" (sacreBLEU's own 13a tokenization of detokenized text) or "tokenized"
+  # (multi-bleu.perl on the text as it is, split at spaces: for data that is already
+  # tokenized, such as Multi30k's lc.norm.tok files, where published results use it).
+  config.evaluate.bleu = "sacrebleu"
 
   config.decode = ml_collections.ConfigDict()
   # Beam size (1 = greedy) and the GNMT length penalty ((5 + len) / 6)^alpha (paper: 4, 0.6).

@@ -205,18 +205,69 @@ def paper_bleu_score(
   return score, method
 
 
-def bleu_report(hypotheses: Sequence[str], references: Sequence[str], target_language: str) -> dict:
+# `evaluate.bleu`: the BLEU an experiment leads with (its held-out line, validation BLEU, the
+# best checkpoint, `evaluate` and `report`).
+BLEU_KINDS = ("sacrebleu", "tokenized")
+TOKENIZED_BLEU_NAME = "tokenized BLEU (multi-bleu.perl on the given tokens)"
+
+
+def check_bleu_kind(kind: str) -> str:
+  """`evaluate.bleu` (or `--bleu`), checked: "sacrebleu" or "tokenized"."""
+  if kind not in BLEU_KINDS:
+    raise errors.BadValue(
+      f"evaluate.bleu={kind!r} is not one of {', '.join(map(repr, BLEU_KINDS))}: 'sacrebleu' for "
+      "detokenized text, 'tokenized' for text that is tokenized already (e.g. Multi30k's "
+      "lc.norm.tok files)."
+    )
+  return kind
+
+
+def tokenized_bleu(
+  hypotheses: Sequence[str], references: Sequence[str]
+) -> tuple[sacrebleu.BLEUScore, str]:
+  """BLEU of text that is tokenized already, as published results on such data compute it:
+  multi-bleu.perl against the tokenized reference, with no further tokenization and no
+  compound splitting (`multi_bleu` on the lines as they are). Its score and a description."""
+  score, signature = multi_bleu(hypotheses, references)
+  method = (
+    "multi-bleu.perl on the given tokens (split at whitespace; no further tokenization, no "
+    f"compound splitting), case-sensitive: sacreBLEU {signature}"
+  )
+  return score, method
+
+
+def headline_bleu(
+  hypotheses: Sequence[str], references: Sequence[str], kind: str
+) -> tuple[float, str]:
+  """The BLEU `kind` ("sacrebleu" or "tokenized") names, and its signature or method."""
+  if check_bleu_kind(kind) == "tokenized":
+    score, method = tokenized_bleu(hypotheses, references)
+    return score.score, method
+  return corpus_bleu(hypotheses, references)
+
+
+def bleu_report(
+  hypotheses: Sequence[str],
+  references: Sequence[str],
+  target_language: str,
+  bleu: str = "sacrebleu",
+) -> dict:
   """Both BLEU numbers, chrF and chrF++, each next to the label that says how it was computed,
   so a reader cannot mistake the inflated tokenized number for the official one.
 
   Args:
-    hypotheses, references: line-aligned detokenized text.
-    target_language: the Moses rules of the paper-comparable BLEU (e.g. "de").
+    hypotheses, references: line-aligned text, detokenized (bleu="sacrebleu") or tokenized
+      as the published results on that data score it (bleu="tokenized").
+    target_language: the Moses rules of the paper-comparable BLEU (e.g. "de"); unused for
+      tokenized text.
+    bleu: `evaluate.bleu`. With "tokenized" the paper-comparable BLEU is `tokenized_bleu`
+      (the text is scored as it is: tokenizing it again would escape its escapes and split
+      what its own tokenizer kept whole), and "paper_bleu_method" says so.
 
   Returns:
     {"sacrebleu", "paper_bleu", "chrf", "chrf_plus_plus": scores (0-100), each with its
     "..._signature" or "..._method"; "paper_bleu_multi_bleu": multi-bleu.perl's output line;
-    "num_sentences"}.
+    "bleu_kind": `bleu`; "num_sentences"}.
 
   Raises:
     ValueError: the two lists differ in length.
@@ -225,7 +276,10 @@ def bleu_report(hypotheses: Sequence[str], references: Sequence[str], target_lan
   names, so reports written before chrF still read the same.)
   """
   sacre_score, signature = corpus_bleu(hypotheses, references)
-  paper, paper_method = paper_bleu_score(hypotheses, references, target_language)
+  if check_bleu_kind(bleu) == "tokenized":
+    paper, paper_method = tokenized_bleu(hypotheses, references)
+  else:
+    paper, paper_method = paper_bleu_score(hypotheses, references, target_language)
   chrf, chrf_signature = corpus_chrf(hypotheses, references)
   chrf_pp, chrf_pp_signature = corpus_chrf(hypotheses, references, word_order=2)
   return {
@@ -238,6 +292,7 @@ def bleu_report(hypotheses: Sequence[str], references: Sequence[str], target_lan
     "chrf_signature": chrf_signature,
     "chrf_plus_plus": chrf_pp,
     "chrf_plus_plus_signature": chrf_pp_signature,
+    "bleu_kind": bleu,
     "num_sentences": len(hypotheses),
   }
 

@@ -130,6 +130,16 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     signatures = sorted({r[key] for r in rows if r.get(key)})
     if signatures:
       lines.append(f"{label} signature(s): " + "; ".join(signatures))
+  # What "paper-comparable" means differs by data: tensor2tensor's tokenized, compound-split
+  # BLEU of detokenized text, or multi-bleu.perl on text that is tokenized already (Multi30k).
+  methods = [
+    (r["experiment"], r["paper_comparable_method"])
+    for r in rows
+    if r.get("paper_comparable_method")
+  ]
+  if methods:
+    lines.append("")
+    lines += ["Paper-comparable BLEU, as computed:"] + [f"- {n}: {m}" for n, m in methods]
   # Rows of published models say where their figure comes from (the paper rows: its table 2).
   sources = [(r["experiment"], r["paper_bleu_source"]) for r in rows if r.get("paper_bleu_source")]
   if sources:

@@ -4,8 +4,10 @@
 Two BLEU numbers, clearly labelled: sacreBLEU on the raw detokenized references (with its
 signature, comparable across papers that report sacreBLEU), and the paper-comparable
 tokenized, compound-split BLEU of tensor2tensor's get_ende_bleu.sh (what Vaswani et
-al. report). Beside them sacreBLEU's chrF and chrF++, each with its signature. Hypotheses
-and the JSON report are written to WORKDIR/eval/.
+al. report). For data that is tokenized already (`evaluate.bleu="tokenized"`, e.g.
+Multi30k's lc.norm.tok files) the paper-comparable BLEU is multi-bleu.perl on the text as
+it is, what results on such data report. Beside them sacreBLEU's chrF and chrF++, each
+with its signature. Hypotheses and the JSON report are written to WORKDIR/eval/.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ def evaluate(
   mesh: Mesh | None = None,
   source_lang: str | None = None,
   target_lang: str | None = None,
+  bleu: str | None = None,
 ) -> dict[str, Any]:
   """Translates the experiment's `split` (or the given files) and writes the BLEU and chrF
   report (the keys of `evaluation.bleu_report`, then the run's settings and speed).
@@ -57,6 +60,7 @@ def evaluate(
     limit: only the first `limit` sentences (for quick checks; the report says so).
     mesh: the devices to decode on (default: every device on the data axis).
     source_lang, target_lang: language codes of a multilingual import (default: its config's).
+    bleu: "sacrebleu" or "tokenized" (default: the checkpoint's `evaluate.bleu`).
 
   Returns:
     The report as written to WORKDIR/eval/SPLIT-stepN-beamB-alphaA[-firstL].json (the
@@ -106,6 +110,7 @@ def evaluate(
     hypotheses,
     [target for _, target in pairs],
     bleu_language(config, target_lang),
+    bleu or config.evaluate.bleu,
   )
   report.update(
     {
@@ -138,18 +143,25 @@ def evaluate(
 
 
 def score_translations(
-  hypotheses_file: str, reference_file: str, target_lang: str, source_file: str | None = None
+  hypotheses_file: str,
+  reference_file: str,
+  target_lang: str | None,
+  source_file: str | None = None,
+  bleu: str = "sacrebleu",
 ) -> dict[str, Any]:
-  """The `evaluation.bleu_report` of a file of translations (one per line, detokenized)
-  against line-aligned references: sacreBLEU-style scoring of any system's output, with no
-  model. `target_lang` picks the Moses rules of the paper-comparable BLEU; `source_file`, if
-  given, is only checked to be line-aligned too (a hypothesis file of another test set, or
-  one with a line lost, would otherwise score garbage without a word).
+  """The `evaluation.bleu_report` of a file of translations (one per line) against
+  line-aligned references: scoring of any system's output, with no model. `target_lang`
+  picks the Moses rules of the paper-comparable BLEU of detokenized text; `bleu="tokenized"`
+  scores tokenized text as it is instead (multi-bleu.perl), and needs no language.
+  `source_file`, if given, is only checked to be line-aligned too (a hypothesis file of
+  another test set, or one with a line lost, would otherwise score garbage without a word).
 
   Raises:
-    ValueError: no `target_lang`, or a missing, unreadable or misaligned file (DataError).
+    ValueError: no `target_lang` for detokenized text, or a missing, unreadable or
+      misaligned file (DataError).
   """
-  if not target_lang:
+  evaluation.check_bleu_kind(bleu)
+  if not target_lang and bleu == "sacrebleu":
     raise errors.BadValue(
       "--hypotheses needs --tgt_lang (e.g. de): the paper-comparable BLEU tokenizes with that "
       "language's Moses rules."
@@ -160,7 +172,8 @@ def score_translations(
   report = evaluation.bleu_report(
     [hypothesis for hypothesis, _ in pairs],
     [reference for _, reference in pairs],
-    target_lang.split("_")[0],
+    (target_lang or "").split("_")[0],
+    bleu,
   )
   report.update(
     {

@@ -37,7 +37,8 @@ class Step:
   metrics: dict  # this step's metrics, on device: nothing fetched yet
   log: bool  # number % train.log_every == 0
   final: bool  # number == train.num_steps
-  stop: bool = False  # set by Preemption: checkpoint this step, then leave the loop
+  stop: bool = False  # set by Preemption or EarlyStopping: checkpoint this step, then leave
+  validation_loss: float | None = None  # set by ValidationLoss on the steps it evaluates
 
   @property
   def last(self) -> bool:
@@ -59,6 +60,12 @@ class Action:
 
   def close(self) -> None:
     """After the loop, in the order of the action list."""
+
+  @property
+  def ended_run(self) -> bool:
+    """True once this action has ended the run for good, so that the loop runs no further
+    step, even after a resume (EarlyStopping restored from the log)."""
+    return False
 
 
 def profile_range(steps) -> tuple[int, int]:
@@ -223,8 +230,71 @@ class ValidationLoss(Action):
 
   def after(self, step: Step) -> None:
     if self.validate and self.eval_every and (step.number % self.eval_every == 0 or step.final):
-      self.writer.write(step.number, self.validate(step.state.params))
+      scores = self.validate(step.state.params)
+      step.validation_loss = scores["validation/loss"]
+      self.writer.write(step.number, scores)
       self.writer.flush()
+
+
+def patience_of(train_config) -> int:
+  """`train.patience`, checked: 0 (never stop early) or a number of evaluations."""
+  patience = train_config.patience
+  if not isinstance(patience, int) or patience < 0:
+    raise errors.BadValue(
+      f"train.patience={patience!r} must be 0 (never stop early) or the number of validation-"
+      "loss evaluations without a new best after which to stop, e.g. train.patience=10."
+    )
+  if patience and not train_config.eval_every:
+    raise errors.BadValue(
+      f"train.patience={patience} counts validation-loss evaluations, but train.eval_every=0 "
+      "makes none: set train.eval_every (e.g. to the steps of an epoch) or train.patience=0."
+    )
+  return patience
+
+
+class EarlyStopping(Action):
+  """`train.patience=N`: ends the run at the first validation-loss evaluation that is the Nth
+  in a row without a lower validation loss than the best so far, as fairseq's `--patience`
+  (which counts epochs; here evaluations, every `train.eval_every` steps). That step is
+  checkpointed (its `last` is true) and the run then ends as a finished one: held-out BLEU,
+  and for `reproduce` the averaging of the last checkpoints, follow.
+
+  `history` is the validation losses the run logged up to the step it resumes from
+  (metrics.jsonl, `validation_history`), so a resumed run counts on from where it stopped,
+  and a run that has already stopped early runs no further step when started again."""
+
+  def __init__(self, patience: int, history: list[tuple[int, float]]):
+    self.patience = patience
+    self.best, self.since_best, self.stopped_at = float("inf"), 0, None
+    for number, loss in history:
+      self._count(number, loss)
+
+  def _count(self, number: int, loss: float) -> None:
+    if loss < self.best:
+      self.best, self.since_best = loss, 0
+    else:
+      self.since_best += 1
+    if self.patience and self.since_best >= self.patience and self.stopped_at is None:
+      self.stopped_at = number
+
+  @property
+  def ended_run(self) -> bool:
+    return self.stopped_at is not None
+
+  def after(self, step: Step) -> None:
+    if step.validation_loss is None or self.ended_run:
+      return
+    self._count(step.number, step.validation_loss)
+    if self.ended_run:
+      step.stop = True
+      logging.info(
+        "Stopping early at step %d: %d validation-loss evaluations in a row without a better "
+        "loss than %.4f (train.patience=%d).",
+        step.number,
+        self.patience,
+        self.best,
+        self.patience,
+      )
 
 
 class ValidationBleu(Action):

@@ -27,6 +27,7 @@ from jax.sharding import Mesh
 from transformer_mt.data import input_pipeline
 from transformer_mt.data import sources as data_sources
 from transformer_mt.data.tokenizer import AnyTokenizer, load_or_train
+from transformer_mt.evaluation import corpus_scores
 from transformer_mt.model.setup import (
   ModelSetup,
   check_learned_positions,
@@ -200,6 +201,8 @@ def _check_before_writing(config: ml_collections.ConfigDict) -> int:
   input_pipeline.check_num_workers(config.data.num_workers)
   optimizer.optimizer_name(config.train)
   actions.nonfinite_policy(config.train.nonfinite)
+  actions.patience_of(config.train)
+  corpus_scores.check_bleu_kind(config.evaluate.bleu)
   # The configured vocabulary size stands in for the tokenizer's, not trained yet;
   # training_setup checks again with the real one.
   return input_pipeline.rows_per_batch(

@@ -29,6 +29,7 @@ from transformer_mt.decoding.translator import Translator
 from transformer_mt.training import actions, optimizer, preemption, validation
 from transformer_mt.training.setup import RunSetup, setup_run
 from transformer_mt.workdir import lock as workdir_lock
+from transformer_mt.workdir import metrics_log as metrics
 
 
 def train(
@@ -55,7 +56,8 @@ def train(
     {"step": the last step, "state": the train state, "translator": a Translator of its
     parameters, "bleu", "bleu_signature": held-out sacreBLEU and its signature, None when the
     data source has no test split or the run was preempted (SIGTERM/SIGINT: the final
-    evaluation is skipped), "preempted", "nonfinite_steps_skipped": steps dropped under
+    evaluation is skipped), "preempted", "stopped_early_at": the step train.patience ended
+    the run at (None: it did not), "nonfinite_steps_skipped": steps dropped under
     train.nonfinite="skip"}.
 
   Raises:
@@ -81,7 +83,9 @@ def _train(config: ml_collections.ConfigDict, workdir: str, progress: bool) -> d
     run.best_manager.wait_until_finished()
   run.writer.close()
   preempted = _the(loop_actions, actions.Preemption).stopped
-  return final_evaluation(run, state, preempted, _the(loop_actions, actions.LogMetrics).skipped)
+  result = final_evaluation(run, state, preempted, _the(loop_actions, actions.LogMetrics).skipped)
+  result["stopped_early_at"] = _the(loop_actions, actions.EarlyStopping).stopped_at
+  return result
 
 
 def run_loop(run: RunSetup, loop_actions: Sequence[actions.Action]):
@@ -89,6 +93,8 @@ def run_loop(run: RunSetup, loop_actions: Sequence[actions.Action]):
   returns the last train state. Each action sees every step, in list order."""
   state, num_steps = run.state, run.config.train.num_steps
   for number in range(run.start + 1, num_steps + 1):
+    if any(action.ended_run for action in loop_actions):
+      break  # stopped early before a resume: nothing left to run
     batch = next(run.batches)  # already on the mesh (DevicePrefetch)
     for action in loop_actions:
       action.before(number)
@@ -130,7 +136,9 @@ def final_evaluation(run: RunSetup, state, preempted: bool, skipped: int) -> dic
   }
   if run.pairs.get("test") and not preempted and run.config.evaluate.test_after_training:
     result.update(
-      validation.evaluate_held_out(translator, run.pairs["test"], validation.HELD_OUT_EXAMPLES)
+      validation.evaluate_held_out(
+        translator, run.pairs["test"], validation.HELD_OUT_EXAMPLES, run.config.evaluate.bleu
+      )
     )
   return result
 
@@ -180,6 +188,10 @@ def default_actions(
       config.data.max_len,
     ),
     actions.ValidationLoss(run.validate, config.train.eval_every, run.writer),
+    actions.EarlyStopping(
+      config.train.patience if run.validate else 0,
+      metrics.validation_history(run.workdir, run.start),
+    ),
     actions.ValidationBleu(
       scores, run.bleu_every, run.writer, run.manager, run.best_manager, config, run.tokenizer
     ),

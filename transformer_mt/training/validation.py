@@ -53,9 +53,10 @@ def validation_fn(pairs, tokenizer, model, mesh, shardings, config):
 def validation_scores(
   params, model_config, tokenizer, mesh, config, pairs, forced_first_id=None
 ) -> dict[str, float]:
-  """sacreBLEU and chrF of the current parameters on (the first train.bleu_sentences of)
-  validation, as metrics.jsonl records them. chrF rides along because it scores the same
-  hypotheses (no second decode), so a sweep can be ranked by either."""
+  """BLEU (the experiment's `evaluate.bleu`: sacreBLEU, or tokenized BLEU for tokenized data)
+  and chrF of the current parameters on (the first train.bleu_sentences of) validation, as
+  metrics.jsonl records them. chrF rides along because it scores the same hypotheses (no
+  second decode), so a sweep can be ranked by either."""
   limit = config.train.bleu_sentences or len(pairs)
   chosen = [pairs[i] for i in range(min(limit, len(pairs)))]
   translator = Translator(
@@ -69,29 +70,32 @@ def validation_scores(
   hypotheses = translator.translate([source for source, _ in chosen])
   references = [target for _, target in chosen]
   return {
-    "validation/bleu": evaluation.corpus_bleu(hypotheses, references)[0],
+    "validation/bleu": evaluation.headline_bleu(hypotheses, references, config.evaluate.bleu)[0],
     "validation/chrf": evaluation.corpus_chrf(hypotheses, references)[0],
   }
 
 
 def evaluate_held_out(
-  translator: Translator, pairs: list[tuple[str, str]], num_samples: int
+  translator: Translator, pairs: list[tuple[str, str]], num_samples: int, bleu_kind: str
 ) -> dict[str, Any]:
-  """Greedy-translates the held-out sources and scores them with sacreBLEU."""
+  """Translates the held-out sources with the run's decode settings and scores them with the
+  experiment's BLEU (`evaluate.bleu`), printing a few examples and one line that names it."""
   start = time.perf_counter()
   hypotheses = translator.translate([source for source, _ in pairs])
   elapsed = time.perf_counter() - start
   references = [target for _, target in pairs]
-  bleu, signature = evaluation.corpus_bleu(hypotheses, references)
+  bleu, signature = evaluation.headline_bleu(hypotheses, references, bleu_kind)
+  name = "BLEU" if bleu_kind == "sacrebleu" else evaluation.TOKENIZED_BLEU_NAME
+  label = "sacreBLEU signature" if bleu_kind == "sacrebleu" else "method"
   if jax.process_index() == 0:
     for source, reference, hypothesis in list(zip((s for s, _ in pairs), references, hypotheses))[
       :num_samples
     ]:
       print(f"  source:     {source}\n  reference:  {reference}\n  hypothesis: {hypothesis}\n")
     print(
-      f"Held-out BLEU {bleu:.2f} on {len(pairs)} sentences "
+      f"Held-out {name} {bleu:.2f} on {len(pairs)} sentences "
       f"({len(pairs) / elapsed:.0f} sentences/s, beam {translator.beam_size})\n"
-      f"  sacreBLEU signature: {signature}"
+      f"  {label}: {signature}"
     )
   exact = float(np.mean([h == r for h, r in zip(hypotheses, references)]))
   return {"bleu": bleu, "bleu_signature": signature, "exact_match": exact}

@@ -102,3 +102,23 @@ def read_metrics(workdir: str) -> list[dict[str, float]]:
   """The records of `metrics.jsonl`, in the order they were written."""
   with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
     return [json.loads(line) for line in f if line.strip()]
+
+
+def validation_history(workdir: str, up_to_step: int) -> list[tuple[int, float]]:
+  """(step, validation loss) of the evaluations logged in `metrics.jsonl` at steps up to
+  `up_to_step` (the checkpoint a run resumes from), in step order; [] without the file.
+  Early stopping (training/actions.EarlyStopping) counts on from them after a resume."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return []
+  losses = {}
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      try:
+        record = json.loads(line)
+      except ValueError:  # the torn last line of a killed run
+        continue
+      logged = isinstance(record, dict) and "validation/loss" in record
+      if logged and record.get("step", up_to_step + 1) <= up_to_step:
+        losses[int(record["step"])] = float(record["validation/loss"])
+  return sorted(losses.items())
