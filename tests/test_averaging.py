@@ -69,3 +69,57 @@ def test_two_checkpoints_average_to_their_mean(setup, tmp_path):
     averaged_params(output, 30, target),
     expected,
   )
+
+
+def test_train_evaluates_the_average_that_average_makes(tmp_path, capsys, monkeypatch):
+  """evaluate.average_last=2: `train`'s held-out evaluation translates with the mean of its
+  last 2 checkpoints, bit for bit the parameters `run.py average --last 2` writes, not the
+  last step's."""
+  from helpers import tiny_overrides
+
+  from transformer_mt.config import registry
+  from transformer_mt.training import train, validation
+
+  evaluated = []
+  real = validation.evaluate_held_out
+
+  def spy(translator, *args):
+    evaluated.append(jax.device_get(translator.params))
+    return real(translator, *args)
+
+  monkeypatch.setattr(validation, "evaluate_held_out", spy)
+  config = registry.load_experiment(
+    "demo",
+    tiny_overrides(
+      "train.num_steps=10",
+      "train.checkpoint_every=5",
+      "train.keep_checkpoints=2",
+      "train.eval_every=0",
+      "train.bleu_every=0",
+    )
+    + ["evaluate.average_last=2"],
+  )
+  workdir = str(tmp_path / "run")
+  result = train.train(config, workdir, progress=False)
+  assert result["averaged_steps"] == [5, 10] and result["bleu"] is not None
+  assert "the mean of the last 2 checkpoints, steps [5, 10]" in capsys.readouterr().out
+  output, steps = averaging.average_last(workdir, 2)
+  assert steps == [5, 10]
+  target = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+    result["state"].params,
+  )
+  jax.tree.map(np.testing.assert_array_equal, evaluated[0], averaged_params(output, 10, target))
+  last = jax.device_get(result["state"].params)
+  assert not all(jax.tree.leaves(jax.tree.map(np.array_equal, evaluated[0], last)))
+
+
+def test_keeping_fewer_checkpoints_than_the_average_stops_before_training(tmp_path):
+  from transformer_mt.config import registry
+  from transformer_mt.runtime import errors
+  from transformer_mt.training import train
+
+  config = registry.load_experiment("demo", ["evaluate.average_last=3", "train.keep_checkpoints=2"])
+  with pytest.raises(errors.BadValue, match="train.keep_checkpoints=3"):
+    train.train(config, str(tmp_path / "run"), progress=False)
+  assert not os.path.exists(tmp_path / "run" / "checkpoints")

@@ -108,6 +108,10 @@ def _reproduce(name: str, workdir: str, overrides: Sequence[str], config) -> dic
     eval_dir = finetune.import_into_workdir(config, workdir)
     trained, averaged = {"step": 0}, [0]
   else:
+    # The test split is read once, by the evaluation below: training's own held-out
+    # evaluation of the same model would decode it a second time.
+    with config.unlocked():
+      config.evaluate.test_after_training = False
     trained = train.train(config, workdir)
     if trained.get("preempted"):
       raise errors.Stopped("Training was stopped by a signal; rerun the same command to resume.")

@@ -36,7 +36,7 @@ from transformer_mt.model.setup import (
 )
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.model.transformer_config import TransformerConfig
-from transformer_mt.runtime import distributed, sharding
+from transformer_mt.runtime import distributed, errors, sharding
 from transformer_mt.training import actions, finetune, optimizer, resume, train_step, validation
 from transformer_mt.workdir import checkpointing
 from transformer_mt.workdir import metrics_log as metrics
@@ -202,6 +202,13 @@ def _check_before_writing(config: ml_collections.ConfigDict) -> int:
   optimizer.optimizer_name(config.train)
   actions.nonfinite_policy(config.train.nonfinite)
   actions.patience_of(config.train)
+  last_n = config.evaluate.average_last
+  if last_n > 1 and config.evaluate.test_after_training and config.train.keep_checkpoints < last_n:
+    raise errors.BadValue(
+      f"evaluate.average_last={last_n} averages the last {last_n} checkpoints for the final "
+      f"evaluation, but train.keep_checkpoints={config.train.keep_checkpoints} keeps fewer: "
+      f"set train.keep_checkpoints={last_n} (or more), or lower evaluate.average_last."
+    )
   corpus_scores.check_bleu_kind(config.evaluate.bleu)
   # The configured vocabulary size stands in for the tokenizer's, not trained yet;
   # training_setup checks again with the real one.

@@ -28,6 +28,7 @@ from transformer_mt.decoding.settings import decode_settings
 from transformer_mt.decoding.translator import Translator
 from transformer_mt.training import actions, optimizer, preemption, validation
 from transformer_mt.training.setup import RunSetup, setup_run
+from transformer_mt.workdir import averaging, checkpointing
 from transformer_mt.workdir import lock as workdir_lock
 from transformer_mt.workdir import metrics_log as metrics
 
@@ -116,15 +117,17 @@ def run_loop(run: RunSetup, loop_actions: Sequence[actions.Action]):
 def final_evaluation(run: RunSetup, state, preempted: bool, skipped: int) -> dict[str, Any]:
   """The run's result: a Translator of the last parameters and, unless the run was preempted,
   has no test split or evaluate.test_after_training is off, its held-out BLEU (printed with a
-  few examples)."""
-  translator = Translator(
-    params=state.params,
+  few examples). With evaluate.average_last = N > 1 that BLEU is of the final model the
+  experiment defines: the mean of the last N checkpoints ("averaged_steps"), as
+  `run.py average` and `reproduce` make it."""
+  settings = dict(
     model_config=run.layout.model_config,
     tokenizer=run.tokenizer,
     mesh=run.mesh,
     forced_first_id=run.forced_first_id,
     **decode_settings(run.config),
   )
+  translator = Translator(params=state.params, **settings)
   result = {
     "step": int(state.step),
     "state": state,
@@ -135,9 +138,20 @@ def final_evaluation(run: RunSetup, state, preempted: bool, skipped: int) -> dic
     "nonfinite_steps_skipped": skipped,
   }
   if run.pairs.get("test") and not preempted and run.config.evaluate.test_after_training:
+    evaluated = translator
+    last_n = run.config.evaluate.average_last
+    if last_n > 1:
+      # Fewer only when the run ended (stopped early) before it wrote N checkpoints;
+      # setup checked that train.keep_checkpoints keeps N.
+      steps = checkpointing.all_steps(run.workdir)[-last_n:]
+      params = averaging.mean_params(run.workdir, steps, run.layout.abstract_params)
+      evaluated = Translator(params=params, **settings)
+      result["averaged_steps"] = steps
+      if jax.process_index() == 0:
+        print(f"The final model: the mean of the last {len(steps)} checkpoints, steps {steps}.")
     result.update(
       validation.evaluate_held_out(
-        translator, run.pairs["test"], validation.HELD_OUT_EXAMPLES, run.config.evaluate.bleu
+        evaluated, run.pairs["test"], validation.HELD_OUT_EXAMPLES, run.config.evaluate.bleu
       )
     )
   return result

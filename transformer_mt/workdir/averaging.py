@@ -53,15 +53,20 @@ def average_last(workdir: str, last_n: int, output_dir: str | None = None) -> tu
   # The devices this command runs on, not the training mesh (which may need more of them).
   mesh = sharding.make_mesh(sharding.inference_mesh_config())
   target = run_setup.model_setup(config, tokenizer, mesh).abstract_params
+  mean = mean_params(workdir, chosen, target)
+  checkpointing.save_inference(output_dir, chosen[-1], mean, config, tokenizer)
+  return output_dir, chosen
 
+
+def mean_params(workdir: str, steps: list[int], target) -> object:
+  """The mean of the `params` of checkpoints `steps` of `workdir`, restored into `target`
+  (abstract params with their shardings) and returned in its dtypes and shardings."""
   mean = None
-  for count, step in enumerate(chosen, start=1):
+  for count, step in enumerate(steps, start=1):
     params = checkpointing.restore_params(workdir, step, target)
     params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
     mean = (
       params if mean is None else jax.tree.map(lambda m, x, k=count: m + (x - m) / k, mean, params)
     )
-    logging.info("Averaged checkpoint %d (%d of %d).", step, count, len(chosen))
-  mean = jax.tree.map(lambda m, x: m.astype(x.dtype), mean, target)
-  checkpointing.save_inference(output_dir, chosen[-1], mean, config, tokenizer)
-  return output_dir, chosen
+    logging.info("Averaged checkpoint %d (%d of %d).", step, count, len(steps))
+  return jax.tree.map(lambda m, x: m.astype(x.dtype), mean, target)
