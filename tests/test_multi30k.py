@@ -98,3 +98,25 @@ def test_the_published_row_applies_fairseqs_learning_rate():
     assert abs(ours - theirs) <= 2.6e-6, update
     if update >= 2000:
       assert abs(ours / theirs - 1) < 6e-4, update
+
+
+def test_qkv_init_gain_scales_only_the_query_key_value_kernels():
+  """fairseq initializes Q, K and V with xavier_uniform_(gain=1/sqrt(2)): with the same seed
+  those kernels are the gain-1 ones times the gain, bit for bit, and nothing else moves."""
+  import numpy as np
+  from flax import traverse_util
+  from helpers import init_params, tiny_model_config
+
+  gain = 2**-0.5
+  plain = traverse_util.flatten_dict(init_params(tiny_model_config()))
+  scaled = traverse_util.flatten_dict(init_params(tiny_model_config(qkv_init_gain=gain)))
+  assert plain.keys() == scaled.keys()
+  projections = 0
+  for path, value in plain.items():
+    if path[-2] in ("query", "key", "value") and path[-1] == "kernel":
+      projections += 1
+      np.testing.assert_array_equal(scaled[path], value * np.float32(gain))
+    else:
+      np.testing.assert_array_equal(scaled[path], value)
+  # q, k, v of 2 encoder self-attentions, 2 decoder self- and 2 cross-attentions.
+  assert projections == 3 * 6

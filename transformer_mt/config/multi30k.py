@@ -38,7 +38,13 @@ def published_config() -> ml_collections.ConfigDict:
     num_decoder_layers=4,
     layer_norm_position="post",
     activation="relu",
-    position_encoding="sinusoidal",
+    # fairseq's SinusoidalPositionalEmbedding: sines then cosines, at positions counted from
+    # padding_idx + 1 = 2.
+    position_encoding="sinusoidal_fairseq",
+    position_offset=2,
+    layer_norm_epsilon=1e-5,
+    # fairseq's MultiheadAttention: xavier_uniform_(gain=1/sqrt(2)) for Q, K and V.
+    qkv_init_gain=2**-0.5,
     scale_embeddings=True,
     share_embeddings=True,
     dropout_rate=0.3,
@@ -65,6 +71,8 @@ def published_config() -> ml_collections.ConfigDict:
     adam_b2=0.98,
     adam_eps=1e-8,
     label_smoothing=0.1,
+    # fairseq 0.9's default --clip-norm.
+    grad_clip_norm=25.0,
     log_every=UPDATES_PER_EPOCH,
     eval_every=UPDATES_PER_EPOCH,
     patience=10,

@@ -149,12 +149,14 @@ def fused_attention(
   )
 
 
-def _flat_xavier_uniform(in_ndim: int):
-  """Glorot init of the equivalent 2-D matrix [prod(in dims), prod(out dims)], reshaped."""
+def _flat_xavier_uniform(in_ndim: int, gain: float = 1.0):
+  """Glorot init of the equivalent 2-D matrix [prod(in dims), prod(out dims)], reshaped;
+  `gain` scales the bound, as torch's xavier_uniform_(gain=...) does."""
 
   def init(key, shape, dtype=jnp.float32):
     fan_in, fan_out = math.prod(shape[:in_ndim]), math.prod(shape[in_ndim:])
-    return nn.initializers.xavier_uniform()(key, (fan_in, fan_out), dtype).reshape(shape)
+    kernel = nn.initializers.xavier_uniform()(key, (fan_in, fan_out), dtype).reshape(shape)
+    return kernel if gain == 1.0 else kernel * jnp.asarray(gain, dtype)
 
   return init
 
@@ -171,6 +173,7 @@ class HeadsProjection(nn.Module):
   out_shape: tuple[int, ...]
   axes: tuple[str, ...]
   use_bias: bool = True
+  init_gain: float = 1.0  # Glorot gain of the kernel's initialization
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -178,7 +181,7 @@ class HeadsProjection(nn.Module):
     n_in = len(self.in_shape)
     kernel = self.param(
       "kernel",
-      nn.with_logical_partitioning(_flat_xavier_uniform(n_in), self.axes),
+      nn.with_logical_partitioning(_flat_xavier_uniform(n_in, self.init_gain), self.axes),
       self.in_shape + self.out_shape,
       cfg.weight_dtype,
     )
@@ -222,6 +225,7 @@ class MultiHeadAttention(nn.Module):
       out_shape=(cfg.num_heads, cfg.per_head_dim),
       axes=("embed", "heads", "kv"),
       use_bias=cfg.use_bias and name != "key",
+      init_gain=cfg.qkv_init_gain,
       name=name,
     )
 

@@ -65,6 +65,9 @@ class TransformerConfig:
   # LayerNorm after token + position embeddings, before dropout (mBART's layernorm_embedding).
   embedding_layer_norm: bool = False
   use_bias: bool = True
+  # Glorot gain of the query, key and value projections' initialization: 1 (Glorot's), or
+  # fairseq's 1/sqrt(2) (0.7071...), the bound of its one [3 d_model, d_model] in-projection.
+  qkv_init_gain: float = 1.0
   # Project the concatenated heads with W^O; off only for single-head toy models.
   attention_output_projection: bool = True
   # "sinusoidal" (the paper: sin/cos interleaved), "sinusoidal_halves" (Marian: sin in the first
