@@ -120,3 +120,31 @@ def test_qkv_init_gain_scales_only_the_query_key_value_kernels():
       np.testing.assert_array_equal(scaled[path], value)
   # q, k, v of 2 encoder self-attentions, 2 decoder self- and 2 cross-attentions.
   assert projections == 3 * 6
+
+
+def test_report_prints_the_published_figure_and_names_the_tokenized_bleu(tmp_path, capsys):
+  import json
+
+  from transformer_mt import cli
+  from transformer_mt.evaluation import reports
+
+  _, method = corpus_scores.tokenized_bleu(["a b"], ["a b"])
+  results = {
+    "experiment": "transformer_tiny_multi30k_ende",
+    "paper_bleu": 41.02,
+    "paper_bleu_source": "Wu et al. (ACL 2021)",
+    "paper_comparable_bleu": 40.5,
+    "paper_comparable_method": method,
+    "sacrebleu": 39.0,
+    "sacrebleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
+    "parameters": 2_900_000,
+    "steps": 8000,
+    "wall_seconds_this_run": 600.0,
+    "hardware": "1 x cpu",
+  }
+  (tmp_path / reports.RESULTS_FILENAME).write_text(json.dumps(results), encoding="utf-8")
+  assert cli.main(["report", str(tmp_path)]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[2].split(" | ")[1:3] == ["41.02", "40.50"]
+  assert f"- transformer_tiny_multi30k_ende: {method}" in lines
+  assert method.startswith("multi-bleu.perl on the given tokens")

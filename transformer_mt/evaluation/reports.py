@@ -116,7 +116,7 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
   ]
   for r in rows:
     lines.append(
-      f"| {r['experiment']} | {fmt(r.get('paper_bleu'), '.1f')} | "
+      f"| {r['experiment']} | {fmt(r.get('paper_bleu'), 'g')} | "
       f"{fmt(r['paper_comparable_bleu'])} | {fmt(r['sacrebleu'])} | "
       f"{fmt(r.get('chrf'))} | {fmt(r.get('chrf_plus_plus'))} | "
       f"{r['parameters'] / 1e6:.1f}M | {r['steps']} | "
