@@ -225,6 +225,40 @@ def test_validation_bleu_waits_for_the_latest_manager_before_saving_the_best(mon
   assert ("save_best", "best", 7, "P", 12.5) in events
 
 
+def test_a_stopping_steps_bleu_waits_until_its_checkpoint_is_saved(monkeypatch):
+  """A preemption (or early stop) on a BLEU step: nothing is decoded in `after`; `close`, which
+  the loop calls after SaveCheckpoint saved the step, waits for that save, then evaluates."""
+  events = []
+  monkeypatch.setattr(
+    checkpointing,
+    "save_best",
+    lambda manager, step, params, config, tokenizer, bleu: events.append(("save_best", step)),
+  )
+
+  def scores(params):
+    events.append(("scores", params))
+    return {"validation/bleu": 12.5, "validation/chrf": 40.0}
+
+  action = actions.ValidationBleu(
+    scores, 4, Recorder(events), Recorder(events, "latest"), Recorder(events, "best"), None, None
+  )
+  step = make_step(4, state=types.SimpleNamespace(params="P"))
+  step.stop = True
+  action.after(step)
+  assert events == []
+  events.append(("checkpoint saved by SaveCheckpoint.after", 4))
+  action.close()
+  assert events[:3] == [
+    ("checkpoint saved by SaveCheckpoint.after", 4),
+    ("wait", "latest"),
+    ("scores", "P"),
+  ]
+  assert ("save_best", 4) in events
+  events.clear()
+  action.close()  # evaluated once
+  assert events == []
+
+
 def test_validation_loss_is_due_every_eval_every_and_at_the_final_step():
   events = []
   state = types.SimpleNamespace(params="P")

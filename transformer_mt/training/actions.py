@@ -299,16 +299,34 @@ class EarlyStopping(Action):
 
 class ValidationBleu(Action):
   """Validation BLEU and chrF (`scores(params)`) every `bleu_every` steps and at the final step;
-  the parameters with the best BLEU so far are saved by `best_manager` (WORKDIR/best)."""
+  the parameters with the best BLEU so far are saved by `best_manager` (WORKDIR/best).
+
+  On a step that stops the run (a preemption notice, or early stopping) the step's checkpoint
+  comes first: the evaluation waits for `close`, after SaveCheckpoint has saved the step and
+  the save is on disk, so decoding the validation set never delays the save a preemption's
+  grace period is for."""
 
   def __init__(self, scores, bleu_every: int, writer, manager, best_manager, config, tokenizer):
     self.scores, self.bleu_every, self.writer = scores, bleu_every, writer
     self.manager, self.best_manager = manager, best_manager
     self.config, self.tokenizer = config, tokenizer
+    self.deferred: Step | None = None  # a stopping step's evaluation, run by close
 
   def after(self, step: Step) -> None:
     if not (self.bleu_every and (step.number % self.bleu_every == 0 or step.final)):
       return
+    if step.stop:
+      self.deferred = step
+      return
+    self._evaluate(step)
+
+  def close(self) -> None:
+    if self.deferred is not None:
+      self.manager.wait_until_finished()  # the stopping step's checkpoint is on disk
+      step, self.deferred = self.deferred, None
+      self._evaluate(step)
+
+  def _evaluate(self, step: Step) -> None:
     scores = self.scores(step.state.params)
     bleu = scores["validation/bleu"]
     self.writer.write(step.number, scores)
