@@ -183,6 +183,28 @@ def test_the_lock_leaves_sigterm_to_jaxs_preemption_notifier(signum, tmp_path):
   assert not workdir.exists()  # the lock was released and its empty workdir removed
 
 
+@pytest.mark.parametrize("failure", ["raises", "returns -1"])
+def test_when_sigaction_cannot_be_asked_sigterm_is_left_alone(failure, monkeypatch):
+  """A handler set in C is invisible to Python: if the OS cannot be asked, the lock must not
+  put its own handler over what may be there (issue 34)."""
+
+  class Libc:
+    def sigaction(self, signum, new, old):
+      if failure == "raises":
+        raise OSError("no libc")
+      return -1
+
+  monkeypatch.setattr(workdir_lock.ctypes, "CDLL", lambda name: Libc())
+  assert workdir_lock._os_default(signal.SIGTERM) is False
+  previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # what Python sees: the default
+  try:
+    workdir_lock._release_on_sigterm(install=True)
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+  finally:
+    workdir_lock._release_on_sigterm(install=False)
+    signal.signal(signal.SIGTERM, previous)
+
+
 def test_a_recycled_pid_is_not_the_holder(tmp_path, caplog):
   """The recorded pid runs (it is this process), but a lock with another start time was
   taken by a process that has died since, and whose pid was reused."""

@@ -287,15 +287,17 @@ def _os_default(signum: int) -> bool:
   """Whether the OS says `signum` has its default disposition: no handler set in C either.
 
   Asked through sigaction(2), whose `struct sigaction` starts with the handler on Linux
-  (glibc, musl) and macOS (0 is SIG_DFL). Where libc cannot be reached (not POSIX), Python's
-  view is all there is.
+  (glibc, musl) and macOS (0 is SIG_DFL). Where that cannot be asked (no libc to reach, or
+  the call fails), the answer is False: a handler set in C may be there, and replacing it
+  would take SIGTERM from whoever set it. The lock then relies on the normal exit, or on the
+  next run taking over the lock of a holder that died.
   """
   try:
     current = ctypes.create_string_buffer(512)  # larger than any `struct sigaction`
     if ctypes.CDLL(None).sigaction(signum, None, current) != 0:
-      return True
+      return False
   except (OSError, AttributeError, TypeError):
-    return True
+    return False
   return ctypes.c_void_p.from_buffer(current).value is None
 
 
