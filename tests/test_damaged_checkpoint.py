@@ -113,6 +113,25 @@ def test_only_a_damaged_checkpoint_is_skipped(ten_steps, tmp_path, caplog, damag
   assert "Resumed from the checkpoint of step 5" in caplog.text
 
 
+def test_only_a_missing_file_of_the_checkpoint_itself_is_damage(ten_steps):
+  """A FileNotFoundError about some other file (a transient error elsewhere) is not damage:
+  a whole checkpoint must not be moved aside for it (issue 34)."""
+  from transformer_mt.workdir import checkpointing
+
+  items = ("params", "train_state", "data_iter", "config", "tokenizer")
+  step_dir = ten_steps / "checkpoints" / "10"
+  inside = str(step_dir / "params" / "d" / "lost")
+  elsewhere = FileNotFoundError(2, "No such file or directory", "/tmp/some/other/file")
+  assert checkpointing.find_damage(str(ten_steps), 10, items, elsewhere) is None
+  wrapped = RuntimeError("restore failed")
+  wrapped.__cause__ = FileNotFoundError(2, "No such file or directory", inside)
+  assert "FileNotFoundError" in checkpointing.find_damage(str(ten_steps), 10, items, wrapped)
+  # Without a filename, the message decides.
+  in_message = FileNotFoundError(f"cannot open {inside}")
+  assert checkpointing.find_damage(str(ten_steps), 10, items, in_message) is not None
+  assert checkpointing.find_damage(str(ten_steps), 10, items, FileNotFoundError("x")) is None
+
+
 def test_a_restore_error_that_is_not_damage_stops_and_keeps_every_checkpoint(
   ten_steps, tmp_path, capsys
 ):

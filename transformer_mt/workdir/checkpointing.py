@@ -95,13 +95,28 @@ def find_damage(workdir: str, step: int, items: Sequence[str], error: BaseExcept
   cause: BaseException | None = error
   while cause is not None:
     message = str(cause)
-    if isinstance(cause, (FileNotFoundError, json.JSONDecodeError)):
+    # A missing file is damage only when it is one of this checkpoint's: a file missing
+    # elsewhere (a transient error, another path) must not move a good step aside.
+    lost = isinstance(cause, FileNotFoundError) and _names_a_file_in(cause, step_dir)
+    if lost or isinstance(cause, json.JSONDecodeError):
       return f"{type(cause).__name__}: {message.splitlines()[0][:200]}"
     if message.startswith(_DAMAGE_CODES):
       file = re.search(r'local file "([^"]+)"', message)
       return message.split(":", 1)[0] + (f" reading {file.group(1)}" if file else "")
     cause = cause.__cause__ or cause.__context__
   return None
+
+
+def _names_a_file_in(error: FileNotFoundError, step_dir: epath.Path) -> bool:
+  """Whether `error` is about a path inside `step_dir` (its filename, or else its message)."""
+  step = os.path.realpath(os.fspath(step_dir))
+  named = [error.filename, error.filename2] if error.filename else []
+  if named:
+    return any(
+      name is not None and os.path.realpath(os.fspath(name)).startswith(step + os.sep)
+      for name in named
+    )
+  return step + os.sep in str(error) or os.fspath(step_dir) + os.sep in str(error)
 
 
 def restore_failure(workdir: str, step: int, error: BaseException) -> str:
