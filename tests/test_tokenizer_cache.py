@@ -171,5 +171,10 @@ def test_prepare_command_trains_the_tokenizer_ahead(tmp_path, capsys, monkeypatc
 
   assert cli.main([*argv, f"init.from='{tmp_path / 'imported'}'"]) == 0
   assert "Tokenizer: none trained; init.from=" in capsys.readouterr().out
-  assert cli.main([*argv[:-2], "tokenizer.vocab_size=100000"]) == 0
-  assert "Tokenizer: not trained with these tokenizer.* settings" in capsys.readouterr().out
+  # A tokenizer that cannot be trained fails the command (exit 2, one error line), after
+  # the corpus summary: a job script that checks the exit code stops before the job.
+  assert cli.main([*argv[:-2], "tokenizer.vocab_size=100000"]) == 2
+  captured = capsys.readouterr()
+  assert "training pairs in" in captured.out
+  errors = [line for line in captured.err.splitlines() if line.startswith("error: ")]
+  assert len(errors) == 1 and "The corpus is prepared, but no tokenizer" in errors[0]

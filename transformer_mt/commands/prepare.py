@@ -75,9 +75,12 @@ def run(args) -> None:
   except text_files.DataError:
     raise
   except errors.BadValue as e:
-    # The corpus is prepared all the same; training will stop on this until the settings change.
-    print(f"Tokenizer: not trained with these tokenizer.* settings: {e}")
-    return
+    # The corpus stays prepared (its index is kept); the job would stop on this, so the
+    # command fails here, ahead of it, with a non-zero exit that a job script can check.
+    raise errors.BadValue(
+      f"The corpus is prepared, but no tokenizer could be trained with these tokenizer.* "
+      f"settings (fix them and rerun; the corpus is not prepared again): {e}"
+    ) from e
   seconds = time.perf_counter() - start
   state = "already trained" if found else f"trained now ({seconds:.1f} s)"
   if path is None:
