@@ -15,7 +15,6 @@ import shutil
 import sys
 import types
 
-import jax
 import numpy as np
 import pytest
 import requests
@@ -25,7 +24,6 @@ import tree
 from transformer_mt.data import tfds_source
 from transformer_mt.data.text_files import DataError
 from transformer_mt.data.tfds_source import DataUnavailableError, TranslationPairs
-from transformer_mt.runtime import distributed
 
 NUM_RECORDS = 5
 
@@ -327,6 +325,25 @@ class _SpyReader:
     return self.reader.read(*args)
 
 
+def test_the_range_read_switching_off_is_warned_once(prepared_data_dir, monkeypatch, caplog):
+  """If a TFDS or array_record release drops an internal the range read needs, reads still
+  work (through TFDS) and one warning says why they are slower, once per process."""
+  from transformer_mt.data import array_record_reads
+
+  monkeypatch.setattr(array_record_reads, "_INTERNALS", ("_a_name_no_release_has",))
+  monkeypatch.setattr(array_record_reads, "_warned", False)
+
+  def load(name):
+    dir_ = str(prepared_data_dir)
+    return tfds_source.load_tfds_pairs("wmt_t2t_translate", "de", "en", name, dir_, None, False)
+
+  caplog.set_level("WARNING")
+  first, second = load("train"), load("test")
+  assert not first.records.fast and not second.records.fast and first[0]
+  warnings = [r.getMessage() for r in caplog.records if "range read needs" in r.getMessage()]
+  assert len(warnings) == 1 and "array_record" in warnings[0]
+
+
 @pytest.mark.parametrize("split", ["train", "train[2:7]", "test"])
 def test_single_reads_are_range_reads_equal_to_tfds_own(prepared_data_dir, split):
   """One index is read with the shard reader's read(i, i + 1), not array_record's read([i])
@@ -391,60 +408,3 @@ def test_experiment_config_reads_tfds_splits_in_its_direction(labelled_tfds, sou
     splits["train"], tokenizer, batch_rows=2, grad_accum_steps=1, max_len=32, seed=0
   )
   assert next(batches)["inputs"].shape == (1, 2, 32) and counts.seen > 0
-
-
-# Several processes: only process 0 prepares --------------------------------------------------
-
-
-@pytest.fixture
-def two_processes(monkeypatch):
-  """Process `index` of 2, with the barrier and tfds.data_source recording what happens when.
-  `fail` (a list) makes process 0's preparation raise."""
-  events = []
-
-  def data_source(name, **kwargs):
-    if kwargs["download"] and state["fail"]:
-      events.append(("prepare failed", name))
-      raise ConnectionError("statmt.org: connection refused")
-    events.append(("data_source", name, kwargs["download"]))
-    return [{"en": "a", "de": "b"}]
-
-  state = {"index": 0, "fail": False}
-  monkeypatch.setattr(jax, "process_count", lambda: 2)
-  monkeypatch.setattr(jax, "process_index", lambda: state["index"])
-  monkeypatch.setattr(distributed, "barrier", lambda name: events.append(("barrier", name)))
-  monkeypatch.setattr(tfds, "data_source", data_source)
-  return state, events
-
-
-def test_only_process_0_prepares_then_all_read_after_the_barrier(two_processes):
-  state, events = two_processes
-  name, barrier = "wmt14_translate/de-en", ("barrier", "tfds_prepared:wmt14_translate/de-en:train")
-  for index in (0, 1):
-    state["index"] = index
-    pairs = tfds_source.load_tfds_pairs("wmt14_translate", "en", "de", "train")
-    assert list(pairs) == [("a", "b")]
-  process_0, process_1 = events[:3], events[3:]
-  # Process 0 prepares (download=True) before the barrier, then reads what it prepared.
-  assert process_0 == [("data_source", name, True), barrier, ("data_source", name, False)]
-  # Process 1 never asks for a download, and reads only after the barrier.
-  assert process_1 == [barrier, ("data_source", name, False)]
-
-
-def test_process_0_failing_to_prepare_still_releases_the_others(two_processes):
-  state, events = two_processes
-  state["fail"] = True
-  with pytest.raises(DataUnavailableError, match="connection refused"):
-    tfds_source.load_tfds_pairs("wmt14_translate", "en", "de", "test")
-  assert [e[0] for e in events] == ["prepare failed", "barrier"]
-
-
-def test_one_process_or_no_download_has_no_barrier(two_processes, monkeypatch):
-  _, events = two_processes
-  tfds_source.load_tfds_pairs("wmt14_translate", "en", "de", "test", download=False)
-  monkeypatch.setattr(jax, "process_count", lambda: 1)
-  tfds_source.load_tfds_pairs("wmt14_translate", "en", "de", "test")
-  assert events == [
-    ("data_source", "wmt14_translate/de-en", False),
-    ("data_source", "wmt14_translate/de-en", True),
-  ]

@@ -19,11 +19,38 @@ use with the pinned versions.
 from __future__ import annotations
 
 import collections.abc
+import logging
 from typing import Any
 
 # What the fast path needs from tfds.core.data_sources.array_record.ArrayRecordDataSource
 # (its `data_source`, array_record's ArrayRecordDataSource, and `_deserialize`).
 _INTERNALS = ("_reader_idx_and_position", "_ensure_reader_exists", "_readers")
+# Whether this process has warned that the fast path is off (once is enough: every split of
+# every run in it would say the same).
+_warned = False
+
+
+def _warn_slow_once(records: Any) -> None:
+  """A real TFDS source read without the range read is slower by the shard's size: say so
+  once, naming the versions, so a changed TFDS or array_record does not slow a run silently.
+  TFDS's mock_data source (a MagicMock, in tests) has no shards to be slow on."""
+  global _warned
+  inner = getattr(records, "data_source", None)
+  if _warned or type(inner).__module__.startswith("unittest.mock"):
+    return
+  _warned = True
+  import array_record
+  import tensorflow_datasets as tfds
+
+  logging.warning(
+    "TFDS records are read one at a time through array_record's read([i]), whose cost grows "
+    "with the shard (about 2,000 pairs/s per process on WMT14's shards): the range read needs "
+    "internals that tensorflow-datasets %s / array_record %s lack (%s). Pin the versions in "
+    "pyproject.toml, or use more data.num_workers.",
+    tfds.__version__,
+    getattr(array_record, "__version__", "?"),
+    type(inner).__name__,
+  )
 
 
 class SingleRecordReads(collections.abc.Sequence):
@@ -41,6 +68,8 @@ class SingleRecordReads(collections.abc.Sequence):
       and all(hasattr(inner, name) for name in _INTERNALS)
       and hasattr(records, "_deserialize")
     )
+    if not self.fast:
+      _warn_slow_once(records)
 
   def __len__(self) -> int:
     return len(self.records)
