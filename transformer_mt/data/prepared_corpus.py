@@ -17,7 +17,17 @@ file is prepared again (its old index removed), an unchanged one never is. A cor
 may be read-only; only the cache folder is written. Preparation holds an exclusive `flock` on
 `NAME-PATHHASH.lock` and writes into a `.tmp-...` folder renamed into place once its manifest
 (written last) is on disk, so processes starting together prepare once, and one killed midway
-leaves only a temporary folder, which the next preparation of that file removes.
+leaves only a temporary folder, which a later preparation of that file removes.
+
+On a cluster the cache folder may be on a network filesystem. A temporary folder's name holds
+the host, the process id and a random part, so two hosts whose processes share a PID (one per
+container) never write into, or remove, each other's; a later preparation removes only its
+own host's folders of processes that are gone, and any older than a day. Where the
+filesystem refuses `flock` (ENOLCK on NFS without lockd, ENOSYS or EOPNOTSUPP on Lustre
+without `flock`), preparation goes on without the lock and says so once: processes starting
+together may then each scan the file, and the first complete index renamed into place is the
+one every process uses. A multi-process job avoids even that: `sources.prepare_local_train`
+lets process 0 prepare while the others wait at a barrier (docs/multihost.md).
 
 What is read equals `text_files.read_corpus` of the same files, line for line: lines split
 on b"\\n" only, "\\r\\n" ending lines without the "\\r", empty lines kept as "", a final line
@@ -30,9 +40,8 @@ small however large the file.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import dataclasses
-import fcntl
+import errno
 import hashlib
 import io
 import json
@@ -44,7 +53,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from transformer_mt.data import text_files
+from transformer_mt.data import cache_writes, text_files
 
 # Bump when the index format changes: indexes of another version are prepared again.
 FORMAT_VERSION = 1
@@ -126,13 +135,13 @@ def prepare_file(path: str, folder: str) -> tuple[FileIndex, bool]:
   try:
     os.makedirs(folder, exist_ok=True)
   except OSError as e:
-    raise _cannot_write(folder, e) from e
-  with locked(os.path.join(folder, group + _LOCK)):
+    raise cannot_write(folder, e) from e
+  with cache_writes.locked(os.path.join(folder, group + _LOCK), cannot_write):
     index = _complete_index(final, path, stat)  # another process may have made it meanwhile
     if index is not None:
       return index, False
-    _remove_stale(folder, group)
-    tmp = os.path.join(folder, f"{_TMP}{group}-{os.getpid()}")
+    cache_writes.remove_stale(folder, f"{_TMP}{group}-", f"{group}-", keep=name)
+    tmp = os.path.join(folder, cache_writes.temporary_name(f"{_TMP}{group}-"))
     try:
       os.mkdir(tmp)
       lines = _scan(path, os.path.join(tmp, _OFFSETS))
@@ -149,13 +158,24 @@ def prepare_file(path: str, folder: str) -> tuple[FileIndex, bool]:
       }
       # Written last and flushed to disk before the rename: a folder under its final name is
       # complete, whatever kills this process.
-      _write_synced(os.path.join(tmp, _MANIFEST), json.dumps(manifest, indent=1).encode())
-      _fsync_dir(tmp)
-      os.rename(tmp, final)
-      _fsync_dir(folder)
+      cache_writes.write_synced(
+        os.path.join(tmp, _MANIFEST), json.dumps(manifest, indent=1).encode()
+      )
+      cache_writes.fsync_dir(tmp)
+      try:
+        os.rename(tmp, final)
+      except OSError as e:
+        # Without a lock another process may have renamed its index into place first: a
+        # complete one is as good as ours.
+        index = _complete_index(final, path, stat)
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST) or index is None:
+          raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        return index, False
+      cache_writes.fsync_dir(folder)
     except OSError as e:
       shutil.rmtree(tmp, ignore_errors=True)
-      raise _cannot_write(folder, e) from e
+      raise cannot_write(folder, e) from e
     except BaseException:
       shutil.rmtree(tmp, ignore_errors=True)
       raise
@@ -373,46 +393,7 @@ def _complete_index(folder: str, path: str, stat: os.stat_result) -> FileIndex |
   return FileIndex(path, stat.st_size, stat.st_mtime_ns, int(manifest["lines"]), folder)
 
 
-def _remove_stale(folder: str, group: str) -> None:
-  """Removes what earlier preparations of this file left (called under its lock, so nothing
-  else is writing them): temporary folders of killed runs, indexes of earlier versions."""
-  for entry in os.scandir(folder):
-    if entry.is_dir() and (
-      entry.name.startswith(f"{_TMP}{group}-") or entry.name.startswith(f"{group}-")
-    ):
-      shutil.rmtree(entry.path, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def locked(lock_path: str):
-  """An exclusive flock on `lock_path` (created if needed, never removed), waited for."""
-  try:
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
-  except OSError as e:
-    raise _cannot_write(os.path.dirname(lock_path), e) from e
-  try:
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    yield
-  finally:
-    os.close(fd)  # releases the lock
-
-
-def _write_synced(path: str, data: bytes) -> None:
-  with open(path, "wb") as f:
-    f.write(data)
-    f.flush()
-    os.fsync(f.fileno())
-
-
-def _fsync_dir(path: str) -> None:
-  fd = os.open(path, os.O_RDONLY)
-  try:
-    os.fsync(fd)
-  finally:
-    os.close(fd)
-
-
-def _cannot_write(folder: str, error: OSError) -> text_files.DataError:
+def cannot_write(folder: str, error: OSError) -> text_files.DataError:
   return text_files.DataError(
     text_files.cannot_write(folder, error)
     + " It is the cache of prepared corpora: pass data.prepared_dir=DIR for another one."

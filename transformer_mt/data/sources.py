@@ -156,15 +156,35 @@ def load_pairs(
 
 def prepare_local_train(data_config: ml_collections.ConfigDict):
   """(PreparedCorpus, files prepared now) of the local train split (data.train_prefixes):
-  each file prepared into data.prepared_dir unless it was before."""
+  each file prepared into data.prepared_dir unless it was before.
+
+  In a multi-process job process 0 prepares while the others wait at a barrier, then the
+  others find its indexes (a shared cache folder) or, where each host has a folder of its
+  own, prepare theirs under its lock; on a filesystem that refuses flock
+  (prepared_corpus.py) that leaves one scan per host, not one per process. A failure of
+  process 0 is raised after the barrier, so the others do not hang on it."""
+  import jax
+
   from transformer_mt.data import prepared_corpus, text_files
+  from transformer_mt.runtime import distributed
 
   root = local_root(data_config)
   with _where_files_are(text_files, root):
     files = text_files.corpus_files(
       list(data_config.train_prefixes), data_config.source_lang, data_config.target_lang, root
     )
-    return prepared_corpus.prepare(files, data_config.prepared_dir)
+    if jax.process_count() == 1:
+      return prepared_corpus.prepare(files, data_config.prepared_dir)
+    failure, prepared = None, None
+    if distributed.is_primary():
+      try:
+        prepared = prepared_corpus.prepare(files, data_config.prepared_dir)
+      except Exception as e:  # raised after the barrier
+        failure = e
+    distributed.barrier("local_corpus_prepared")
+    if failure is not None:
+      raise failure
+    return prepared or prepared_corpus.prepare(files, data_config.prepared_dir)
 
 
 def _train_without_held_out(text_files, splits, extra_prefixes, data_config, root):

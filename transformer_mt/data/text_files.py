@@ -37,8 +37,11 @@ def write_atomically(path: str | os.PathLike, data: str | bytes) -> None:
   one, never half of it: write a temporary file beside it, flush it to disk (a rename that
   reaches the disk before the data can leave an empty file after a power loss), then rename.
   A path that cannot be written (no such directory, no permission, a full disk) is one
-  DataError naming it."""
-  tmp = f"{path}.tmp-{os.getpid()}"
+  DataError naming it. The temporary name is unique across hosts (a shared folder, processes
+  of two containers with one PID)."""
+  from transformer_mt.data import cache_writes
+
+  tmp = cache_writes.temporary_name(f"{os.fspath(path)}.tmp-")
   try:
     with open(tmp, "wb") as f:
       f.write(data.encode("utf-8") if isinstance(data, str) else data)

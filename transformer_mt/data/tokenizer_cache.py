@@ -9,7 +9,7 @@ the trainer is called with (`tokenizer.cache_settings`), so both are hashed into
 it saying what it was trained on. A changed file or setting names another model, trained anew.
 
 The first process to need one trains it under an exclusive flock on `tokenizer-HASH.lock`
-(prepared_corpus.locked), so processes starting together train once, and writes it with
+(cache_writes.locked), so processes starting together train once, and writes it with
 `text_files.write_atomically` (a temporary file, flushed to disk, then renamed): a model under
 its final name is complete. A cache folder that cannot be written costs only the reuse: the
 model is trained and returned all the same, with a warning.
@@ -24,7 +24,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 
-from transformer_mt.data import prepared_corpus, text_files
+from transformer_mt.data import cache_writes, prepared_corpus, text_files
 
 # Bump when what is stored changes meaning (the key's layout or the files' contents).
 CACHE_VERSION = 1
@@ -63,7 +63,9 @@ def load_or_train(
   with contextlib.ExitStack() as stack:
     try:
       os.makedirs(os.path.dirname(path), exist_ok=True)
-      stack.enter_context(prepared_corpus.locked(path.removesuffix(".model") + ".lock"))
+      stack.enter_context(
+        cache_writes.locked(path.removesuffix(".model") + ".lock", prepared_corpus.cannot_write)
+      )
     except (OSError, text_files.DataError) as e:
       _warn(path, e)
       return train(), None, False

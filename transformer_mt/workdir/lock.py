@@ -15,8 +15,9 @@ frees it, and the pid namespace, so another container with the same host name co
 another host). It is written to a temporary file and hard-linked into place, so it appears
 complete or not at all, and the link fails if a lock is already there (atomic on local
 filesystems and NFS; a filesystem without hard links gets O_CREAT|O_EXCL then write).
-Not `fcntl.flock`: it does not reach across NFS clients, and a lock from another host must
-still be seen and reported.
+Not `fcntl.flock`: on network filesystems it may lock only the node (older NFS, Lustre
+`localflock`) or be refused (NFS without lockd, Lustre `noflock`; docs/data.md), and a lock
+from another host must still be seen and reported.
 
 What happens to a lock found in place:
   * its holder runs on this host: refused (also with --force_unlock: stop it first);
