@@ -85,6 +85,10 @@ def base_config() -> ml_collections.ConfigDict:
   # same batches as 0; 2 or more a different (still deterministic) order, so a run resumes
   # only with the number it started with.
   config.data.num_workers = 0
+  # Resume over training data that changed since the checkpoint (other files, pair count or
+  # tokenizer): False stops with one error naming the change; True warns and goes on, the
+  # saved position now in a different shuffle.
+  config.data.allow_changed_corpus = False
 
   config.tokenizer = ml_collections.ConfigDict()
   # SentencePiece vocabulary shared by source and target (pad=0, eos=1, bos=2, unk=3).

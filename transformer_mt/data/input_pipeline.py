@@ -41,6 +41,7 @@ import grain
 import numpy as np
 from absl import flags
 
+from transformer_mt.data import corpus_fingerprint
 from transformer_mt.data import tokenizer as tokenizers
 from transformer_mt.data.tokenizer import BOS_ID, PAD_ID, AnyTokenizer
 from transformer_mt.runtime import errors
@@ -206,6 +207,7 @@ def training_batches(
   start_id: int = BOS_ID,
   num_workers: int = 0,
   worker_buffer: int = 2,
+  allow_changed_corpus: bool = False,
 ) -> tuple[TrainingBatches, FilterCounts]:
   """An endless iterator of packed [accum, micro, max_len] batches, and its filter counts.
 
@@ -215,7 +217,9 @@ def training_batches(
   bins leave less padding (news, 128 tokens: 32 bins 93.6% of target slots used,
   256 bins 96.6%). With `num_workers` > 0, tokenizing, filtering and packing run in that
   many worker processes, each keeping up to `worker_buffer` finished batches (see the
-  module docstring for how the stream depends on the number).
+  module docstring for how the stream depends on the number). The iterator's state carries
+  the data's fingerprint (corpus_fingerprint.py): restoring it over other data stops with one
+  error naming what changed, or, with `allow_changed_corpus`, warns and goes on.
   """
   check_num_workers(num_workers)
   local_rows = batch_rows // process_count
@@ -252,7 +256,8 @@ def training_batches(
       worker_init_fn=_worker_setup,
     )
   counts = FilterCounts()
-  return TrainingBatches(iter(dataset), counts, num_workers), counts
+  data = corpus_fingerprint.fingerprint(pairs, tokenizer)
+  return TrainingBatches(iter(dataset), counts, num_workers, data, allow_changed_corpus), counts
 
 
 class _CountsInBatch:
@@ -299,10 +304,19 @@ class TrainingBatches:
   (no workers) or {"num_workers", "workers"}.
   """
 
-  def __init__(self, iterator: grain.DatasetIterator, counts: FilterCounts, num_workers: int):
+  def __init__(
+    self,
+    iterator: grain.DatasetIterator,
+    counts: FilterCounts,
+    num_workers: int,
+    fingerprint: dict | None = None,
+    allow_changed_corpus: bool = False,
+  ):
     self._iterator = iterator
     self.counts = counts
     self.num_workers = num_workers
+    self.fingerprint = fingerprint  # of the data this stream reads (corpus_fingerprint.py)
+    self.allow_changed_corpus = allow_changed_corpus
     # The last stream position counted, per reader (worker w reads positions w mod workers):
     # a position at or before it is a pair re-read after a restore, already counted.
     self._counted_through = np.full(max(num_workers, 1), -1, np.int64)
@@ -340,10 +354,13 @@ class TrainingBatches:
         "counted_through": self._counted_through.tolist(),
       },
     }
+    if self.fingerprint is not None:
+      state["corpus"] = self.fingerprint
     return json.dumps(state, indent=4).encode()
 
   def set_state(self, state: bytes) -> None:
     state = json.loads(state)
+    corpus_fingerprint.check(state.pop("corpus", None), self.fingerprint, self.allow_changed_corpus)
     if set(state) == {"num_workers", "iterator", "filter_counts"}:
       saved, iterator_state = state["num_workers"], state["iterator"]
       counts = state["filter_counts"]

@@ -12,7 +12,8 @@ reading process's RSS grew to nearly the corpus's size (1.41 GB per Grain worker
 Measured on 4.5M and 36M generated pairs: see docs/data.md.
 
 The cache folder holds, per text file, `NAME-PATHHASH-STATEHASH/` (`offsets.npy` and
-`manifest.json`), keyed by the file's absolute path, size and modification time: a changed
+`manifest.json`), keyed by the file's absolute path, size, modification time, inode and
+status-change time (`cp -p` and `rsync -t` keep the first two, never the last two): a changed
 file is prepared again (its old index removed), an unchanged one never is. A corpus folder
 may be read-only; only the cache folder is written. Preparation holds an exclusive `flock` on
 `NAME-PATHHASH.lock` and writes into a `.tmp-...` folder renamed into place once its manifest
@@ -56,7 +57,7 @@ import numpy as np
 from transformer_mt.data import cache_writes, text_files
 
 # Bump when the index format changes: indexes of another version are prepared again.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: keyed by inode and status-change time too
 _CHUNK = 1 << 24  # bytes scanned at a time
 _BOM = b"\xef\xbb\xbf"
 _OFFSETS = "offsets.npy"
@@ -81,15 +82,22 @@ class FileIndex:
   path: str  # the file, as the corpus names it (messages use this)
   size: int  # bytes, when prepared
   mtime_ns: int  # st_mtime_ns, when prepared
+  inode: int  # st_ino: `cp -p` and `rsync -t` keep size and mtime, not the inode
+  ctime_ns: int  # st_ctime_ns, which no tool sets back
   lines: int
   index_dir: str  # the folder holding offsets.npy and manifest.json
+
+  @property
+  def state(self) -> tuple[int, int, int, int]:
+    """What `_state` of the file gave when it was prepared."""
+    return self.size, self.mtime_ns, self.inode, self.ctime_ns
 
 
 def prepare(
   files: Sequence[tuple[str, str]], prepared_dir: str = ""
 ) -> tuple[PreparedCorpus, list[str]]:
   """The corpus of (source file, target file) pairs (`text_files.corpus_files`), each file
-  prepared unless an index of its current size and modification time is in the cache folder.
+  prepared unless an index of its current version (`_state`) is in the cache folder.
 
   Returns:
     The corpus, and the files prepared by this call (the others were prepared before).
@@ -154,6 +162,8 @@ def prepare_file(path: str, folder: str) -> tuple[FileIndex, bool]:
         "path": os.path.abspath(path),
         "size": stat.st_size,
         "mtime_ns": stat.st_mtime_ns,
+        "inode": stat.st_ino,
+        "ctime_ns": stat.st_ctime_ns,
         "lines": lines,
       }
       # Written last and flushed to disk before the rename: a folder under its final name is
@@ -179,7 +189,7 @@ def prepare_file(path: str, folder: str) -> tuple[FileIndex, bool]:
     except BaseException:
       shutil.rmtree(tmp, ignore_errors=True)
       raise
-  return FileIndex(path, stat.st_size, stat.st_mtime_ns, lines, final), True
+  return FileIndex(path, *_state(stat), lines, final), True
 
 
 class PreparedCorpus(Sequence):
@@ -216,14 +226,12 @@ class PreparedCorpus(Sequence):
     for i in range(len(self)):
       yield self[i]
 
-  def files_key(self) -> list[tuple[str, int, int]]:
-    """(absolute path, size, mtime_ns) of every file as prepared, in order: what the corpus
-    is, for keying what is derived from it (a tokenizer trained on it, tokenizer_cache.py)."""
-    return [
-      (os.path.abspath(index.path), index.size, index.mtime_ns)
-      for pair in self.indexes
-      for index in pair
-    ]
+  def files_key(self) -> list[tuple[str, int, int, int, int]]:
+    """(absolute path, size, mtime_ns, inode, ctime_ns) of every file as prepared, in order:
+    what the corpus is, for keying what is derived from it (a tokenizer trained on it,
+    tokenizer_cache.py) and for telling a resume that the data changed
+    (corpus_fingerprint.py)."""
+    return [(os.path.abspath(index.path), *index.state) for pair in self.indexes for index in pair]
 
   def __repr__(self) -> str:
     return f"PreparedCorpus({len(self)} pairs, {2 * len(self.indexes)} files)"
@@ -243,7 +251,7 @@ class _LineFile:
       stat = os.stat(index.path)
     except OSError:
       stat = None
-    if stat is None or _state(stat) != (index.size, index.mtime_ns):
+    if stat is None or _state(stat) != index.state:
       raise text_files.DataError(
         f"{index.path} changed (or was removed) after it was prepared: training would read "
         "other lines than it counted; restart the run (it prepares the file again)."
@@ -361,17 +369,19 @@ def _lines_empty_from(index: FileIndex, first: int) -> bool:
   return all(opened.line(first + int(i)) == "" for i in np.flatnonzero(lengths == 1))
 
 
-def _state(stat: os.stat_result) -> tuple[int, int]:
-  return stat.st_size, stat.st_mtime_ns
+def _state(stat: os.stat_result) -> tuple[int, int, int, int]:
+  """What identifies a version of a file: size, mtime, inode and status-change time (a copy
+  made with `cp -p` or `rsync -t` keeps the first two, never the last two)."""
+  return stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns
 
 
 def _index_names(path: str, stat: os.stat_result) -> tuple[str, str]:
   """("NAME-PATHHASH", "NAME-PATHHASH-STATEHASH"): the file's group (its lock, and the stale
-  indexes of earlier versions) and the index folder of its present size and mtime."""
+  indexes of earlier versions) and the index folder of its present version (`_state`)."""
   absolute = os.path.abspath(path)
   readable = re.sub(r"[^A-Za-z0-9._-]", "_", os.path.basename(absolute))[:64]
   group = f"{readable}-{hashlib.sha256(absolute.encode()).hexdigest()[:16]}"
-  state = f"{stat.st_size}:{stat.st_mtime_ns}:{FORMAT_VERSION}"
+  state = ":".join(str(n) for n in (*_state(stat), FORMAT_VERSION))
   return group, f"{group}-{hashlib.sha256(state.encode()).hexdigest()[:16]}"
 
 
@@ -382,15 +392,12 @@ def _complete_index(folder: str, path: str, stat: os.stat_result) -> FileIndex |
       manifest = json.load(f)
   except (OSError, ValueError):
     return None
-  wanted = (FORMAT_VERSION, os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
-  if (
-    manifest.get("format_version"),
-    manifest.get("path"),
-    manifest.get("size"),
-    manifest.get("mtime_ns"),
-  ) != wanted or not os.path.isfile(os.path.join(folder, _OFFSETS)):
+  wanted = (FORMAT_VERSION, os.path.abspath(path), *_state(stat))
+  fields = ("format_version", "path", "size", "mtime_ns", "inode", "ctime_ns")
+  found = tuple(manifest.get(name) for name in fields)
+  if found != wanted or not os.path.isfile(os.path.join(folder, _OFFSETS)):
     return None
-  return FileIndex(path, stat.st_size, stat.st_mtime_ns, int(manifest["lines"]), folder)
+  return FileIndex(path, *_state(stat), int(manifest["lines"]), folder)
 
 
 def cannot_write(folder: str, error: OSError) -> text_files.DataError:

@@ -3,7 +3,8 @@ corpus and tokenizer settings copies one instead of training it again.
 
 Training samples up to `tokenizer.sample_size` sentences by random access, minutes at WMT size;
 a sweep of fresh workdirs would pay it every trial. The model is a function of the corpus (every
-file's absolute path, size and mtime, in order: `PreparedCorpus.files_key`) and of the settings
+file's absolute path, size, mtime, inode and ctime, in order: `PreparedCorpus.files_key`, and
+the index format they were keyed by) and of the settings
 the trainer is called with (`tokenizer.cache_settings`), so both are hashed into its name,
 `tokenizer-HASH.model` in the prepared corpus's cache folder, with `tokenizer-HASH.json` beside
 it saying what it was trained on. A changed file or setting names another model, trained anew.
@@ -88,6 +89,8 @@ def _key_json(corpus: prepared_corpus.PreparedCorpus, settings: Mapping) -> str:
   """What the model is trained on, as stored beside it and hashed into its name."""
   key = {
     "cache_version": CACHE_VERSION,
+    # The files key's layout is the index format's (prepared_corpus.files_key).
+    "index_format": prepared_corpus.FORMAT_VERSION,
     "settings": dict(settings),
     "files": [list(entry) for entry in corpus.files_key()],
   }

@@ -245,6 +245,7 @@ def _make_batches(config, pairs, tokenizer, model_config, mesh, batch_rows):
     pad_id=model_config.pad_id,
     start_id=model_config.decoder_start_id,
     num_workers=config.data.num_workers,
+    allow_changed_corpus=config.data.allow_changed_corpus,
   )
   return sharding.DevicePrefetch(batches, mesh, batch_dim=1), counts
 
