@@ -1,14 +1,17 @@
-"""Which recipe choices raise tatoeba_deen's validation BLEU at equal wall time? Runs variants of
-the experiment side by side, each pinned to its own CPU core, and prints their validation BLEU.
+"""Which recipe choices raise an experiment's validation BLEU at equal wall time? Runs variants
+of the experiment (tatoeba_deen, or --experiment multi30k_ende) side by side, each pinned to
+its own CPU core, and prints their validation BLEU.
 
-    python benchmarks/recipe_ablation.py --variants NAME [NAME ...] [--steps N] [--parallel P]
-                                         [--root DIR] [--report-only]
+    python benchmarks/recipe_ablation.py --variants NAME [NAME ...] [--experiment E] [--steps N]
+                                         [--warmup-fraction F] [--parallel P] [--root DIR]
+                                         [--report-only]
 
-Each variant is `run.py train --experiment tatoeba_deen` with the overrides of its choices
-(CHOICES), plus `train.num_steps` (scaled by the variant's steps factor where its steps cost
-more or less time), a warm-up of half the steps (or what a choice sets), validation BLEU every
-100 steps and `evaluate.test_after_training=False`: validation decides, and the held-out test
-split is read once, by the final run of the recipe kept. Up to --parallel variants run at a
+Each variant is `run.py train --experiment E` with the overrides of its choices (CHOICES),
+plus `train.num_steps` (scaled by the variant's steps factor where its steps cost more or
+less time), a warm-up of --warmup-fraction of the steps (0: the experiment's own; or what a
+choice sets), validation BLEU every --bleu-every steps and `evaluate.test_after_training=False`:
+validation decides, and the held-out test split is read once, by the final run of the recipe
+kept. Up to --parallel variants run at a
 time, each under `taskset` on one core of its own, so each has the same compute whatever the
 others do; a variant is compared with the others at the same minutes of its own training loop
 (`plots.training_minutes`, from its metrics.jsonl), not at the same step.
@@ -36,7 +39,6 @@ sys.path.insert(0, str(ROOT))
 from transformer_mt.evaluation import plots  # noqa: E402
 from transformer_mt.workdir import metrics_log  # noqa: E402
 
-EXPERIMENT = "tatoeba_deen"
 # choice -> (overrides on top of the experiment, factor on the steps for equal wall time). A
 # variant is one choice or several joined by "+" (their overrides in order, factors multiplied).
 # Every variant warms up for WARMUP_FRACTION of its steps, as the experiment does (400 of 800),
@@ -77,6 +79,14 @@ CHOICES: dict[str, tuple[list[str], float]] = {
   # The final run's own warm-up (400 steps), for variants run at its full budget (--steps 1800
   # on top of the experiment's 2048 slots) instead of half the steps.
   "warm400": (["train.warmup_steps=400"], 1.0),
+  # multi30k_ende's choices (its own warm-up: --warmup-fraction 0).
+  "seed1": (["train.seed=1"], 1.0),
+  "drop02": (["model.dropout_rate=0.2"], 1.0),
+  "vocab6k": (["tokenizer.vocab_size=6000"], 1.0),
+  # The published batch (7,296 slots): 0.56x the steps of 4,096 slots in the same time.
+  "batch7k": (["train.batch_tokens=7296"], 0.56),
+  # Peak 5e-3 (the published one) at warm-up 800: lr_scale = 5e-3 * sqrt(128 * 800).
+  "lr5e3": (["train.lr_scale=1.6"], 1.0),
 }
 
 
@@ -91,22 +101,29 @@ def variant(name: str) -> tuple[list[str], float]:
   return overrides, factor
 
 
-def command(name: str, steps: int, root: str, bleu_every: int = 100) -> list[str]:
+def command(
+  name: str,
+  steps: int,
+  root: str,
+  bleu_every: int = 100,
+  experiment: str = "tatoeba_deen",
+  warmup_fraction: float = WARMUP_FRACTION,
+) -> list[str]:
   overrides, factor = variant(name)
   num_steps = round(steps * factor)
-  fraction = WARMUP_FRACTION
+  fraction = warmup_fraction
   for override in overrides:
     if override.startswith("WARMUP_FRACTION="):
       fraction = float(override.split("=", 1)[1])
   keys = [o for o in overrides if not o.startswith("WARMUP_FRACTION=")]
-  if not any(o.startswith("train.warmup_steps=") for o in keys):
+  if fraction and not any(o.startswith("train.warmup_steps=") for o in keys):
     keys.insert(0, f"train.warmup_steps={round(num_steps * fraction)}")
   return [
     sys.executable,
     "run.py",
     "train",
     "--experiment",
-    EXPERIMENT,
+    experiment,
     "--workdir",
     os.path.join(root, name),
     f"train.num_steps={num_steps}",
@@ -120,7 +137,7 @@ def finished(workdir: str) -> bool:
   return os.path.exists(os.path.join(workdir, "done.json"))
 
 
-def run_all(names: list[str], steps: int, root: str, parallel: int, bleu_every: int) -> None:
+def run_all(names: list[str], steps: int, root: str, parallel: int, bleu_every: int, **kw) -> None:
   """Runs the variants not finished yet, `parallel` at a time, each on its own core."""
   pending = [name for name in names if not finished(os.path.join(root, name))]
   running: dict[int, tuple[str, subprocess.Popen, float]] = {}
@@ -130,7 +147,12 @@ def run_all(names: list[str], steps: int, root: str, parallel: int, bleu_every: 
       name, core = pending.pop(0), free.pop(0)
       workdir = os.path.join(root, name)
       log = open(workdir + ".log", "w")  # noqa: SIM115 - closed with the process
-      argv = ["taskset", "-c", str(core % os.cpu_count()), *command(name, steps, root, bleu_every)]
+      argv = [
+        "taskset",
+        "-c",
+        str(core % os.cpu_count()),
+        *command(name, steps, root, bleu_every, **kw),
+      ]
       print(f"start {name} on core {core}: {' '.join(argv[3:])}", flush=True)
       process = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
       running[core] = (name, process, time.perf_counter())
@@ -178,6 +200,13 @@ def main():
   parser.add_argument("--parallel", type=int, default=2, help="variants run at a time")
   parser.add_argument("--bleu-every", type=int, default=100, help="validation BLEU every N")
   parser.add_argument("--root", default="workdirs/recipe_ablation", help="workdirs go here")
+  parser.add_argument("--experiment", default="tatoeba_deen", help="the experiment varied")
+  parser.add_argument(
+    "--warmup-fraction",
+    type=float,
+    default=WARMUP_FRACTION,
+    help="warm-up as a fraction of the steps (0: the experiment's own)",
+  )
   parser.add_argument("--report-only", action="store_true", help="run nothing, report")
   args = parser.parse_args()
   for name in args.variants:
@@ -188,7 +217,15 @@ def main():
   root = os.path.abspath(args.root)
   os.makedirs(root, exist_ok=True)
   if not args.report_only:
-    run_all(args.variants, args.steps, root, args.parallel, args.bleu_every)
+    run_all(
+      args.variants,
+      args.steps,
+      root,
+      args.parallel,
+      args.bleu_every,
+      experiment=args.experiment,
+      warmup_fraction=args.warmup_fraction,
+    )
   rows = [row for name in args.variants if (row := report(name, args.steps, root))]
   for row in rows:
     curve = "  ".join(f"{bleu:.2f}@{minute}m" for _, minute, bleu in row["validation_bleu"])
