@@ -21,3 +21,28 @@ def test_benchmark_imports_and_has_a_main(name, monkeypatch):
   module = importlib.import_module(f"benchmarks.{name}")
   # The private helpers (_timing, _decode_regime) serve the scripts; every script has a main.
   assert name.startswith("_") or callable(getattr(module, "main", None)), name
+
+
+def test_the_accelerator_check_runs_at_tiny_sizes_on_cpu():
+  """benchmarks/accelerator.py is kept ready for the minutes a GPU is lent: its --tiny run
+  prints every figure it promises (docs/performance.md says where the real ones go)."""
+  import subprocess
+  import sys
+
+  result = subprocess.run(
+    [sys.executable, "benchmarks/accelerator.py", "--tiny"],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  lines = result.stdout.splitlines()
+  assert lines[0].startswith("device: ")
+  for name in ("Base", "Big"):
+    (line,) = [line for line in lines if line.startswith(f"{name} train step, bf16")]
+    assert "tokens/s" in line and "MFU" in line and "peak memory" in line
+  assert any(line.startswith("Base beam-4 decode") and "sentences/s" in line for line in lines)
+  assert any(line.startswith("attention: ") for line in lines)
+  (check,) = [line for line in lines if line.startswith("bf16 loss ")]
+  assert "within the tolerance" in check, check

@@ -1,0 +1,237 @@
+"""One command for the minutes an accelerator is lent: what the paper's models do on it.
+
+    python benchmarks/accelerator.py            # Base and Big, ~5-8 minutes on one H100/H200
+    python benchmarks/accelerator.py --tiny     # the same program at toy sizes (CI, on CPU)
+
+Prints, for the first device:
+  * its kind;
+  * the Base and the Big train step in bfloat16 (`model.dtype=bfloat16`, float32 parameters,
+    Adam and loss): target tokens/s on full rows (one sentence pair filling each packed row,
+    no padding), MFU against the device's published dense bf16 peak (PEAK_BF16, by device
+    kind; "n/a" for a device not in the table, such as a CPU), and the device's peak memory
+    after the step (`memory_stats()["peak_bytes_in_use"]`, where the backend reports it);
+  * beam-4 decoding of the Base model, sentences/s: random weights seldom emit EOS, so every
+    sentence runs to its length limit (source + 50 at most), an upper bound on the work;
+  * which attention implementation XLA chose for the training attention (a cuDNN fused
+    attention custom call in the compiled program, or XLA's own dot/softmax ops);
+  * whether a bfloat16 step's loss is within BF16_TOLERANCE (relative) of float32's, on the
+    same parameters and batch.
+
+Useful FLOPs are counted as benchmarks/train_step.py counts them (`useful_flops`: parameters
+x tokens x 6, the vocabulary projection, and the attention scores over the full rows).
+Nothing is asserted about speed: figures depend on the machine. tests/test_benchmarks.py
+runs `--tiny` on CPU so this script cannot rot before an accelerator is lent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import ml_collections  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import linen as nn  # noqa: E402
+
+from benchmarks import _timing  # noqa: E402
+from benchmarks.train_step import full_rows_batch, useful_flops  # noqa: E402
+from transformer_mt.config import defaults as _defaults  # noqa: E402
+from transformer_mt.decoding import beam_search  # noqa: E402
+from transformer_mt.model import attention  # noqa: E402
+from transformer_mt.model.transformer import Transformer  # noqa: E402
+from transformer_mt.model.transformer_config import TransformerConfig  # noqa: E402
+from transformer_mt.runtime import sharding  # noqa: E402
+from transformer_mt.training import train_step  # noqa: E402
+from transformer_mt.training.setup import training_setup  # noqa: E402
+
+# Dense bf16 peaks (no sparsity), FLOP/s, from the vendors' datasheets; matched by substring of
+# `device_kind`, first match wins (so "H100 PCIe" before "H100").
+PEAK_BF16 = (
+  ("H100 PCIe", 756e12),
+  ("H100", 989e12),  # SXM
+  ("H200", 989e12),
+  ("GH200", 989e12),
+  ("A100", 312e12),
+  ("L40S", 362e12),
+  ("L4", 121e12),
+  ("A10", 125e12),
+  ("TPU v6", 918e12),
+  ("TPU v5p", 459e12),
+  ("TPU v5", 197e12),  # v5e ("TPU v5 lite")
+  ("TPU v4", 275e12),
+)
+# |loss_bf16 / loss_f32 - 1| allowed: bf16 has an 8-bit mantissa (relative steps of 2^-8 =
+# 0.4% per rounding), and LayerNorm statistics, softmax, logits and loss stay float32.
+BF16_TOLERANCE = 0.02
+
+SIZES = {
+  # name: (d_model, d_ff, heads, layers, vocabulary, rows, max_len)
+  "Base": (512, 2048, 8, 6, 37_000, 96, 256),
+  "Big": (1024, 4096, 16, 6, 37_000, 48, 256),
+}
+TINY = {
+  "Base": (64, 128, 4, 2, 1000, 8, 32),
+  "Big": (128, 256, 4, 2, 1000, 4, 32),
+}
+
+
+def peak_of(device_kind: str) -> float | None:
+  for name, peak in PEAK_BF16:
+    if name.lower() in device_kind.lower():
+      return peak
+  return None
+
+
+def model_config(size, dtype: str) -> TransformerConfig:
+  d_model, d_ff, heads, layers, vocab, _, _ = size
+  return TransformerConfig(
+    vocab_size=vocab,
+    d_model=d_model,
+    d_ff=d_ff,
+    num_heads=heads,
+    num_encoder_layers=layers,
+    num_decoder_layers=layers,
+    dtype=dtype,
+  )
+
+
+def one_device_mesh():
+  return sharding.make_mesh(
+    ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1}), devices=jax.devices()[:1]
+  )
+
+
+def peak_memory() -> str:
+  stats = jax.devices()[0].memory_stats() or {}
+  peak = stats.get("peak_bytes_in_use")
+  return f"{peak / 2**30:.2f} GiB" if peak else "n/a (not reported by this backend)"
+
+
+def train_step_figures(name, size, reps, peak):
+  """One model's bf16 train step: tokens/s, MFU and peak memory, as a printed line."""
+  config = model_config(size, "bfloat16")
+  rows, max_len = size[5], size[6]
+  mesh = one_device_mesh()
+  setup = training_setup(_defaults.base_config(), None, mesh, model_config=config)
+  step = train_step.jit_train_step(
+    setup.model, setup.tx, setup.schedule, 0.1, mesh, setup.state_shardings
+  )
+  holder = {"state": train_step.create_sharded_state(0, setup.model, setup.tx, mesh)}
+  batch = full_rows_batch(rows, max_len, config.vocab_size, seed=0)
+  device_batch = sharding.global_batch_from_local(batch, mesh, batch_dim=1)
+
+  def call():
+    holder["state"], metrics = step(holder["state"], device_batch)
+    return metrics
+
+  timing = _timing.time_calls(call, warmup=2, reps=reps)
+  tokens = rows * max_len
+  lengths = np.full(rows, max_len)
+  flops = useful_flops(config, lengths, lengths)["total"]
+  mfu = f"{flops / timing.best / peak:.1%}" if peak else "n/a (no published peak)"
+  print(
+    f"{name} train step, bf16, {rows} x {max_len} target tokens: {timing.best * 1e3:.1f} ms "
+    f"(median {timing.median * 1e3:.1f}), {tokens / timing.best:,.0f} tokens/s, "
+    f"{flops / timing.best / 1e12:.2f} TFLOP/s useful, MFU {mfu}, peak memory {peak_memory()}"
+  )
+
+
+def decode_figures(size, reps, beam=4, sentences=64, source_len=32):
+  """Base beam-4 decoding with random weights: sentences/s, as a printed line."""
+  config = model_config(size, "bfloat16").replace(deterministic=True)
+  mesh = one_device_mesh()
+  dummy = jnp.ones((1, 2), jnp.int32)
+  params = nn.unbox(Transformer(config).init(jax.random.key(0), dummy, dummy)["params"])
+  params = jax.device_put(params, sharding.replicated(mesh))
+  rng = np.random.default_rng(0)
+  inputs = rng.integers(4, config.vocab_size, size=(sentences, source_len)).astype(np.int32)
+  inputs = jax.device_put(inputs, sharding.batch_sharding(mesh))
+  max_len = source_len + 50
+  max_lengths = jax.device_put(
+    np.full(sentences, max_len, np.int32), sharding.batch_sharding(mesh, 1)
+  )
+  with jax.set_mesh(mesh):
+    compiled = beam_search.beam_decode.lower(
+      params, inputs, config=config, beam_size=beam, max_len=max_len, max_lengths=max_lengths
+    ).compile()
+    timing = _timing.time_calls(
+      lambda: compiled(params, inputs, max_lengths=max_lengths), warmup=1, reps=reps
+    )
+  print(
+    f"Base beam-{beam} decode, bf16, {sentences} sentences of {source_len} tokens, up to "
+    f"{max_len} out: {sentences / timing.best:,.1f} sentences/s"
+  )
+
+
+def attention_choice(size) -> str:
+  """What the compiled training attention (bf16, causal, packed-row mask) runs on."""
+  config = model_config(size, "bfloat16")
+  rows, max_len = size[5], size[6]
+  shape = (rows, max_len, config.num_heads, config.per_head_dim)
+  q = k = v = jnp.zeros(shape, jnp.bfloat16)
+  valid = jnp.ones((rows, max_len), bool)
+  segments = valid.astype(jnp.int32)
+  mask = attention.AttentionMask(valid, valid, segments, segments, causal=True)
+  text = (
+    jax.jit(lambda q, k, v: attention.fused_attention(q, k, v, mask, "auto"))
+    .lower(q, k, v)
+    .compile()
+    .as_text()
+  )
+  if "cudnn" in text.lower() or "fmha" in text.lower():
+    return "cuDNN fused attention (a custom call in the compiled program)"
+  return "XLA's own ops (dot, softmax, dot): no fused attention kernel"
+
+
+def bf16_loss_check(size) -> str:
+  """bf16 vs f32 evaluation loss on the same parameters and batch."""
+  rows, max_len = size[5], size[6]
+  mesh = one_device_mesh()
+  batch = full_rows_batch(rows, max_len, size[4], seed=1)
+  device_batch = sharding.global_batch_from_local(batch, mesh, batch_dim=1)
+  losses = {}
+  params = None
+  for dtype in ("float32", "bfloat16"):
+    config = model_config(size, dtype)
+    setup = training_setup(_defaults.base_config(), None, mesh, model_config=config)
+    if params is None:
+      params = train_step.create_sharded_state(0, setup.model, setup.tx, mesh).params
+    sums = train_step.jit_eval_step(setup.model, mesh, setup.state_shardings)(params, device_batch)
+    losses[dtype] = float(sums["nll"]) / float(sums["num_tokens"])
+  relative = abs(losses["bfloat16"] / losses["float32"] - 1)
+  verdict = "within" if relative <= BF16_TOLERANCE else "OUTSIDE"
+  return (
+    f"bf16 loss {losses['bfloat16']:.5f} vs f32 {losses['float32']:.5f}: relative difference "
+    f"{relative:.2e}, {verdict} the tolerance {BF16_TOLERANCE}"
+  )
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--tiny", action="store_true", help="toy sizes: the CI run on CPU")
+  parser.add_argument("--reps", type=int, default=None, help="timed steps (default 10, tiny 2)")
+  args = parser.parse_args()
+  sizes = TINY if args.tiny else SIZES
+  reps = args.reps or (2 if args.tiny else 10)
+  start = time.perf_counter()
+  device = jax.devices()[0]
+  peak = peak_of(device.device_kind)
+  peak_text = f"{peak / 1e12:.0f} TFLOP/s dense bf16" if peak else "no published bf16 peak"
+  print(f"device: {device.device_kind} ({device.platform}, {peak_text})")
+  print(f"sizes ({'tiny, for CI' if args.tiny else 'the paper'}): {sizes}")
+  for name in ("Base", "Big"):
+    train_step_figures(name, sizes[name], reps, peak)
+  decode_figures(sizes["Base"], reps, source_len=8 if args.tiny else 32)
+  print(f"attention: {attention_choice(sizes['Base'])}")
+  print(bf16_loss_check(sizes["Base"]))
+  print(f"total {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+  main()
