@@ -5,17 +5,20 @@
 
 Prints, for the first device:
   * its kind;
-  * the Base and the Big train step in bfloat16 (`model.dtype=bfloat16`, float32 parameters,
-    Adam and loss): target tokens/s on full rows (one sentence pair filling each packed row,
-    no padding), MFU against the device's published dense bf16 peak (PEAK_BF16, by device
-    kind; "n/a" for a device not in the table, such as a CPU), and the device's peak memory
+  * the Base and the Big train step in bfloat16 (`model.dtype="auto"`: bfloat16 compute on a
+    GPU or TPU, float32 parameters, Adam and loss; float32 on a CPU, whose XLA runtime has no
+    bf16 x bf16 -> f32 matmul at these sizes): target tokens/s on full rows (one sentence
+    pair filling each packed row, no padding), MFU against the device's published dense
+    bf16 peak (PEAK_BF16, by device kind; "n/a" for a device not in the table, such as a
+    CPU), and the device's peak memory
     after the step (`memory_stats()["peak_bytes_in_use"]`, where the backend reports it);
   * beam-4 decoding of the Base model, sentences/s: random weights seldom emit EOS, so every
     sentence runs to its length limit (source + 50 at most), an upper bound on the work;
   * which attention implementation XLA chose for the training attention (a cuDNN fused
     attention custom call in the compiled program, or XLA's own dot/softmax ops);
   * whether a bfloat16 step's loss is within BF16_TOLERANCE (relative) of float32's, on the
-    same parameters and batch.
+    same parameters and batch (on a CPU at the toy size of tests/test_bf16.py, which XLA:CPU
+    compiles).
 
 Useful FLOPs are counted as benchmarks/train_step.py counts them (`useful_flops`: parameters
 x tokens x 6, the vocabulary projection, and the attention scores over the full rows).
@@ -79,6 +82,8 @@ TINY = {
   "Base": (64, 128, 4, 2, 1000, 8, 32),
   "Big": (128, 256, 4, 2, 1000, 4, 32),
 }
+# The bf16 check's model on a CPU: test_bf16.py's size.
+CPU_BF16_CHECK = (32, 64, 4, 2, 64, 8, 12)
 
 
 def peak_of(device_kind: str) -> float | None:
@@ -114,8 +119,8 @@ def peak_memory() -> str:
 
 
 def train_step_figures(name, size, reps, peak):
-  """One model's bf16 train step: tokens/s, MFU and peak memory, as a printed line."""
-  config = model_config(size, "bfloat16")
+  """One model's train step in "auto" precision: tokens/s, MFU and peak memory, one line."""
+  config = model_config(size, "auto")
   rows, max_len = size[5], size[6]
   mesh = one_device_mesh()
   setup = training_setup(_defaults.base_config(), None, mesh, model_config=config)
@@ -136,7 +141,8 @@ def train_step_figures(name, size, reps, peak):
   flops = useful_flops(config, lengths, lengths)["total"]
   mfu = f"{flops / timing.best / peak:.1%}" if peak else "n/a (no published peak)"
   print(
-    f"{name} train step, bf16, {rows} x {max_len} target tokens: {timing.best * 1e3:.1f} ms "
+    f"{name} train step, {config.dtype}, {rows} x {max_len} target tokens: "
+    f"{timing.best * 1e3:.1f} ms "
     f"(median {timing.median * 1e3:.1f}), {tokens / timing.best:,.0f} tokens/s, "
     f"{flops / timing.best / 1e12:.2f} TFLOP/s useful, MFU {mfu}, peak memory {peak_memory()}"
   )
@@ -144,7 +150,7 @@ def train_step_figures(name, size, reps, peak):
 
 def decode_figures(size, reps, beam=4, sentences=64, source_len=32):
   """Base beam-4 decoding with random weights: sentences/s, as a printed line."""
-  config = model_config(size, "bfloat16").replace(deterministic=True)
+  config = model_config(size, "auto").replace(deterministic=True)
   mesh = one_device_mesh()
   dummy = jnp.ones((1, 2), jnp.int32)
   params = nn.unbox(Transformer(config).init(jax.random.key(0), dummy, dummy)["params"])
@@ -164,17 +170,17 @@ def decode_figures(size, reps, beam=4, sentences=64, source_len=32):
       lambda: compiled(params, inputs, max_lengths=max_lengths), warmup=1, reps=reps
     )
   print(
-    f"Base beam-{beam} decode, bf16, {sentences} sentences of {source_len} tokens, up to "
+    f"Base beam-{beam} decode, {config.dtype}, {sentences} sentences of {source_len} tokens, up to "
     f"{max_len} out: {sentences / timing.best:,.1f} sentences/s"
   )
 
 
 def attention_choice(size) -> str:
-  """What the compiled training attention (bf16, causal, packed-row mask) runs on."""
-  config = model_config(size, "bfloat16")
+  """What the compiled training attention (causal, packed-row mask) runs on."""
+  config = model_config(size, "auto")
   rows, max_len = size[5], size[6]
   shape = (rows, max_len, config.num_heads, config.per_head_dim)
-  q = k = v = jnp.zeros(shape, jnp.bfloat16)
+  q = k = v = jnp.zeros(shape, config.compute_dtype)
   valid = jnp.ones((rows, max_len), bool)
   segments = valid.astype(jnp.int32)
   mask = attention.AttentionMask(valid, valid, segments, segments, causal=True)
@@ -229,7 +235,8 @@ def main():
     train_step_figures(name, sizes[name], reps, peak)
   decode_figures(sizes["Base"], reps, source_len=8 if args.tiny else 32)
   print(f"attention: {attention_choice(sizes['Base'])}")
-  print(bf16_loss_check(sizes["Base"]))
+  on_cpu = jax.default_backend() == "cpu"
+  print(bf16_loss_check(CPU_BF16_CHECK if on_cpu else sizes["Base"]))
   print(f"total {time.perf_counter() - start:.0f} s")
 
 
