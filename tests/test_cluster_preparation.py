@@ -155,3 +155,50 @@ def test_process_0_prepares_while_the_others_wait(tmp_path, monkeypatch):
   with pytest.raises(text_files.DataError, match="disk full"):
     sources.prepare_local_train(data)
   assert events == [("prepare failed", 0), barrier]  # the others are released first
+
+
+# Reads 500 prepared shards under `ulimit -n 256` (before, every pair of files was opened on the
+# first read: 2,000 descriptors): every pair in a random order in this process, then a few
+# batches from 2 Grain workers (each a process under the same limit).
+_MANY_SHARDS = """
+import random, resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+from transformer_mt.data import input_pipeline, prepared_corpus, text_files
+from transformer_mt.data.tokenizer import train_tokenizer
+files = [(f"{sys.argv[1]}/s{i}.en", f"{sys.argv[1]}/s{i}.de") for i in range(500)]
+corpus, _ = prepared_corpus.prepare(files, sys.argv[2])
+order = list(range(len(corpus)))
+random.Random(0).shuffle(order)
+expected = [pair for source, target in files for pair in text_files.read_parallel(source, target)]
+assert [corpus[i] for i in order] == [expected[i] for i in order]
+tokenizer = train_tokenizer(expected, vocab_size=60)
+batches, _ = input_pipeline.training_batches(
+  corpus, tokenizer, batch_rows=4, grad_accum_steps=1, max_len=16, seed=0, num_workers=2
+)
+for _ in range(20):
+  next(batches)
+batches.close()
+print("read", len(corpus), "pairs; open pairs allowed", corpus._open_limit)
+"""
+
+
+def test_five_hundred_shards_read_within_an_open_file_limit_of_256(tmp_path):
+  import subprocess
+  import sys
+
+  from helpers import ROOT
+
+  shards = tmp_path / "shards"
+  shards.mkdir()
+  for i in range(500):
+    (shards / f"s{i}.en").write_text(f"source {i} a\nsource {i} b\n")
+    (shards / f"s{i}.de").write_text(f"ziel {i} a\nziel {i} b\n")
+  result = subprocess.run(
+    [sys.executable, "-c", _MANY_SHARDS, str(shards), str(tmp_path / "cache")],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "read 1000 pairs; open pairs allowed 16" in result.stdout

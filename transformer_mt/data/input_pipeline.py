@@ -247,6 +247,10 @@ def training_batches(
   # written before workers existed) is what it was without this map.
   dataset = dataset.map(_CountsInBatch(counted))
   if num_workers:
+    # The workers read the pairs; the files this process opened (to sample the tokenizer's
+    # sentences) would only take descriptors from its own limit.
+    if hasattr(pairs, "close"):
+      pairs.close()
     if not flags.FLAGS.is_parsed():
       # Grain reads its absl flags when it starts workers; our command line is argparse's,
       # so Grain's flags keep their defaults.

@@ -41,6 +41,7 @@ small however large the file.
 from __future__ import annotations
 
 import bisect
+import collections
 import dataclasses
 import errno
 import hashlib
@@ -49,6 +50,7 @@ import json
 import operator
 import os
 import re
+import resource
 import shutil
 from collections.abc import Iterator, Sequence
 
@@ -195,13 +197,20 @@ def prepare_file(path: str, folder: str) -> tuple[FileIndex, bool]:
 class PreparedCorpus(Sequence):
   """(source, target) pairs of prepared file pairs, in order, read by index from disk.
 
-  Opens its files on first read, in the process that reads; pickles as the FileIndex list only.
+  Opens a file pair on its first read, in the process that reads, and keeps at most as many
+  open as the process's open-file limit allows (least recently read closed first); pickles as
+  the FileIndex list only.
   """
 
   def __init__(self, indexes: Sequence[tuple[FileIndex, FileIndex]]):
     self.indexes = list(indexes)
     self._ends = np.cumsum([source.lines for source, _ in self.indexes], dtype=np.int64).tolist()
-    self._opened: list[tuple[_LineFile, _LineFile]] | None = None
+    # File pairs opened so far, least recently read first; at most `_max_open_pairs()` of
+    # them, so a corpus of many shards stays within the process's open-file limit.
+    self._opened: collections.OrderedDict[int, tuple[_LineFile, _LineFile]] = (
+      collections.OrderedDict()
+    )
+    self._open_limit = _max_open_pairs()
 
   def __len__(self) -> int:
     return self._ends[-1] if self._ends else 0
@@ -217,10 +226,31 @@ class PreparedCorpus(Sequence):
       raise IndexError(f"pair {index} of a {size}-pair corpus")
     k = bisect.bisect_right(self._ends, index)
     line = index - self._ends[k - 1] if k else index
-    if self._opened is None:
-      self._opened = [(_LineFile(s), _LineFile(t)) for s, t in self.indexes]
-    source, target = self._opened[k]
+    source, target = self._open(k)
     return source.line(line), target.line(line)
+
+  def close(self) -> None:
+    """Closes every open file; reading again opens what it needs (the training process calls
+    it when Grain workers take over the reading)."""
+    while self._opened:
+      _, (source, target) = self._opened.popitem()
+      source.close()
+      target.close()
+
+  def _open(self, k: int) -> tuple[_LineFile, _LineFile]:
+    """File pair `k`, opened on first use; the least recently read pair is closed first when
+    the open-file budget is spent."""
+    opened = self._opened.get(k)
+    if opened is not None:
+      self._opened.move_to_end(k)
+      return opened
+    while len(self._opened) >= self._open_limit:
+      _, (source, target) = self._opened.popitem(last=False)
+      source.close()
+      target.close()
+    source_index, target_index = self.indexes[k]
+    opened = self._opened[k] = (_LineFile(source_index), _LineFile(target_index))
+    return opened
 
   def __iter__(self) -> Iterator[tuple[str, str]]:
     for i in range(len(self)):
@@ -261,6 +291,11 @@ class _LineFile:
     # Unbuffered: each line is one pread at its offset; the file object closes the descriptor.
     self._file = open(index.path, "rb", buffering=0)  # noqa: SIM115
 
+  def close(self) -> None:
+    """Closes the text file and lets go of the offsets' memory map (and its descriptor)."""
+    self._file.close()
+    self._offsets = None
+
   def line(self, i: int) -> str:
     # offsets[i + 1] - 1 is the "\n" ending line i (or the end of a file without one).
     start, end = self._offsets[i : i + 2].tolist()  # one NumPy call, not two
@@ -268,6 +303,21 @@ class _LineFile:
     if raw.endswith(b"\r"):
       raw = raw[:-1]
     return raw.decode("utf-8")
+
+
+# What one open file pair holds: two text files and two offsets memory maps (CPython's mmap
+# keeps a duplicate of its file's descriptor).
+_DESCRIPTORS_PER_PAIR = 4
+
+
+def _max_open_pairs() -> int:
+  """How many file pairs one process may keep open: a quarter of its soft RLIMIT_NOFILE, the
+  rest left to what else a training process opens (JAX, Grain's shared-memory batches,
+  sockets, logs); at least 1. Under `ulimit -n 256` that is 16 pairs."""
+  soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+  if soft == resource.RLIM_INFINITY:
+    return 1 << 30
+  return max(1, soft // 4 // _DESCRIPTORS_PER_PAIR)
 
 
 def _scan(path: str, offsets_path: str) -> int:
