@@ -12,7 +12,7 @@ import time
 import jax
 import pytest
 
-from transformer_mt.data import cache_writes, prepared_corpus, sources, text_files
+from transformer_mt.data import cache_writes, prepared_corpus, sources, synthetic, text_files
 from transformer_mt.runtime import distributed
 
 
@@ -202,3 +202,48 @@ def test_five_hundred_shards_read_within_an_open_file_limit_of_256(tmp_path):
   )
   assert result.returncode == 0, result.stderr[-3000:]
   assert "read 1000 pairs; open pairs allowed 16" in result.stdout
+
+
+def test_sigterm_while_sentencepiece_trains_ends_the_run_once_it_returns(tmp_path):
+  """SentencePiece trains in one C call, during which Python runs no signal handler: a
+  SIGTERM then waits for the call to return (seconds here, minutes at WMT size), after which
+  the lock's handler releases the workdir and the process ends as SIGTERM ends it. Nothing
+  half-written is left: no tokenizer in the workdir or the cache, no workdir lock."""
+  import signal
+  import subprocess
+
+  from helpers import ROOT, run_py
+
+  data = tmp_path / "data"
+  data.mkdir()
+  pairs = synthetic.generate_splits(30_000, 4, seed=5)["train"]
+  (data / "train.en").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
+  (data / "train.xx").write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
+  argv = run_py(
+    "train",
+    "--experiment",
+    "demo",
+    "--workdir",
+    str(tmp_path / "run"),
+    "data.source='local'",
+    f"data.root='{data}'",
+    "data.source_lang='en'",
+    "data.target_lang='xx'",
+    "data.train_prefixes=['train']",
+    f"data.prepared_dir='{tmp_path / 'cache'}'",
+    "tokenizer.vocab_size=4000",
+    "tokenizer.model_type='bpe'",
+    "tokenizer.sample_size=60000",
+  )
+  process = subprocess.Popen(
+    argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+  )
+  for line in process.stderr:
+    if "SentencePiece vocabulary" in line:
+      break
+  process.send_signal(signal.SIGTERM)
+  assert process.wait(timeout=600) == -signal.SIGTERM
+  assert not (tmp_path / "run" / "tokenizer.model").exists()
+  assert not (tmp_path / "run" / "writer.lock").exists()
+  kept = [n for n in os.listdir(tmp_path / "cache") if n.startswith("tokenizer-")]
+  assert not [n for n in kept if not n.endswith(".lock")]  # lock files stay, by design
