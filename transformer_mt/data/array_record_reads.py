@@ -39,7 +39,8 @@ def _warn_slow_once(records: Any) -> None:
   if _warned or type(inner).__module__.startswith("unittest.mock"):
     return
   _warned = True
-  import array_record
+  from importlib import metadata
+
   import tensorflow_datasets as tfds
 
   logging.warning(
@@ -48,7 +49,7 @@ def _warn_slow_once(records: Any) -> None:
     "internals that tensorflow-datasets %s / array_record %s lack (%s). Pin the versions in "
     "pyproject.toml, or use more data.num_workers.",
     tfds.__version__,
-    getattr(array_record, "__version__", "?"),
+    metadata.version("array_record"),
     type(inner).__name__,
   )
 
