@@ -20,15 +20,11 @@ may be read-only; only the cache folder is written. Preparation holds an exclusi
 (written last) is on disk, so processes starting together prepare once, and one killed midway
 leaves only a temporary folder, which a later preparation of that file removes.
 
-On a cluster the cache folder may be on a network filesystem. A temporary folder's name holds
-the host, the process id and a random part, so two hosts whose processes share a PID (one per
-container) never write into, or remove, each other's; a later preparation removes only its
-own host's folders of processes that are gone, and any older than a day. Where the
-filesystem refuses `flock` (ENOLCK on NFS without lockd, ENOSYS or EOPNOTSUPP on Lustre
-without `flock`), preparation goes on without the lock and says so once: processes starting
-together may then each scan the file, and the first complete index renamed into place is the
-one every process uses. A multi-process job avoids even that: `sources.prepare_local_train`
-lets process 0 prepare while the others wait at a barrier (docs/multihost.md).
+On a cluster the cache folder may be on a network filesystem whose `flock` locks one node or
+is refused: cache_writes.py names temporary folders by host, PID and a random part, removes
+only dead writers' folders, and goes on without a refused lock, in which case processes
+starting together may each scan a file and the first complete index renamed into place wins.
+In a multi-process job process 0 prepares while the others wait (sources.prepare_local_train).
 
 What is read equals `text_files.read_corpus` of the same files, line for line: lines split
 on b"\\n" only, "\\r\\n" ending lines without the "\\r", empty lines kept as "", a final line
@@ -205,8 +201,7 @@ class PreparedCorpus(Sequence):
   def __init__(self, indexes: Sequence[tuple[FileIndex, FileIndex]]):
     self.indexes = list(indexes)
     self._ends = np.cumsum([source.lines for source, _ in self.indexes], dtype=np.int64).tolist()
-    # File pairs opened so far, least recently read first; at most `_max_open_pairs()` of
-    # them, so a corpus of many shards stays within the process's open-file limit.
+    # Open file pairs, least recently read first; at most `_max_open_pairs()` of them.
     self._opened: collections.OrderedDict[int, tuple[_LineFile, _LineFile]] = (
       collections.OrderedDict()
     )
@@ -305,15 +300,13 @@ class _LineFile:
     return raw.decode("utf-8")
 
 
-# What one open file pair holds: two text files and two offsets memory maps (CPython's mmap
-# keeps a duplicate of its file's descriptor).
+# Descriptors of one open file pair: two text files, two offsets memory maps (mmap dups its fd).
 _DESCRIPTORS_PER_PAIR = 4
 
 
 def _max_open_pairs() -> int:
-  """How many file pairs one process may keep open: a quarter of its soft RLIMIT_NOFILE, the
-  rest left to what else a training process opens (JAX, Grain's shared-memory batches,
-  sockets, logs); at least 1. Under `ulimit -n 256` that is 16 pairs."""
+  """File pairs one process may keep open: a quarter of its soft RLIMIT_NOFILE (the rest is for
+  JAX, Grain's shared-memory batches, sockets, logs); at least 1, 16 under `ulimit -n 256`."""
   soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
   if soft == resource.RLIM_INFINITY:
     return 1 << 30

@@ -1,15 +1,14 @@
 """Multi-head scaled dot-product attention, with a KV cache for incremental decoding.
 
-Self-attention during decoding appends one key/value per step to a cache of fixed
-length (so the decode loop has static shapes). Cross-attention during decoding
-projects the encoder output to keys/values once, when the cache is created, and
-only reads them afterwards: the per-step cost is then independent of the source
-projection, which is what beam search needs.
+Self-attention during decoding appends one key/value per step to a cache of fixed length
+(so the decode loop has static shapes). Cross-attention during decoding projects the encoder
+output to keys/values once, when the cache is created, and only reads them afterwards: the
+per-step cost is then independent of the source projection, which is what beam search needs.
 
-The attention itself goes through `jax.nn.dot_product_attention` (which a backend may
-replace with a fused kernel that never stores the probabilities) unless the
-probabilities are needed as an array: for attention dropout while training, or when a
-caller collects them with `mutable=["intermediates"]` (the attention plots). Decoding
+The attention itself goes through `jax.nn.dot_product_attention` (which a backend may replace
+with a fused kernel that never stores the probabilities) unless the probabilities are needed
+as an array: for attention dropout while training, or when a caller collects them with
+`mutable=["intermediates"]` (the attention plots). Decoding
 against the cache goes through `decode_attention` instead: the cache is kept head-major
 and the cross-attention keys/values may be one row per sentence for all its beams.
 
@@ -150,8 +149,7 @@ def fused_attention(
 
 
 def _flat_xavier_uniform(in_ndim: int, gain: float = 1.0):
-  """Glorot init of the equivalent 2-D matrix [prod(in dims), prod(out dims)], reshaped;
-  `gain` scales the bound, as torch's xavier_uniform_(gain=...) does."""
+  """Glorot init of the 2-D [prod(in dims), prod(out dims)], reshaped; `gain` as torch's."""
 
   def init(key, shape, dtype=jnp.float32):
     fan_in, fan_out = math.prod(shape[:in_ndim]), math.prod(shape[in_ndim:])
