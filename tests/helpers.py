@@ -174,3 +174,23 @@ def assert_same_params_after_real_movement(params, reference_params, reference_i
     params,
     reference_params,
   )
+
+
+def write_local_pairs(folder, pairs, name: str = "train") -> None:
+  """`pairs` as the line-aligned files FOLDER/NAME.en and FOLDER/NAME.xx (the folder made)."""
+  folder.mkdir(parents=True, exist_ok=True)
+  (folder / f"{name}.en").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
+  (folder / f"{name}.xx").write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
+
+
+def local_train_overrides(root, prepared_dir) -> list[str]:
+  """Overrides that make an experiment train on ROOT/train.{en,xx} (write_local_pairs),
+  prepared into PREPARED_DIR."""
+  return [
+    "data.source='local'",
+    f"data.root='{root}'",
+    "data.source_lang='en'",
+    "data.target_lang='xx'",
+    "data.train_prefixes=['train']",
+    f"data.prepared_dir='{prepared_dir}'",
+  ]

@@ -8,16 +8,10 @@ import os
 import shutil
 
 import pytest
-from helpers import tiny_overrides
+from helpers import local_train_overrides, tiny_overrides, write_local_pairs
 
 from transformer_mt import cli
 from transformer_mt.data import corpus_fingerprint, prepared_corpus, synthetic
-
-
-def _write(folder, pairs):
-  folder.mkdir(exist_ok=True)
-  (folder / "train.en").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
-  (folder / "train.xx").write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
 
 
 def _command(tmp_path, steps, *extra):
@@ -28,12 +22,7 @@ def _command(tmp_path, steps, *extra):
     "--workdir",
     str(tmp_path / "run"),
     *tiny_overrides(f"train.num_steps={steps}", "train.checkpoint_every=5"),
-    "data.source='local'",
-    f"data.root='{tmp_path / 'data'}'",
-    "data.source_lang='en'",
-    "data.target_lang='xx'",
-    "data.train_prefixes=['train']",
-    f"data.prepared_dir='{tmp_path / 'cache'}'",
+    *local_train_overrides(tmp_path / "data", tmp_path / "cache"),
     "evaluate.test_after_training=False",
     *extra,
   ]
@@ -42,7 +31,7 @@ def _command(tmp_path, steps, *extra):
 @pytest.fixture
 def a_run_at_step_5(tmp_path):
   pairs = list(synthetic.generate_splits(600, 4, seed=3)["train"])
-  _write(tmp_path / "data", pairs)
+  write_local_pairs(tmp_path / "data", pairs)
   assert cli.main(_command(tmp_path, 5)) == 0
   return pairs
 
@@ -53,7 +42,7 @@ def _errors(capsys):
 
 def test_resuming_over_a_changed_file_stops_with_one_line(tmp_path, a_run_at_step_5, capsys):
   pairs = a_run_at_step_5
-  _write(tmp_path / "data", pairs + pairs[:7])  # 7 more pairs
+  write_local_pairs(tmp_path / "data", pairs + pairs[:7])  # 7 more pairs
   assert cli.main(_command(tmp_path, 10)) == 2
   (line,) = _errors(capsys)
   assert "Cannot resume from step 5" in line
@@ -65,7 +54,7 @@ def test_resuming_over_a_changed_file_stops_with_one_line(tmp_path, a_run_at_ste
 
 def test_the_flag_goes_on_over_the_new_data_with_a_warning(tmp_path, a_run_at_step_5, caplog):
   pairs = a_run_at_step_5
-  _write(tmp_path / "data", list(reversed(pairs)))  # same count, other order
+  write_local_pairs(tmp_path / "data", list(reversed(pairs)))  # same count, other order
   caplog.set_level("WARNING")
   assert cli.main(_command(tmp_path, 10, "data.allow_changed_corpus=True")) == 0
   assert "The training data changed since this checkpoint was written" in caplog.text

@@ -212,25 +212,16 @@ def test_sigterm_while_sentencepiece_trains_ends_the_run_once_it_returns(tmp_pat
   import signal
   import subprocess
 
-  from helpers import ROOT, run_py
+  from helpers import ROOT, local_train_overrides, run_py, write_local_pairs
 
-  data = tmp_path / "data"
-  data.mkdir()
-  pairs = synthetic.generate_splits(30_000, 4, seed=5)["train"]
-  (data / "train.en").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
-  (data / "train.xx").write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
+  write_local_pairs(tmp_path / "data", synthetic.generate_splits(30_000, 4, seed=5)["train"])
   argv = run_py(
     "train",
     "--experiment",
     "demo",
     "--workdir",
     str(tmp_path / "run"),
-    "data.source='local'",
-    f"data.root='{data}'",
-    "data.source_lang='en'",
-    "data.target_lang='xx'",
-    "data.train_prefixes=['train']",
-    f"data.prepared_dir='{tmp_path / 'cache'}'",
+    *local_train_overrides(tmp_path / "data", tmp_path / "cache"),
     "tokenizer.vocab_size=4000",
     "tokenizer.model_type='bpe'",
     "tokenizer.sample_size=60000",
