@@ -382,4 +382,66 @@ MUTANTS = (
     "    if False:",
     ("tests/test_workdir_lock.py::test_when_sigaction_cannot_be_asked_sigterm_is_left_alone",),
   ),
+  Mutant(
+    "beam-wrong-parent-gather",
+    "beam search extends every candidate from the first beam's sequence (wrong parent gather)",
+    "transformer_mt/decoding/beam_search.py",
+    "    top_seqs = state.live_seqs[batch_index, parents]  # [batch, K, max_len]",
+    "    top_seqs = state.live_seqs[batch_index, jnp.zeros_like(parents)]  # [batch, K, max_len]",
+    (
+      "tests/test_beam_search.py::test_small_beam_follows_a_plain_transcription",
+      "tests/test_beam_search.py::test_large_beam_equals_brute_force",
+    ),
+  ),
+  Mutant(
+    "beam-length-penalty-twice",
+    "a finishing hypothesis' log-prob is divided by the length penalty twice",
+    "transformer_mt/decoding/beam_search.py",
+    "    new_scores = jnp.where(finishing, top_log_probs / lp(length), NEG_INF)  # [batch, K]",
+    "    new_scores = jnp.where(finishing, top_log_probs / lp(length) / lp(length), NEG_INF)",
+    ("tests/test_beam_search.py::test_small_beam_scores_are_exact",),
+  ),
+  Mutant(
+    "beam-finished-not-kept",
+    "beam search forgets the hypotheses finished at earlier steps",
+    "transformer_mt/decoding/beam_search.py",
+    "    all_scores = jnp.concatenate([state.finished_scores, new_scores], axis=1)"
+    "  # [batch, beam+K]",
+    "    all_scores = jnp.concatenate([state.finished_scores * 0 + NEG_INF, new_scores], axis=1)",
+    (
+      "tests/test_beam_search.py::test_large_beam_equals_brute_force",
+      "tests/test_beam_search.py::test_small_beam_follows_a_plain_transcription",
+    ),
+  ),
+  Mutant(
+    "encoder-output-zeroed",
+    "the decoder attends to an encoder output of zeros",
+    "transformer_mt/model/transformer.py",
+    "    encoded = self.encode(inputs, inputs_positions, inputs_segmentation)",
+    "    encoded = 0 * self.encode(inputs, inputs_positions, inputs_segmentation)",
+    (
+      "tests/test_hf_models.py::test_teacher_forced_logits_match_transformers",
+      "tests/test_model.py",
+    ),
+  ),
+  Mutant(
+    "self-attention-cache-zeroed",
+    "decoding's self-attention cache keeps zeros instead of the step's keys",
+    "transformer_mt/model/attention.py",
+    "    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (0, 0, index, 0))",
+    "    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, 0 * key,"
+    " (0, 0, index, 0))",
+    (
+      "tests/test_decode.py::test_cached_step_logits_equal_full_forward",
+      "tests/test_hf_models.py::test_greedy_decoding_matches_generate",
+    ),
+  ),
+  Mutant(
+    "preemption-signal-ignored",
+    "a SIGTERM during training is recorded under no name and never stops the run",
+    "transformer_mt/training/preemption.py",
+    "    self.received, self.name = True, signal.Signals(signum).name",
+    "    self.name = signal.Signals(signum).name",
+    ("tests/test_fault_tolerance.py::test_sigterm_saves_the_current_step_and_exits_0",),
+  ),
 )
