@@ -148,3 +148,14 @@ def test_a_run_stops_early_resumes_counting_and_stays_stopped(tmp_path, scripted
   assert third["bleu"] == second["bleu"]
   assert len(scripted_validation) == 5
   assert os.path.isdir(os.path.join(workdir, "checkpoints", "10"))
+
+
+def test_patience_without_a_validation_split_is_one_user_error(tmp_path):
+  config = registry.load_experiment(
+    "demo",
+    tiny_overrides("train.num_steps=4", "train.eval_every=2", "data.num_validation=0")
+    + ["train.patience=2"],
+  )
+  with pytest.raises(errors.BadValue, match="no validation split"):
+    train.train(config, str(tmp_path / "run"), progress=False)
+  assert not os.path.exists(tmp_path / "run" / "checkpoints")

@@ -131,6 +131,11 @@ def setup_run(config: ml_collections.ConfigDict, workdir: str) -> RunSetup:
   mesh = sharding.make_mesh(config.mesh)
   check_parameter_layout(config, Transformer(model_config_for(config)), mesh)
   pairs = data_sources.load_pairs(config.data)
+  if config.train.patience and not pairs.get("validation"):
+    raise errors.BadValue(
+      f"train.patience={config.train.patience} stops on the validation loss, but the data has "
+      "no validation split: give one (e.g. data.validation_prefixes) or set train.patience=0."
+    )
   os.makedirs(workdir, exist_ok=True)
   tokenizer = imported.tokenizer if imported else _shared_tokenizer(workdir, pairs["train"], config)
   layout = training_setup(config, tokenizer, mesh)
