@@ -152,6 +152,22 @@ def repeating_targets(rng, ids: Sequence[int], lengths: Sequence[int]) -> list[l
   return rows
 
 
+def greedy_misleading_targets(rng, ids: Sequence[int], lengths: Sequence[int]) -> list:
+  """For each length, several targets for one source, so that the locally best first token
+  leads to a worse sequence: three targets start with token a and then part ways (a x1 ...,
+  a x2 ..., a x3 ...), two are one target starting with token b (b y ... twice). Trained on
+  them, a model gives a ~3/5 and b ~2/5 first; after a each x ~1/3, after b y ~1: greedy writes
+  a x.. (probability ~0.2), beam search b y .. (~0.4). Returns, per length, the list of its
+  targets (the same length; repeated ones listed twice)."""
+  rows = []
+  for n in lengths:
+    a, b, *rest = (int(t) for t in rng.choice(np.asarray(ids), n + 6, replace=False))
+    x1, x2, x3, *tail = rest
+    path_b = [b, *tail[: n - 1]]
+    rows.append([[a, x, *tail[1 : n - 1]] for x in (x1, x2, x3)] + [path_b, path_b])
+  return rows
+
+
 def train_to_translate(
   model, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], prefix=None
 ):
@@ -325,23 +341,31 @@ def decoded_sources(config, lengths) -> np.ndarray:
 
 @pytest.fixture(scope="module", params=hf_convert.SUPPORTED_MODEL_TYPES)
 def trained(request, tmp_path_factory):
-  """A tiny model of each type trained to translate the greedy and beam tests' sources into
-  targets in which one token recurs, followed each time by another (repeating_targets,
-  train_to_translate): what it writes depends on the source and on the tokens before. The
-  fixture of test_hf_models and test_hf_beam (each module builds its own)."""
+  """A tiny model of each type trained to translate the greedy test's sources into targets in
+  which one token recurs, followed each time by another (repeating_targets), and the beam
+  test's into targets whose best first token is a trap for greedy decoding
+  (greedy_misleading_targets): what it writes depends on the source and on the tokens before,
+  and beam search finds what greedy does not (measured: greedy differs from beam-4 on 4-6 of
+  the 6 rows, by type). The fixture of test_hf_models and test_hf_beam (each builds its own)."""
   torch, transformers = require_interop()
   model_type = request.param
   torch.manual_seed(0)
   model = transformers.AutoModelForSeq2SeqLM.from_config(hf_config(model_type))
   config = hf_convert.config_from_hf(model.config.to_dict())
-  sources = [
-    [int(t) for t in row if t != config.pad_id]
+  ids = ordinary_ids(config, config.output_vocab_size)
+  greedy_sources, beam_sources = (
+    [[int(t) for t in row if t != config.pad_id] for row in decoded_sources(config, lengths)]
     for lengths in (GREEDY_LENGTHS, BEAM_LENGTHS)
-    for row in decoded_sources(config, lengths)
-  ]
-  targets = repeating_targets(
-    np.random.default_rng(2), ordinary_ids(config, config.output_vocab_size), TRAINED_TARGET_LENGTHS
   )
+  rng = np.random.default_rng(2)
+  sources = list(greedy_sources)
+  targets = repeating_targets(rng, ids, TRAINED_TARGET_LENGTHS[: len(GREEDY_LENGTHS)])
+  # The beam test's sources: targets on which the best first token is a trap for greedy.
+  for source, choices in zip(
+    beam_sources, greedy_misleading_targets(rng, ids, TRAINED_TARGET_LENGTHS[len(GREEDY_LENGTHS) :])
+  ):
+    sources += [source] * len(choices)
+    targets += choices
   train_to_translate(model, sources, targets)
   return saved_and_read_back(model_type, model, tmp_path_factory)
 

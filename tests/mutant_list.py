@@ -444,4 +444,13 @@ MUTANTS = (
     "    self.name = signal.Signals(signum).name",
     ("tests/test_fault_tolerance.py::test_sigterm_saves_the_current_step_and_exits_0",),
   ),
+  Mutant(
+    "beam-search-follows-the-best-beam-only",
+    "beam search extends only its best live beam each step: greedy decoding in effect",
+    "transformer_mt/decoding/beam_search.py",
+    "    candidates = state.live_log_probs[:, :, None] + log_probs  # [batch, beam, vocab]",
+    "    candidates = jnp.where(jnp.arange(log_probs.shape[1])[None, :, None] == 0,"
+    " state.live_log_probs[:, :, None], NEG_INF) + log_probs",
+    ("tests/test_hf_beam.py::test_beam_search_matches_generate",),
+  ),
 )

@@ -3,7 +3,10 @@
 The tiny models of tests/test_hf_models.py trained to translate these sources (its `trained`
 fixture: one per supported model type, converted with `hf_convert`) decode one padded batch
 of six random sources with beam 4 on both sides, after checking that transformers' outputs
-vary (rows that differ, each of several distinct tokens). transformers runs with
+vary (rows that differ, each of several distinct tokens) and that its greedy output differs
+from its beam output on most rows: each source was trained on targets whose most likely first
+token leads to a less likely sequence (`hf_fakes.greedy_misleading_targets`), so these tests
+see search, and fail when beam search degenerates into greedy decoding (tests/mutants.py). transformers runs with
 `early_stopping="never"`, which makes its search exact, as ours is (it stops only when no
 live beam can beat the worst finished one, bounding with max_length for a positive
 length_penalty).
@@ -80,8 +83,29 @@ def test_beam_search_matches_generate(trained, alpha):  # noqa: F811
     )
   sequences = np.asarray(out.sequences)  # [batch, NEW_TOKENS]
   theirs = expected.sequences.numpy()  # [batch, 1 + generated]: the decoder start token first
-  # Otherwise the comparison would prove little: rows that differ, each of several tokens.
+  # Otherwise the comparison would prove little: rows that differ, each of several tokens...
   hf_fakes.assert_varied(theirs[:, 1:], special_ids(config), config.eos_id)
+  # ... and a search that greedy decoding would fail: transformers' own greedy output differs
+  # from its beam-4 output on most rows (the fixture's targets make the best first token a
+  # trap, hf_fakes.greedy_misleading_targets).
+  with torch.no_grad():
+    greedy = model.generate(
+      input_ids=torch.tensor(sources),
+      attention_mask=torch.tensor(sources != config.pad_id),
+      num_beams=1,
+      do_sample=False,
+      max_new_tokens=NEW_TOKENS,
+      min_length=0,
+      forced_eos_token_id=None,
+      suppress_tokens=list(config.suppressed_ids),
+      generation_config=model.generation_config,
+    ).numpy()
+  differ = sum(
+    hf_fakes.until_eos(greedy[row, 1:], config.eos_id)
+    != hf_fakes.until_eos(theirs[row, 1:], config.eos_id)
+    for row in range(len(sources))
+  )
+  assert differ > len(sources) // 2, (model_type, differ)  # most rows
   for row in range(len(sources)):
     ours = hf_fakes.until_eos(sequences[row], config.eos_id)
     assert ours == hf_fakes.until_eos(theirs[row, 1:], config.eos_id), (model_type, alpha, row)
