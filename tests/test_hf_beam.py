@@ -6,10 +6,10 @@ of six random sources with beam 4 on both sides, after checking that transformer
 vary (rows that differ, each of several distinct tokens) and that its greedy output differs
 from its beam output on most rows: each source was trained on targets whose most likely first
 token leads to a less likely sequence (`hf_fakes.greedy_misleading_targets`), so these tests
-see search, and fail when beam search degenerates into greedy decoding (tests/mutants.py). transformers runs with
-`early_stopping="never"`, which makes its search exact, as ours is (it stops only when no
-live beam can beat the worst finished one, bounding with max_length for a positive
-length_penalty).
+see search, and fail when beam search degenerates into greedy decoding (tests/mutants.py).
+transformers runs with `early_stopping="never"`, which makes its search exact, as ours is
+(it stops only when no live beam can beat the worst finished one, bounding with max_length
+for a positive length_penalty).
 
 Logits processors are matched, not just switched off: our decoder never emits PAD or a
 decoder start token that is not EOS (`TransformerConfig.suppressed_ids`), so transformers
