@@ -1,0 +1,111 @@
+"""The mutants of the data stage and of what a run leaves on disk or meets as a fault: the input
+pipeline, prepared corpora and their cache folder, the tokenizer cache, the TFDS range read,
+the data fingerprint a resume checks, the writer lock and preemption. tests/mutants.py runs
+them after tests/mutant_list.py's `MUTANTS`, under the same rules (each `original` occurs
+once in its file, indentation included).
+"""
+
+from __future__ import annotations
+
+from mutant_list import Mutant
+
+IO_MUTANTS = (
+  Mutant(
+    "validation-drops-last-batch",
+    "validation batches (input_pipeline.evaluation_batches) drop the last partial batch",
+    "transformer_mt/data/input_pipeline.py",
+    "  for start in range(0, len(examples), batch_rows):",
+    "  for start in range(0, len(examples) - batch_rows + 1, batch_rows):",
+    (
+      "tests/test_input_pipeline.py::test_evaluation_batches_keep_every_pair",
+      "tests/test_mutant_guards.py::test_evaluation_batches_keep_a_partial_last_batch",
+    ),
+  ),
+  Mutant(
+    "corpus-change-not-seen",
+    "a resume over changed training data goes on silently (the fingerprint is not compared)",
+    "transformer_mt/data/corpus_fingerprint.py",
+    "  if not changes:",
+    "  if True:",
+    ("tests/test_changed_corpus.py::test_resuming_over_a_changed_file_stops_with_one_line",),
+  ),
+  Mutant(
+    "corpus-change-as-restore-failure",
+    "resume reports changed data as a checkpoint it cannot restore",
+    "transformer_mt/training/resume.py",
+    "      if changed is not None:  # the checkpoint is whole; the data are not what it was on",
+    "      if False:",
+    ("tests/test_changed_corpus.py::test_resuming_over_a_changed_file_stops_with_one_line",),
+  ),
+  Mutant(
+    "prepared-index-keyed-by-size-and-mtime",
+    "the prepared index is keyed by size and mtime only, so a `cp -p` copy reuses a stale one",
+    "transformer_mt/data/prepared_corpus.py",
+    "  return stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns",
+    "  return stat.st_size, stat.st_mtime_ns, 0, 0",
+    ("tests/test_changed_corpus.py::test_a_copy_keeping_size_and_mtime_is_prepared_again",),
+  ),
+  Mutant(
+    "prepared-files-all-open",
+    "a prepared corpus keeps every file pair open (past the open-file limit with many shards)",
+    "transformer_mt/data/prepared_corpus.py",
+    "    while len(self._opened) >= self._open_limit:",
+    "    while False:",
+    (
+      "tests/test_cluster_preparation.py::"
+      "test_five_hundred_shards_read_within_an_open_file_limit_of_256",
+    ),
+  ),
+  Mutant(
+    "stale-temporary-of-any-host",
+    "preparation removes another host's temporary folder that has this process's PID",
+    "transformer_mt/data/cache_writes.py",
+    "        len(owner) == 3 and owner[0] == _host() and owner[1].isdigit()"
+    " and not _alive(owner[1])",
+    "        len(owner) == 3 and owner[1].isdigit() and owner[1] == str(os.getpid())",
+    (
+      "tests/test_cluster_preparation.py::"
+      "test_only_this_hosts_dead_or_day_old_temporary_folders_are_removed",
+    ),
+  ),
+  Mutant(
+    "every-process-prepares",
+    "every process of a job prepares the local corpus before the barrier, not process 0 alone",
+    "transformer_mt/data/sources.py",
+    "    if distributed.is_primary():",
+    "    if True:",
+    ("tests/test_cluster_preparation.py::test_process_0_prepares_while_the_others_wait",),
+  ),
+  Mutant(
+    "tokenizer-cache-key-without-files",
+    "the cached tokenizer's key ignores the corpus files, so a changed corpus reuses it",
+    "transformer_mt/data/tokenizer_cache.py",
+    '    "files": [list(entry) for entry in corpus.files_key()],',
+    '    "files": [],',
+    ("tests/test_tokenizer_cache.py::test_a_changed_setting_or_corpus_file_trains_a_new_one",),
+  ),
+  Mutant(
+    "array-record-list-read",
+    "the TFDS source reads one record with read([i]), whose cost grows with the shard",
+    "transformer_mt/data/array_record_reads.py",
+    "    (raw,) = reader.read(position, position + 1)",
+    "    (raw,) = reader.read([position])",
+    ("tests/test_tfds_source.py::test_single_reads_are_range_reads_equal_to_tfds_own",),
+  ),
+  Mutant(
+    "lock-replaces-sigterm-when-unknown",
+    "the writer lock replaces SIGTERM's handler when sigaction fails",
+    "transformer_mt/workdir/lock.py",
+    "    if ctypes.CDLL(None).sigaction(signum, None, current) != 0:",
+    "    if False:",
+    ("tests/test_workdir_lock.py::test_when_sigaction_cannot_be_asked_sigterm_is_left_alone",),
+  ),
+  Mutant(
+    "preemption-signal-ignored",
+    "a SIGTERM during training is recorded under no name and never stops the run",
+    "transformer_mt/training/preemption.py",
+    "    self.received, self.name = True, signal.Signals(signum).name",
+    "    self.name = signal.Signals(signum).name",
+    ("tests/test_fault_tolerance.py::test_sigterm_saves_the_current_step_and_exits_0",),
+  ),
+)
