@@ -365,7 +365,13 @@ def test_default_actions_come_in_the_contracts_order(monkeypatch, tmp_path):
   monkeypatch.setattr(train.optimizer, "updates_applied", lambda opt_state: 0)
   config = ml_collections.ConfigDict(
     {
-      "train": {"num_steps": 6, "profile_steps": [], "nonfinite": "stop", "eval_every": 2},
+      "train": {
+        "num_steps": 6,
+        "profile_steps": [],
+        "nonfinite": "stop",
+        "eval_every": 2,
+        "patience": 0,
+      },
       "data": {"max_len": 32},
     }
   )

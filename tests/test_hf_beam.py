@@ -88,18 +88,17 @@ def test_beam_search_matches_generate(trained, alpha):  # noqa: F811
   # ... and a search that greedy decoding would fail: transformers' own greedy output differs
   # from its beam-4 output on most rows (the fixture's targets make the best first token a
   # trap, hf_fakes.greedy_misleading_targets).
-  with torch.no_grad():
-    greedy = model.generate(
-      input_ids=torch.tensor(sources),
-      attention_mask=torch.tensor(sources != config.pad_id),
-      num_beams=1,
-      do_sample=False,
-      max_new_tokens=NEW_TOKENS,
-      min_length=0,
-      forced_eos_token_id=None,
-      suppress_tokens=list(config.suppressed_ids),
-      generation_config=model.generation_config,
-    ).numpy()
+  inputs = {
+    "input_ids": torch.tensor(sources),
+    "attention_mask": torch.tensor(sources != config.pad_id),
+  }
+  greedy = hf_fakes.generate(
+    model,
+    inputs,
+    NEW_TOKENS,
+    list(config.suppressed_ids),
+    generation_config=model.generation_config,
+  ).numpy()
   differ = sum(
     hf_fakes.until_eos(greedy[row, 1:], config.eos_id)
     != hf_fakes.until_eos(theirs[row, 1:], config.eos_id)

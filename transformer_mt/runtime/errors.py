@@ -12,6 +12,8 @@ so callers and tests that catch the built-in type keep working.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 
 class UserError(Exception):
   """Raised on purpose with a message that is all the user needs (one line, exit status 2):
@@ -40,3 +42,12 @@ class UnknownName(UserError, KeyError):
 
 class Stopped(UserError, RuntimeError):
   """The run was stopped before it finished (e.g. by SIGTERM); rerunning it resumes."""
+
+
+def cause_chain(error: BaseException | None) -> Iterator[BaseException]:
+  """`error`, then what it was raised from or while handling, and so on: libraries (Orbax,
+  tensorstore) wrap the exception that says what went wrong, so callers sorting a failure
+  look down this chain."""
+  while error is not None:
+    yield error
+    error = error.__cause__ or error.__context__

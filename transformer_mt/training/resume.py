@@ -64,9 +64,11 @@ def restore_latest_readable(manager, workdir, abstract_state, make_batches, num_
       else:
         state, batches = checkpointing.restore_training(manager, step, abstract_state, batches)
     except Exception as e:  # noqa: BLE001 - sorted into damage and real errors just below
-      changed = _cause(e, corpus_fingerprint.CorpusChanged)
-      if changed is not None:  # the checkpoint is whole; the data are not what it was on
-        raise errors.BadValue(f"Cannot resume from step {step} in {workdir}: {changed}") from e
+      changed = [
+        c for c in errors.cause_chain(e) if isinstance(c, corpus_fingerprint.CorpusChanged)
+      ]
+      if changed:  # the checkpoint is whole; the data are not what it was on
+        raise errors.BadValue(f"Cannot resume from step {step} in {workdir}: {changed[0]}") from e
       damage = checkpointing.find_damage(workdir, step, items, e)
       if damage is None:
         raise errors.BadValue(checkpointing.restore_failure(workdir, step, e)) from e
@@ -89,16 +91,6 @@ def restore_latest_readable(manager, workdir, abstract_state, make_batches, num_
       f"{sorted(damaged)}; see the warnings above) and nothing was changed. Train into a new "
       "--workdir to start afresh."
     )
-  return None
-
-
-def _cause(error: BaseException, kind: type) -> BaseException | None:
-  """`error` or the first exception of type `kind` in its cause chain (Orbax may wrap what a
-  checkpoint handler raised)."""
-  while error is not None:
-    if isinstance(error, kind):
-      return error
-    error = error.__cause__ or error.__context__
   return None
 
 

@@ -202,9 +202,9 @@ def default_actions(
       config.data.max_len,
     ),
     actions.ValidationLoss(run.validate, config.train.eval_every, run.writer),
+    # Setup refused a patience without a validation split, so the validation loss is there.
     actions.EarlyStopping(
-      config.train.patience if run.validate else 0,
-      metrics.validation_history(run.workdir, run.start),
+      config.train.patience, metrics.validation_history(run.workdir, run.start)
     ),
     actions.ValidationBleu(
       scores, run.bleu_every, run.writer, run.manager, run.best_manager, config, run.tokenizer

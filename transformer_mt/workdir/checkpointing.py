@@ -92,8 +92,7 @@ def find_damage(workdir: str, step: int, items: Sequence[str], error: BaseExcept
       json.loads((step_dir / item / "_METADATA").read_text())
     except (OSError, ValueError) as e:
       return f"{step_dir / item / '_METADATA'} is unreadable ({type(e).__name__})"
-  cause: BaseException | None = error
-  while cause is not None:
+  for cause in errors.cause_chain(error):
     message = str(cause)
     # A missing file is damage only when it is one of this checkpoint's: a file missing
     # elsewhere (a transient error, another path) must not move a good step aside.
@@ -103,7 +102,6 @@ def find_damage(workdir: str, step: int, items: Sequence[str], error: BaseExcept
     if message.startswith(_DAMAGE_CODES):
       file = re.search(r'local file "([^"]+)"', message)
       return message.split(":", 1)[0] + (f" reading {file.group(1)}" if file else "")
-    cause = cause.__cause__ or cause.__context__
   return None
 
 
