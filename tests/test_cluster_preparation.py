@@ -12,7 +12,14 @@ import time
 import jax
 import pytest
 
-from transformer_mt.data import cache_writes, prepared_corpus, sources, synthetic, text_files
+from transformer_mt.data import (
+  cache_writes,
+  line_offsets,
+  prepared_corpus,
+  sources,
+  synthetic,
+  text_files,
+)
 from transformer_mt.runtime import distributed
 
 
@@ -69,7 +76,7 @@ def test_two_hosts_with_one_pid_prepare_at_once_without_a_lock(
   left. (Before, both wrote `.tmp-GROUP-PID`, and B removed A's folder as a dead one's.)"""
   files = _corpus(tmp_path / "corpus")
   cache = str(tmp_path / "cache")
-  real_scan, seen = prepared_corpus._scan, []
+  real_scan, seen = line_offsets.scan, []
 
   def scan_while_host_b_prepares(path, offsets_path):
     if not seen:
@@ -81,7 +88,7 @@ def test_two_hosts_with_one_pid_prepare_at_once_without_a_lock(
     return real_scan(path, offsets_path)
 
   _as_host(monkeypatch, "hosta")
-  monkeypatch.setattr(prepared_corpus, "_scan", scan_while_host_b_prepares)
+  monkeypatch.setattr(line_offsets, "scan", scan_while_host_b_prepares)
   index, made_here = prepared_corpus.prepare_file(files[0][0], cache)
   assert not made_here  # B's index was complete first
   a_temporary = [n for n in seen[0] if n.startswith(".tmp-")]

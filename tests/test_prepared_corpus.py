@@ -21,7 +21,7 @@ from helpers import ROOT
 
 from transformer_mt import cli
 from transformer_mt.config import registry
-from transformer_mt.data import input_pipeline, prepared_corpus, text_files
+from transformer_mt.data import input_pipeline, line_offsets, prepared_corpus, text_files
 from transformer_mt.data import sources as data_sources
 from transformer_mt.data.tokenizer import train_tokenizer
 
@@ -58,7 +58,9 @@ def read_error(function, *args):
   return str(info.value)
 
 
-def test_reads_exactly_what_read_corpus_reads(tmp_path):
+@pytest.mark.parametrize("chunk", [line_offsets.CHUNK, 5])
+def test_reads_exactly_what_read_corpus_reads(tmp_path, monkeypatch, chunk):
+  monkeypatch.setattr(line_offsets, "CHUNK", chunk)  # 5: lines and a BOM cut across blocks
   write_files(tmp_path / "corpus", TRICKY)
   expected = text_files.read_corpus(PREFIXES, "en", "de", root=tmp_path / "corpus")
   corpus, now = prepare(PREFIXES, tmp_path / "corpus", tmp_path / "cache")
@@ -74,6 +76,10 @@ def test_reads_exactly_what_read_corpus_reads(tmp_path):
   restored = pickle.loads(pickle.dumps(corpus))
   assert list(restored) == expected and restored.indexes == corpus.indexes
   assert b"Hello" not in pickle.dumps(corpus)
+  # Each file's digest is hashlib's over its bytes, whatever the blocks it was read in.
+  for index in (index for pair in corpus.indexes for index in pair):
+    with open(index.path, "rb") as f:
+      assert index.sha256 == hashlib.sha256(f.read()).hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -182,13 +188,13 @@ def test_a_read_only_corpus_folder_works_with_the_cache_elsewhere(tmp_path):
 CHILD = """
 import hashlib, json, sys, time
 sys.path.insert(0, {root!r})
-from transformer_mt.data import prepared_corpus, text_files
-write = prepared_corpus._write_offsets
+from transformer_mt.data import line_offsets, prepared_corpus, text_files
+write = line_offsets.write_offsets
 def slow_write(out, starts):
   time.sleep({pause})
   write(out, starts)
-prepared_corpus._CHUNK = 64
-prepared_corpus._write_offsets = slow_write
+line_offsets.CHUNK = 64
+line_offsets.write_offsets = slow_write
 files = text_files.corpus_files(["big"], "en", "de", root={corpus!r})
 corpus, now = prepared_corpus.prepare(files, {cache!r})
 digest = hashlib.sha256(json.dumps(list(corpus)).encode()).hexdigest()
@@ -247,7 +253,7 @@ def test_a_preparation_killed_midway_leaves_nothing_taken_for_complete(tmp_path)
 
 
 def test_bad_files_give_read_parallels_messages(tmp_path, monkeypatch):
-  monkeypatch.setattr(prepared_corpus, "_CHUNK", 7)  # line numbers counted across blocks
+  monkeypatch.setattr(line_offsets, "CHUNK", 7)  # line numbers counted across blocks
   root, cache = tmp_path / "corpus", tmp_path / "cache"
   cases = {
     "utf8": {"u.en": b"1\n2\n3\n4\n", "u.de": "eins\nzwei\ndrei\nGr\xfc\xdfe\n".encode("latin-1")},

@@ -3,9 +3,11 @@ and copied into each fresh workdir: byte-identical to one trained directly, trai
 a setting or a corpus file changes, trained once by processes starting together, and trained
 all the same when the cache folder cannot keep it. `run.py prepare` trains it ahead."""
 
+import hashlib
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 
@@ -76,9 +78,9 @@ def test_the_cached_tokenizer_is_the_one_trained_directly(tmp_path, monkeypatch)
   assert [n.rsplit(".", 1)[1] for n in models] == ["json", "lock", "model"]
   described = json.loads((cache / models[0]).read_text())
   assert described["settings"]["vocab_size"] == 100 and described["settings"]["seed"] == 0
-  assert [f[0] for f in described["files"]] == [
-    str(tmp_path / "corpus" / "train.en"),
-    str(tmp_path / "corpus" / "train.de"),
+  assert described["files"] == [  # the files' contents, in order
+    hashlib.sha256((tmp_path / "corpus" / name).read_bytes()).hexdigest()
+    for name in ("train.en", "train.de")
   ]
   # A fresh workdir copies it: no training, its own file, the same bytes.
   again = tokenizer.load_or_train(fresh(tmp_path, "w2"), corpus, settings())
@@ -99,6 +101,12 @@ def test_a_changed_setting_or_corpus_file_trains_a_new_one(tmp_path, monkeypatch
   smaller = tokenizer.load_or_train(fresh(tmp_path, "w2"), corpus, settings(vocab_size=90))
   assert len(calls) == 2 and smaller.vocab_size == 90
   assert len([n for n in cached_models(cache) if n.endswith(".model")]) == 2
+  # The same corpus copied elsewhere, as a job staging its data on local disk does (new
+  # paths, inodes and times): prepared again, its tokenizer found.
+  shutil.copytree(tmp_path / "corpus", tmp_path / "staged", copy_function=shutil.copy)
+  staged = prepare(tmp_path / "staged", cache)
+  found = tokenizer.load_or_train(fresh(tmp_path, "w2b"), staged, settings())
+  assert len(calls) == 2 and found.vocab_size == 100
 
   path = tmp_path / "corpus" / "train.en"
   stat = os.stat(path)

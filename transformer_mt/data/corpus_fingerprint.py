@@ -3,17 +3,23 @@ is caught instead of continuing silently.
 
 A checkpoint stores the data iterator's position in a shuffled stream. The shuffle is a
 permutation of the pair count, and the pairs are read by index: if a training file changed
-(another version of a corpus, a file added to a glob) the same position means other pairs in
-another order, and the run would go on as if nothing happened. The fingerprint saved beside
-the position is the training pairs' count, the prepared files' key (absolute path, size,
-modification time, inode and status-change time of each: prepared_corpus.files_key), and a
-hash of the tokenizer (other pieces make other rows). `differences` names what changed.
+(another version of a corpus, a file added to a glob) the same position means other pairs, in
+another order if the count changed, and the run would go on as if nothing happened. The
+fingerprint saved beside the position is the training pairs' count, each prepared file's
+content digest in order (prepared_corpus.content_key, with its path to name it), and a hash of
+the tokenizer (other pieces make other rows). `differences` names what changed.
+
+Content, not file metadata: on a cluster a corpus is often copied to a node's local disk at the
+start of every job, and every copy has a new path, inode, mtime and ctime; a resume over such a
+copy is over the same data. Checkpoints written before the digests (entries of path, size,
+mtime, inode and ctime) are compared as they were then, by those fields.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,14 +37,14 @@ class CorpusChanged(errors.BadValue):
 def fingerprint(pairs: Sequence, tokenizer: Any) -> dict[str, Any]:
   """The training data's fingerprint: {"pairs", "files" (None for sources not read from
   prepared files: synthetic, TFDS), "tokenizer"}; JSON-serializable."""
-  files_key = getattr(pairs, "files_key", None)
+  content_key = getattr(pairs, "content_key", None)
   files = tokenizers.to_files(tokenizer)
   digest = hashlib.sha256()
   for name in sorted(files):
     digest.update(name.encode() + b"\0" + files[name] + b"\0")
   return {
     "pairs": len(pairs),
-    "files": [list(entry) for entry in files_key()] if files_key else None,
+    "files": [list(entry) for entry in content_key()] if content_key else None,
     "tokenizer": digest.hexdigest()[:16],
   }
 
@@ -49,8 +55,9 @@ def differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
   changes = []
   if saved.get("pairs") != current.get("pairs"):
     changes.append(f"{saved.get('pairs')} training pairs then, {current.get('pairs')} now")
-  if saved.get("files") != current.get("files"):
-    changes.append(_files_changed(saved.get("files") or [], current.get("files") or []))
+  files = _files_changed(saved.get("files") or [], current.get("files") or [])
+  if files:
+    changes.append(files)
   if saved.get("tokenizer") != current.get("tokenizer"):
     changes.append("another tokenizer")
   return changes
@@ -74,13 +81,39 @@ def check(saved: dict | None, current: dict | None, allow_changed: bool) -> None
     )
   logging.warning(
     "The training data changed since this checkpoint was written (%s); going on over the new "
-    "data (data.allow_changed_corpus=True): the stream continues from the same position of "
-    "a different shuffle.",
+    "data (data.allow_changed_corpus=True): the stream continues from the same position, "
+    "of another shuffle if the pair count changed.",
     what,
   )
 
 
 def _files_changed(saved: list, current: list) -> str:
+  """The files that changed, in words; "" when none did."""
+  if all(len(entry) == 2 for entry in saved):
+    return _contents_changed(saved, current)
+  return _metadata_changed(saved, [path for path, _ in current])
+
+
+def _contents_changed(saved: list, current: list) -> str:
+  """Which files, in order, hold other bytes: file k then against file k now."""
+  words = []
+  for k in range(max(len(saved), len(current))):
+    if k >= len(current):
+      words.append(f"{saved[k][0]} gone")
+    elif k >= len(saved):
+      words.append(f"{current[k][0]} new")
+    elif saved[k][1] != current[k][1]:
+      path, then = current[k][0], saved[k][0]
+      words.append(f"{path} holds other text" + (f" than {then} did" if then != path else ""))
+  return _named(words)
+
+
+def _metadata_changed(saved: list, current: list) -> str:
+  """For a checkpoint of before the digests: which files' path, size, mtime, inode or ctime
+  differ (`current`: the paths alone, the present metadata read here)."""
+  current = [[path, *_state(path)] for path in current]
+  if current == saved:
+    return ""
   then = {entry[0]: entry[1:] for entry in saved}
   now = {entry[0]: entry[1:] for entry in current}
   fields = ("size", "mtime_ns", "inode", "ctime_ns")
@@ -95,6 +128,20 @@ def _files_changed(saved: list, current: list) -> str:
       words.append(f"{path} changed ({', '.join(what) or 'order'})")
   if not words:
     words.append("the training files in another order")
+  return _named(words)
+
+
+def _state(path: str) -> tuple:
+  try:
+    stat = os.stat(path)
+  except OSError:
+    return ()
+  return stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns
+
+
+def _named(words: list[str]) -> str:
+  if not words:
+    return ""
   more = len(words) - _NAMED
   named = "; ".join(words[:_NAMED]) + (f"; and {more} more" if more > 0 else "")
   return named

@@ -30,8 +30,8 @@ What is read equals `text_files.read_corpus` of the same files, line for line: l
 on b"\\n" only, "\\r\\n" ending lines without the "\\r", empty lines kept as "", a final line
 without newline counted, a UTF-8 byte order mark at the start dropped. Preparation checks
 what `read_parallel` checks (missing file, directory, invalid UTF-8 with file and line, line
-counts that differ), with the same messages; it scans 16 MiB at a time, so its memory stays
-small however large the file.
+counts that differ), with the same messages, in one pass that also takes the file's SHA-256
+(line_offsets.py), what a checkpoint's fingerprint compares.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ import collections
 import dataclasses
 import errno
 import hashlib
-import io
 import json
 import operator
 import os
@@ -52,12 +51,10 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from transformer_mt.data import cache_writes, text_files
+from transformer_mt.data import cache_writes, line_offsets, text_files
 
 # Bump when the index format changes: indexes of another version are prepared again.
-FORMAT_VERSION = 2  # 2: keyed by inode and status-change time too
-_CHUNK = 1 << 24  # bytes scanned at a time
-_BOM = b"\xef\xbb\xbf"
+FORMAT_VERSION = 3  # 2: keyed by inode and status-change time too; 3: content digest
 _OFFSETS = "offsets.npy"
 _MANIFEST = "manifest.json"
 _TMP = ".tmp-"
@@ -83,6 +80,7 @@ class FileIndex:
   inode: int  # st_ino: `cp -p` and `rsync -t` keep size and mtime, not the inode
   ctime_ns: int  # st_ctime_ns, which no tool sets back
   lines: int
+  sha256: str  # of the file's bytes (line_offsets.scan): its content, wherever it lies
   index_dir: str  # the folder holding offsets.npy and manifest.json
 
   @property
@@ -150,7 +148,7 @@ def prepare_file(path: str, folder: str) -> tuple[FileIndex, bool]:
     tmp = os.path.join(folder, cache_writes.temporary_name(f"{_TMP}{group}-"))
     try:
       os.mkdir(tmp)
-      lines = _scan(path, os.path.join(tmp, _OFFSETS))
+      scanned = line_offsets.scan(path, os.path.join(tmp, _OFFSETS))
       if _state(os.stat(path)) != _state(stat):
         raise text_files.DataError(
           f"{path} changed while it was being prepared; run again once nothing writes it."
@@ -162,7 +160,8 @@ def prepare_file(path: str, folder: str) -> tuple[FileIndex, bool]:
         "mtime_ns": stat.st_mtime_ns,
         "inode": stat.st_ino,
         "ctime_ns": stat.st_ctime_ns,
-        "lines": lines,
+        "lines": scanned.lines,
+        "sha256": scanned.sha256,
       }
       # Written last and flushed to disk before the rename: a folder under its final name is
       # complete, whatever kills this process.
@@ -187,7 +186,7 @@ def prepare_file(path: str, folder: str) -> tuple[FileIndex, bool]:
     except BaseException:
       shutil.rmtree(tmp, ignore_errors=True)
       raise
-  return FileIndex(path, *_state(stat), lines, final), True
+  return FileIndex(path, *_state(stat), scanned.lines, scanned.sha256, final), True
 
 
 class PreparedCorpus(Sequence):
@@ -251,12 +250,12 @@ class PreparedCorpus(Sequence):
     for i in range(len(self)):
       yield self[i]
 
-  def files_key(self) -> list[tuple[str, int, int, int, int]]:
-    """(absolute path, size, mtime_ns, inode, ctime_ns) of every file as prepared, in order:
-    what the corpus is, for keying what is derived from it (a tokenizer trained on it,
+  def content_key(self) -> list[tuple[str, str]]:
+    """(absolute path, SHA-256 of its bytes) of every file as prepared, in order: what the
+    corpus is, for keying what is derived from it (a tokenizer trained on it,
     tokenizer_cache.py) and for telling a resume that the data changed
-    (corpus_fingerprint.py)."""
-    return [(os.path.abspath(index.path), *index.state) for pair in self.indexes for index in pair]
+    (corpus_fingerprint.py). The digests alone decide; the paths name the files in messages."""
+    return [(os.path.abspath(index.path), index.sha256) for pair in self.indexes for index in pair]
 
   def __repr__(self) -> str:
     return f"PreparedCorpus({len(self)} pairs, {2 * len(self.indexes)} files)"
@@ -313,95 +312,6 @@ def _max_open_pairs() -> int:
   return max(1, soft // 4 // _DESCRIPTORS_PER_PAIR)
 
 
-def _scan(path: str, offsets_path: str) -> int:
-  """Writes the int64 [lines + 1] offsets of `path` to `offsets_path` as .npy: the start of
-  each line, then one past the end of the last line's terminator (file size + 1 when the last
-  line has none, so that line i is always offsets[i] .. offsets[i + 1] - 1). Checks that the
-  file is UTF-8, one block of whole lines at a time (a newline byte never occurs inside a
-  multi-byte character, so blocks cut after one decode exactly as the whole file would).
-  Returns the number of lines."""
-  header_size = len(_npy_header(10**18))
-  with _open_to_read(path) as source, open(offsets_path, "wb") as out:
-    out.write(b"\0" * header_size)  # rewritten once the count is known
-    first = source.read(3)
-    start = len(_BOM) if first == _BOM else 0
-    utf16 = first.startswith((b"\xff\xfe", b"\xfe\xff"))
-    out.write(np.int64(start).tobytes())
-    written, last = 1, start
-    carry, base, lines_before = first, 0, 0  # base: file offset of carry[0]
-    while True:
-      try:
-        block = source.read(_CHUNK)
-      except OSError as e:
-        raise text_files.DataError(f"Cannot read {path}: {e.strerror or e}.") from e
-      end = not block
-      buffer = carry + block
-      cut = len(buffer) if end else buffer.rfind(b"\n") + 1
-      if not end and cut == 0:  # no line ends in this block yet
-        carry = buffer
-        continue
-      piece, carry = buffer[:cut], buffer[cut:]
-      _check_utf8(path, piece, base, lines_before, utf16)
-      starts = np.flatnonzero(np.frombuffer(piece, np.uint8) == 10).astype(np.int64) + (base + 1)
-      _write_offsets(out, starts)
-      if len(starts):
-        written, last = written + len(starts), int(starts[-1])
-      lines_before += len(starts)
-      base += cut
-      if end:
-        break
-    if last != base:  # a final line without "\n": its end as if it had one
-      _write_offsets(out, np.array([base + 1], np.int64))
-      written += 1
-    header = _npy_header(written)
-    assert len(header) == header_size, (len(header), header_size)
-    out.seek(0)
-    out.write(header)
-    out.flush()
-    os.fsync(out.fileno())
-  return written - 1
-
-
-def _open_to_read(path: str):
-  """`open(path, "rb")`; failing, read_lines' DataError (not a cache folder's write error)."""
-  try:
-    return open(path, "rb")  # noqa: SIM115 (the caller's `with` closes it)
-  except OSError as e:
-    raise text_files.DataError(f"Cannot read {path}: {e.strerror or e}.") from e
-
-
-def _write_offsets(out, starts: np.ndarray) -> None:
-  out.write(starts.astype("<i8", copy=False).tobytes())
-
-
-def _check_utf8(path: str, piece: bytes, base: int, lines_before: int, utf16: bool) -> None:
-  """Raises read_lines' DataError if `piece` (whole lines at file offset `base`, after
-  `lines_before` lines) is not UTF-8."""
-  try:
-    piece.decode("utf-8")
-  except UnicodeDecodeError as e:
-    line_start = piece.rfind(b"\n", 0, e.start) + 1
-    raise text_files.decode_error(
-      path,
-      line_number=lines_before + piece.count(b"\n", 0, e.start) + 1,
-      column=e.start - line_start + 1,
-      offset=base + e.start,
-      bad=piece[e.start : e.end],
-      reason=e.reason,
-      utf16=utf16,
-    ) from None
-
-
-def _npy_header(entries: int) -> bytes:
-  """The .npy (version 1.0) header of an int64 [entries] array: padded to 128 bytes for any
-  count below 10**19, so a placeholder of the same length can be written first."""
-  header = io.BytesIO()
-  np.lib.format.write_array_header_1_0(
-    header, {"descr": "<i8", "fortran_order": False, "shape": (entries,)}
-  )
-  return header.getvalue()
-
-
 def _lines_empty_from(index: FileIndex, first: int) -> bool:
   """Whether lines `first`.. of a prepared file are all "" (read_parallel's hint)."""
   opened = _LineFile(index)
@@ -440,7 +350,7 @@ def _complete_index(folder: str, path: str, stat: os.stat_result) -> FileIndex |
   found = tuple(manifest.get(name) for name in fields)
   if found != wanted or not os.path.isfile(os.path.join(folder, _OFFSETS)):
     return None
-  return FileIndex(path, *_state(stat), int(manifest["lines"]), folder)
+  return FileIndex(path, *_state(stat), int(manifest["lines"]), manifest["sha256"], folder)
 
 
 def cannot_write(folder: str, error: OSError) -> text_files.DataError:

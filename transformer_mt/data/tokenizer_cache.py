@@ -2,12 +2,13 @@
 corpus and tokenizer settings copies one instead of training it again.
 
 Training samples up to `tokenizer.sample_size` sentences by random access, minutes at WMT size;
-a sweep of fresh workdirs would pay it every trial. The model is a function of the corpus (every
-file's absolute path, size, mtime, inode and ctime, in order: `PreparedCorpus.files_key`, and
-the index format they were keyed by) and of the settings
-the trainer is called with (`tokenizer.cache_settings`), so both are hashed into its name,
-`tokenizer-HASH.model` in the prepared corpus's cache folder, with `tokenizer-HASH.json` beside
-it saying what it was trained on. A changed file or setting names another model, trained anew.
+a sweep of fresh workdirs would pay it every trial. The model is a function of the corpus (the
+SHA-256 of every file's bytes, in order: `PreparedCorpus.content_key`, so a copy of the corpus
+at another path, as a job that stages its data on a node's local disk makes, finds it) and of
+the settings the trainer is called with (`tokenizer.cache_settings`), so both are hashed into
+its name, `tokenizer-HASH.model` in the prepared corpus's cache folder, with
+`tokenizer-HASH.json` beside it saying what it was trained on. A changed file or setting names
+another model, trained anew.
 
 The first process to need one trains it under an exclusive flock on `tokenizer-HASH.lock`
 (cache_writes.locked), so processes starting together train once, and writes it with
@@ -28,7 +29,7 @@ from collections.abc import Callable, Mapping
 from transformer_mt.data import cache_writes, prepared_corpus, text_files
 
 # Bump when what is stored changes meaning (the key's layout or the files' contents).
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: keyed by the files' contents, not their paths and metadata
 _PREFIX = "tokenizer-"
 
 
@@ -89,10 +90,8 @@ def _key_json(corpus: prepared_corpus.PreparedCorpus, settings: Mapping) -> str:
   """What the model is trained on, as stored beside it and hashed into its name."""
   key = {
     "cache_version": CACHE_VERSION,
-    # The files key's layout is the index format's (prepared_corpus.files_key).
-    "index_format": prepared_corpus.FORMAT_VERSION,
     "settings": dict(settings),
-    "files": [list(entry) for entry in corpus.files_key()],
+    "files": [sha256 for _, sha256 in corpus.content_key()],
   }
   return json.dumps(key, indent=1, sort_keys=True) + "\n"
 
