@@ -76,14 +76,48 @@ def sentence_lengths(
   return clip(source), clip(target)
 
 
-def render(pool: WordPool, lengths: np.ndarray, rng: np.random.Generator) -> bytes:
-  """Sentences of `lengths` words drawn from `pool`, one per line, as UTF-8 bytes."""
-  ids = pool.stream[rng.integers(0, len(pool.stream), size=int(lengths.sum()))]
-  starts, sizes = pool.offsets[ids], pool.sizes[ids]
-  ends = np.cumsum(sizes)  # [words] end of each word in the output
+def heaps_law(pool: WordPool) -> tuple[float, float]:
+  """(K, beta) of types = K x tokens^beta fitted on the pool's running text (log-log, types
+  counted at 1%, 3%, 10%, 30% and all of it): how fast real text meets new words."""
+  counts = []
+  for fraction in (0.01, 0.03, 0.1, 0.3, 1.0):
+    n = max(1, int(len(pool.stream) * fraction))
+    counts.append((n, len(np.unique(pool.stream[:n]))))
+  beta, log_k = np.polyfit(*np.log(np.array(counts, np.float64)).T, 1)
+  return float(np.exp(log_k)), float(beta)
+
+
+def novel_rate(pool: WordPool, tokens: int) -> float:
+  """The fraction of words to make new compounds so that `tokens` words of generated text hold
+  about as many types as Heaps' law fitted on the pool predicts (the pool alone caps them at
+  its own types: 75k English words against ~3M extrapolated for 112M tokens)."""
+  k, beta = heaps_law(pool)
+  missing = k * tokens**beta - len(pool.sizes)
+  return float(np.clip(missing / tokens, 0.0, 0.5))
+
+
+def render(
+  pool: WordPool, lengths: np.ndarray, rng: np.random.Generator, novel: float = 0.0
+) -> bytes:
+  """Sentences of `lengths` words drawn from `pool`, one per line, as UTF-8 bytes. A fraction
+  `novel` of the words are compounds of two pool words written together ("Bundestag"-like:
+  nearly all of them types met once, as the long tail of real text is)."""
+  total = int(lengths.sum())
+  ids = pool.stream[rng.integers(0, len(pool.stream), size=total)]
+  glued = rng.random(total) < novel if novel else np.zeros(total, bool)
+  # Pieces: each word is one pool word, a compound two (the first without its space).
+  first = np.arange(total) + np.concatenate([[0], np.cumsum(glued)[:-1]])  # [words]
+  pieces = np.empty(total + int(glued.sum()), np.int64)
+  pieces[first] = ids
+  pieces[first[glued] + 1] = pool.stream[rng.integers(0, len(pool.stream), size=glued.sum())]
+  sizes = pool.sizes[pieces]
+  sizes[first[glued]] -= 1
+  starts = pool.offsets[pieces]
+  ends = np.cumsum(sizes)  # [pieces] end of each piece in the output
   gather = np.arange(ends[-1]) + np.repeat(starts - (ends - sizes), sizes)
   out = pool.buffer[gather]
-  out[ends[np.cumsum(lengths) - 1] - 1] = ord("\n")  # each sentence's last space
+  last_piece = first + glued  # [words]
+  out[ends[last_piece[np.cumsum(lengths) - 1]] - 1] = ord("\n")  # each sentence's last space
   return out.tobytes()
 
 
@@ -94,14 +128,25 @@ def generate_corpus(
   mean_words: float = 25.0,
   data_root: pathlib.Path = DEFAULT_DATA_ROOT,
   chunk: int = 50_000,
+  heaps_types: bool = False,
 ) -> dict:
   """Writes `pairs` line-aligned generated pairs to PREFIX.en / PREFIX.de; returns
-  {"pairs", "bytes", "source_words", "target_words"}."""
+  {"pairs", "bytes", "source_words", "target_words", "novel_rate_en", "novel_rate_de"}. With
+  `heaps_types`, a share of the words are new compounds (`render`), at the rate per language
+  that gives the corpus the types Heaps' law predicts for its size (`novel_rate`); without,
+  its types are the pool's (what a tokenizer's merges see is then far too little at WMT
+  size)."""
   source_pool = word_pool(SOURCE_LANG, data_root, seed)
   target_pool = word_pool(TARGET_LANG, data_root, seed)
   ratio = len(target_pool.stream) / len(source_pool.stream)
   rng = np.random.default_rng(seed)
+  words = pairs * mean_words
+  rates = {
+    SOURCE_LANG: novel_rate(source_pool, int(words)) if heaps_types else 0.0,
+    TARGET_LANG: novel_rate(target_pool, int(words * ratio)) if heaps_types else 0.0,
+  }
   stats = {"pairs": pairs, "bytes": 0, "source_words": 0, "target_words": 0}
+  stats.update({f"novel_rate_{lang}": round(rate, 5) for lang, rate in rates.items()})
   with (
     open(f"{prefix}.{SOURCE_LANG}", "wb") as source_file,
     open(f"{prefix}.{TARGET_LANG}", "wb") as target_file,
@@ -110,11 +155,11 @@ def generate_corpus(
       source_lengths, target_lengths = sentence_lengths(
         rng, min(chunk, pairs - first), mean_words, ratio
       )
-      for file, pool, lengths, key in (
-        (source_file, source_pool, source_lengths, "source_words"),
-        (target_file, target_pool, target_lengths, "target_words"),
+      for file, pool, lengths, key, rate in (
+        (source_file, source_pool, source_lengths, "source_words", rates[SOURCE_LANG]),
+        (target_file, target_pool, target_lengths, "target_words", rates[TARGET_LANG]),
       ):
-        text = render(pool, lengths, rng)
+        text = render(pool, lengths, rng, rate)
         file.write(text)
         stats["bytes"] += len(text)
         stats[key] += int(lengths.sum())

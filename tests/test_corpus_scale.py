@@ -47,6 +47,22 @@ def test_generated_corpus_is_aligned_with_news_like_lengths(tmp_path, words_from
   assert (tmp_path / "again.en").read_bytes() == (tmp_path / "gen.en").read_bytes()
 
 
+def test_novel_words_are_two_pool_words_written_together():
+  """The Heaps tail of the generated corpus (benchmarks/_generated_corpus.py render): each line
+  keeps its word count, and the words not in the pool are each two pool words glued."""
+  pool = _generated_corpus.pool_from_tokens("a bb ccc dddd a bb a".split())
+  lengths = np.full(50, 10)
+  text = _generated_corpus.render(pool, lengths, np.random.default_rng(0), novel=0.5)
+  lines = text.decode().split("\n")
+  assert lines[-1] == "" and [len(line.split(" ")) for line in lines[:-1]] == lengths.tolist()
+  words = {"a", "bb", "ccc", "dddd"}
+  glued = [w for line in lines[:-1] for w in line.split(" ") if w not in words]
+  assert all(any(w == x + y for x in words for y in words) for w in glued)
+  assert 0.4 < len(glued) / lengths.sum() < 0.6
+  plain = _generated_corpus.render(pool, lengths, np.random.default_rng(0))
+  assert set(plain.decode().split()) <= words
+
+
 def test_tree_sampler_reads_this_process_and_a_child():
   sampler = _process_memory.TreeSampler(os.getpid())
   script = "import time; print('up', flush=True); time.sleep(30)"
