@@ -27,6 +27,8 @@ _BOM = b"\xef\xbb\xbf"
 
 @dataclasses.dataclass(frozen=True)
 class Scanned:
+  """What one pass over a file found, beside the offsets it wrote."""
+
   lines: int
   sha256: str  # hex digest of every byte of the file, a byte order mark included
 
