@@ -52,6 +52,7 @@ class TreeSampler:
     self.max = {(kind, part): 0 for kind in ("rss", "rss_anon") for part in self.PARTS}
     self.workers_seen: set[int] = set()
     self.samples = 0
+    self.latest = (0, 0)  # (VmRSS, RssAnon) of the whole tree in the last sample, bytes
 
   def sample(self) -> bool:
     """Takes one sample; False once the main process is gone."""
@@ -73,6 +74,7 @@ class TreeSampler:
         self._raise("worker_max", rss)
     self._raise("main", main)
     self._raise("total", total)
+    self.latest = total
     return True
 
   def _raise(self, part: str, values: tuple[int, int]) -> None:

@@ -36,7 +36,7 @@ import tempfile
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from _process_memory import GB, children, read_rss  # noqa: E402
+from _process_memory import GB, TreeSampler  # noqa: E402
 from corpus_scale import loadavg, run_command  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -49,23 +49,14 @@ VARIANTS = {
 }
 
 
-def tree_anon(pid: int) -> int:
-  """RssAnon of `pid` and its descendants, in bytes."""
-  total, pending = 0, [pid]
-  while pending:
-    current = pending.pop()
-    rss = read_rss(current)
-    if rss:
-      total += rss[1]
-      pending += children(current)
-  return total
-
-
 def measure(keys: list[str], extra_env: dict, workdir: str, log: str) -> dict:
-  samples: list[tuple[float, int]] = []
+  samples: list[tuple[float, int]] = []  # (seconds, RssAnon of the process tree)
+  sampler: dict = {}
 
   def watch(pid, elapsed):
-    samples.append((elapsed, tree_anon(pid)))
+    tree = sampler.setdefault("tree", TreeSampler(pid))
+    if tree.sample():
+      samples.append((elapsed, tree.latest[1]))
 
   argv = [sys.executable, "run.py", "train", "--experiment", "news_ende_small"]
   argv += ["--workdir", workdir, *keys]

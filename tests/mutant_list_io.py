@@ -33,7 +33,7 @@ IO_MUTANTS = (
     "corpus-change-as-restore-failure",
     "resume reports changed data as a checkpoint it cannot restore",
     "transformer_mt/training/resume.py",
-    "      if changed:  # the checkpoint is whole; the data are not what it was on",
+    "      if changed is not None:  # the checkpoint is whole; the data are not what it was on",
     "      if False:",
     ("tests/test_changed_corpus.py::test_resuming_over_a_changed_file_stops_with_one_line",),
   ),

@@ -23,6 +23,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from transformer_mt.data import prepared_corpus
 from transformer_mt.data import tokenizer as tokenizers
 from transformer_mt.runtime import errors
 
@@ -132,11 +133,12 @@ def _metadata_changed(saved: list, current: list) -> str:
 
 
 def _state(path: str) -> tuple:
+  """The file's metadata as the prepared index keyed it (prepared_corpus.file_state); () when
+  it cannot be read."""
   try:
-    stat = os.stat(path)
+    return prepared_corpus.file_state(os.stat(path))
   except OSError:
     return ()
-  return stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns
 
 
 def _named(words: list[str]) -> str:

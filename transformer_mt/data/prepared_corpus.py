@@ -85,7 +85,7 @@ class FileIndex:
 
   @property
   def state(self) -> tuple[int, int, int, int]:
-    """What `_state` of the file gave when it was prepared."""
+    """What `file_state` of the file gave when it was prepared."""
     return self.size, self.mtime_ns, self.inode, self.ctime_ns
 
 
@@ -93,7 +93,7 @@ def prepare(
   files: Sequence[tuple[str, str]], prepared_dir: str = ""
 ) -> tuple[PreparedCorpus, list[str]]:
   """The corpus of (source file, target file) pairs (`text_files.corpus_files`), each file
-  prepared unless an index of its current version (`_state`) is in the cache folder.
+  prepared unless an index of its current version (`file_state`) is in the cache folder.
 
   Returns:
     The corpus, and the files prepared by this call (the others were prepared before).
@@ -149,7 +149,7 @@ def prepare_file(path: str, folder: str) -> tuple[FileIndex, bool]:
     try:
       os.mkdir(tmp)
       scanned = line_offsets.scan(path, os.path.join(tmp, _OFFSETS))
-      if _state(os.stat(path)) != _state(stat):
+      if file_state(os.stat(path)) != file_state(stat):
         raise text_files.DataError(
           f"{path} changed while it was being prepared; run again once nothing writes it."
         )
@@ -186,7 +186,7 @@ def prepare_file(path: str, folder: str) -> tuple[FileIndex, bool]:
     except BaseException:
       shutil.rmtree(tmp, ignore_errors=True)
       raise
-  return FileIndex(path, *_state(stat), scanned.lines, scanned.sha256, final), True
+  return FileIndex(path, *file_state(stat), scanned.lines, scanned.sha256, final), True
 
 
 class PreparedCorpus(Sequence):
@@ -275,7 +275,7 @@ class _LineFile:
       stat = os.stat(index.path)
     except OSError:
       stat = None
-    if stat is None or _state(stat) != index.state:
+    if stat is None or file_state(stat) != index.state:
       raise text_files.DataError(
         f"{index.path} changed (or was removed) after it was prepared: training would read "
         "other lines than it counted; restart the run (it prepares the file again)."
@@ -322,7 +322,7 @@ def _lines_empty_from(index: FileIndex, first: int) -> bool:
   return all(opened.line(first + int(i)) == "" for i in np.flatnonzero(lengths == 1))
 
 
-def _state(stat: os.stat_result) -> tuple[int, int, int, int]:
+def file_state(stat: os.stat_result) -> tuple[int, int, int, int]:
   """What identifies a version of a file: size, mtime, inode and status-change time (a copy
   made with `cp -p` or `rsync -t` keeps the first two, never the last two)."""
   return stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns
@@ -330,11 +330,11 @@ def _state(stat: os.stat_result) -> tuple[int, int, int, int]:
 
 def _index_names(path: str, stat: os.stat_result) -> tuple[str, str]:
   """("NAME-PATHHASH", "NAME-PATHHASH-STATEHASH"): the file's group (its lock, and the stale
-  indexes of earlier versions) and the index folder of its present version (`_state`)."""
+  indexes of earlier versions) and the index folder of its present version (`file_state`)."""
   absolute = os.path.abspath(path)
   readable = re.sub(r"[^A-Za-z0-9._-]", "_", os.path.basename(absolute))[:64]
   group = f"{readable}-{hashlib.sha256(absolute.encode()).hexdigest()[:16]}"
-  state = ":".join(str(n) for n in (*_state(stat), FORMAT_VERSION))
+  state = ":".join(str(n) for n in (*file_state(stat), FORMAT_VERSION))
   return group, f"{group}-{hashlib.sha256(state.encode()).hexdigest()[:16]}"
 
 
@@ -345,12 +345,12 @@ def _complete_index(folder: str, path: str, stat: os.stat_result) -> FileIndex |
       manifest = json.load(f)
   except (OSError, ValueError):
     return None
-  wanted = (FORMAT_VERSION, os.path.abspath(path), *_state(stat))
+  wanted = (FORMAT_VERSION, os.path.abspath(path), *file_state(stat))
   fields = ("format_version", "path", "size", "mtime_ns", "inode", "ctime_ns")
   found = tuple(manifest.get(name) for name in fields)
   if found != wanted or not os.path.isfile(os.path.join(folder, _OFFSETS)):
     return None
-  return FileIndex(path, *_state(stat), int(manifest["lines"]), manifest["sha256"], folder)
+  return FileIndex(path, *file_state(stat), int(manifest["lines"]), manifest["sha256"], folder)
 
 
 def cannot_write(folder: str, error: OSError) -> text_files.DataError:

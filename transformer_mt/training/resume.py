@@ -64,11 +64,12 @@ def restore_latest_readable(manager, workdir, abstract_state, make_batches, num_
       else:
         state, batches = checkpointing.restore_training(manager, step, abstract_state, batches)
     except Exception as e:  # noqa: BLE001 - sorted into damage and real errors just below
-      changed = [
-        c for c in errors.cause_chain(e) if isinstance(c, corpus_fingerprint.CorpusChanged)
-      ]
-      if changed:  # the checkpoint is whole; the data are not what it was on
-        raise errors.BadValue(f"Cannot resume from step {step} in {workdir}: {changed[0]}") from e
+      changed = next(
+        (c for c in errors.cause_chain(e) if isinstance(c, corpus_fingerprint.CorpusChanged)),
+        None,
+      )
+      if changed is not None:  # the checkpoint is whole; the data are not what it was on
+        raise errors.BadValue(f"Cannot resume from step {step} in {workdir}: {changed}") from e
       damage = checkpointing.find_damage(workdir, step, items, e)
       if damage is None:
         raise errors.BadValue(checkpointing.restore_failure(workdir, step, e)) from e
