@@ -127,4 +127,17 @@ IO_MUTANTS = (
     "    self.name = signal.Signals(signum).name",
     ("tests/test_fault_tolerance.py::test_sigterm_saves_the_current_step_and_exits_0",),
   ),
+  Mutant(
+    "signal-save-kept-as-regular",
+    "a checkpoint a signal forced off the grid is kept, counted and averaged as a regular one",
+    "transformer_mt/training/actions.py",
+    "      resume_point_only=step.preempted and not regular,",
+    "      resume_point_only=False,",
+    (
+      "tests/test_actions.py::"
+      "test_a_signal_save_off_the_grid_is_marked_and_goes_before_the_next_regular_save",
+      "tests/test_fault_tolerance.py::"
+      "test_a_stop_off_the_checkpoint_grid_leaves_what_an_uninterrupted_run_keeps",
+    ),
+  ),
 )

@@ -302,7 +302,9 @@ def test_preemption_makes_its_step_the_last_one(caplog):
 def test_save_checkpoint_forces_the_last_step_and_waits_on_close(monkeypatch, caplog):
   saved = []
   monkeypatch.setattr(
-    checkpointing, "save", lambda manager, step, *args, force: saved.append((step, force))
+    checkpointing,
+    "save",
+    lambda manager, step, *args, force, resume_point_only: saved.append((step, force)),
   )
   events = []
   config = ml_collections.ConfigDict({"train": {"num_steps": 5}})
@@ -316,6 +318,60 @@ def test_save_checkpoint_forces_the_last_step_and_waits_on_close(monkeypatch, ca
     action.close()
   assert "Checkpoint step 5 already reached train.num_steps=5." in caplog.text
   assert events == [("wait", "manager")]
+
+
+class OnDisk(Recorder):
+  """A checkpoint manager holding `steps`, of which `marked` are resume points."""
+
+  def __init__(self, events, steps, marked):
+    super().__init__(events, save_every=5)
+    self.steps, self.marked = steps, marked
+
+  def all_steps(self):
+    return list(self.steps)
+
+  def metadata(self, step):
+    return types.SimpleNamespace(
+      custom_metadata={"resume_point_only": True} if step in self.marked else None
+    )
+
+  def delete(self, step):
+    self.events.append(("delete", step))
+    self.steps.remove(step)
+
+
+def test_a_signal_save_off_the_grid_is_marked_and_goes_before_the_next_regular_save(monkeypatch):
+  events = []
+  monkeypatch.setattr(
+    checkpointing,
+    "save",
+    lambda manager, step, *args, force, resume_point_only: events.append(
+      ("save", step, force, resume_point_only)
+    ),
+  )
+  config = ml_collections.ConfigDict({"train": {"num_steps": 20}})
+  # Resumed from 12, which a signal saved (7 is an unmarked off-grid save: a final step).
+  manager = OnDisk(events, steps=[5, 7, 10, 12], marked={12})
+  action = actions.SaveCheckpoint(manager, "batches", config, None, restored_step=12)
+  for number in (13, 14, 15, 16):
+    action.after(make_step(number))
+  stopped = make_step(17)
+  stopped.stop = stopped.preempted = True
+  action.after(stopped)
+  on_grid = make_step(20)
+  on_grid.stop = on_grid.preempted = True
+  action.after(on_grid)
+  assert events == [
+    ("save", 13, False, False),
+    ("save", 14, False, False),
+    ("wait", "manager"),
+    ("delete", 12),
+    ("save", 15, False, False),
+    ("save", 16, False, False),
+    ("save", 17, True, True),  # off the grid: a resume point
+    ("save", 20, True, False),  # on it: a regular checkpoint
+  ]
+  assert manager.steps == [5, 7, 10]
 
 
 class Spy(actions.Action):

@@ -21,7 +21,7 @@ from helpers import (
 
 from transformer_mt import cli
 from transformer_mt.config import registry
-from transformer_mt.training import optimizer, train
+from transformer_mt.training import optimizer, preemption, train
 from transformer_mt.workdir import checkpointing
 from transformer_mt.workdir import metrics_log as metrics
 
@@ -260,6 +260,27 @@ def test_sigterm_saves_the_current_step_and_exits_0(uninterrupted, tmp_path):
   final = final_step(stopped_at)
   run_to(tmp_path, final)
   assert_resumed_as_uninterrupted(tmp_path, final, uninterrupted(final))
+
+
+def test_a_stop_off_the_checkpoint_grid_leaves_what_an_uninterrupted_run_keeps(
+  tmp_path, monkeypatch, capsys
+):
+  """A signal at step 12 (checkpoints every 5, the last 3 kept and averaged) saves step 12 to
+  resume from. Resumed, the run ends with the checkpoints of a run never stopped, 10, 15 and
+  20, and averages those: 12 would otherwise push out 10 and be averaged in its place."""
+  flags = [*TINY, "train.num_steps=20", "train.checkpoint_every=5"]
+  flags += ["train.keep_checkpoints=3", "evaluate.average_last=3"]
+  reference, stopped = str(tmp_path / "reference"), str(tmp_path / "stopped")
+  assert cli.main(["train", "--workdir", reference, *flags]) == 0
+  with monkeypatch.context() as patch:
+    patch.setattr(preemption.StopOnSignal, "stop_after", lambda self, step, log: step == 12)
+    assert cli.main(["train", "--workdir", stopped, *flags]) == 0
+  assert checkpointing.all_steps(stopped) == [5, 10, 12]
+  capsys.readouterr()
+  assert cli.main(["train", "--workdir", stopped, *flags]) == 0
+  assert checkpointing.all_steps(stopped) == checkpointing.all_steps(reference) == [10, 15, 20]
+  assert "the mean of the last 3 checkpoints, steps [10, 15, 20]" in capsys.readouterr().out
+  assert_same_params(final_params(stopped, 20), final_params(reference, 20))
 
 
 @pytest.mark.parametrize("policy", ["stop", "skip"])

@@ -38,6 +38,7 @@ class Step:
   log: bool  # number % train.log_every == 0
   final: bool  # number == train.num_steps
   stop: bool = False  # set by Preemption or EarlyStopping: checkpoint this step, then leave
+  preempted: bool = False  # set by Preemption: a signal, not the recipe, ends the run here
   validation_loss: float | None = None  # set by ValidationLoss on the steps it evaluates
 
   @property
@@ -138,6 +139,7 @@ class Preemption(Action):
   def after(self, step: Step) -> None:
     step.stop = self.stop_signal.stop_after(step.number, step.log)
     if step.stop:
+      step.preempted = True
       self.stopped_at = step.number
 
   def close(self) -> None:
@@ -342,14 +344,32 @@ class ValidationBleu(Action):
 
 class SaveCheckpoint(Action):
   """A checkpoint every `train.checkpoint_every` steps (the manager decides) and always at the
-  last step; its close waits until the saves are on disk."""
+  last step; its close waits until the saves are on disk.
+
+  A save that a signal forces off that grid is a resume point only: marked so, it is deleted
+  just before the next regular save. So `train.keep_checkpoints` and the averaging of the last
+  N checkpoints (`evaluate.average_last`, `run.py average`) see the same regular checkpoints
+  whether or not the run was stopped and resumed, as fairseq's average of the last N epoch
+  checkpoints never sees its mid-epoch `checkpoint_last`. Deleting before saving, not after,
+  because Orbax applies `keep_checkpoints` as it saves: a resume point still on disk would
+  push out the oldest regular checkpoint. Killed in between, the run resumes from the regular
+  checkpoint before, which is exact too; only a few steps are trained again."""
 
   def __init__(self, manager, batches, config, tokenizer, restored_step: int | None):
     self.manager, self.batches = manager, batches
     self.config, self.tokenizer = config, tokenizer
     self.restored_step = restored_step  # the checkpoint the run resumed from, if any
+    # Read at the first step, before this run saves anything: checkpoints on disk then are
+    # whole, and a resume point this run saves is its last step.
+    self.resume_points: list[int] | None = None
 
   def after(self, step: Step) -> None:
+    if self.resume_points is None:
+      steps = self.manager.all_steps()
+      self.resume_points = [s for s in steps if _is_resume_point(self.manager, s)]
+    regular = self.manager.should_save(step.number)
+    if regular and self.resume_points:
+      self._delete_resume_points(step.number)
     checkpointing.save(
       self.manager,
       step.number,
@@ -358,7 +378,20 @@ class SaveCheckpoint(Action):
       self.config,
       self.tokenizer,
       force=step.last,
+      resume_point_only=step.preempted and not regular,
     )
+
+  def _delete_resume_points(self, number: int) -> None:
+    self.manager.wait_until_finished()
+    for old in self.resume_points:
+      self.manager.delete(old)
+    logging.info(
+      "Deleted the checkpoint(s) of step(s) %s, saved when a signal stopped the run: the "
+      "regular checkpoint of step %d replaces them.",
+      self.resume_points,
+      number,
+    )
+    self.resume_points = []
 
   def close(self) -> None:
     num_steps = self.config.train.num_steps
@@ -367,3 +400,10 @@ class SaveCheckpoint(Action):
         "Checkpoint step %d already reached train.num_steps=%d.", self.restored_step, num_steps
       )
     checkpointing.wait(self.manager)
+
+
+def _is_resume_point(manager, step: int) -> bool:
+  """Whether checkpoint `step` was saved off the regular grid because a signal stopped the run
+  (checkpointing.save's mark; checkpoints written before the mark existed have none)."""
+  metadata = manager.metadata(step).custom_metadata or {}
+  return bool(metadata.get(checkpointing.RESUME_POINT_ONLY))

@@ -14,9 +14,9 @@ Parameters and optimizer state are separate items so that inference (translate, 
 average, attention) restores `params` alone: the Adam moments are twice its size. Averaged
 and best-BLEU checkpoints hold only params, config and tokenizer.
 
-Saving is asynchronous (training continues while arrays are written); Orbax
-writes each step into a temporary directory and renames it only when complete,
-so a crash never leaves a half-written checkpoint that looks finished.
+Saving is asynchronous (training continues while arrays are written); Orbax writes each step
+into a temporary directory and renames it only when complete, so a crash never leaves a
+half-written checkpoint that looks finished.
 """
 
 from __future__ import annotations
@@ -135,14 +135,14 @@ def restore_failure(workdir: str, step: int, error: BaseException) -> str:
   )
 
 
+RESUME_POINT_ONLY = "resume_point_only"  # step metadata: a signal forced it off the grid
+
+
 def make_manager(
   workdir: str, keep: int | None = None, save_every: int = 1, read_only: bool = False
 ) -> ocp.CheckpointManager:
   """A manager saving every `save_every` steps (plus forced saves) and keeping the last `keep`
-  (None: all of them).
-
-  `read_only` managers (translation, inspection) never create or delete anything.
-  """
+  (None: all of them). `read_only` ones (translation, inspection) create and delete nothing."""
   if read_only:
     options = ocp.CheckpointManagerOptions(
       read_only=True, create=False, enable_async_checkpointing=False
@@ -223,6 +223,7 @@ def save(
   config: ml_collections.ConfigDict,
   tokenizer: AnyTokenizer,
   force: bool = False,
+  resume_point_only: bool = False,
 ) -> bool:
   """Starts an asynchronous save of everything needed to resume or translate.
 
@@ -230,6 +231,7 @@ def save(
     state: a TrainState; its params and the rest of it become separate items.
     data_iterator: the Grain iterator, saved at the first batch not yet trained on.
     force: save although `step` is not a multiple of the manager's `save_every`.
+    resume_point_only: mark it (RESUME_POINT_ONLY): deleted at the next regular save.
 
   Returns:
     Whether a save was started (False: not a save step, and not forced).
@@ -237,6 +239,7 @@ def save(
   return manager.save(
     step,
     force=force,
+    custom_metadata={RESUME_POINT_ONLY: True} if resume_point_only else None,
     args=ocp.args.Composite(
       train_state=ocp.args.StandardSave(_resume_state(state)),
       data_iter=grain.checkpoint.CheckpointSave(data_iterator),
