@@ -350,10 +350,11 @@ def test_a_signal_save_off_the_grid_is_marked_and_goes_before_the_next_regular_s
     ),
   )
   config = ml_collections.ConfigDict({"train": {"num_steps": 20}})
-  # Resumed from 12, which a signal saved (7 is an unmarked off-grid save: a final step).
-  manager = OnDisk(events, steps=[5, 7, 10, 12], marked={12})
-  action = actions.SaveCheckpoint(manager, "batches", config, None, restored_step=12)
-  for number in (13, 14, 15, 16):
+  # Resumed from 13, which a signal saved in a run resumed from 12, also a signal's (7 is an
+  # unmarked off-grid save: the final step of a run since made longer).
+  manager = OnDisk(events, steps=[5, 7, 10, 12, 13], marked={12, 13})
+  action = actions.SaveCheckpoint(manager, "batches", config, None, restored_step=13)
+  for number in (14, 15, 16):
     action.after(make_step(number))
   stopped = make_step(17)
   stopped.stop = stopped.preempted = True
@@ -362,9 +363,9 @@ def test_a_signal_save_off_the_grid_is_marked_and_goes_before_the_next_regular_s
   on_grid.stop = on_grid.preempted = True
   action.after(on_grid)
   assert events == [
-    ("save", 13, False, False),
     ("save", 14, False, False),
     ("wait", "manager"),
+    ("delete", 13),
     ("delete", 12),
     ("save", 15, False, False),
     ("save", 16, False, False),

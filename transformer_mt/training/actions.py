@@ -359,14 +359,19 @@ class SaveCheckpoint(Action):
     self.manager, self.batches = manager, batches
     self.config, self.tokenizer = config, tokenizer
     self.restored_step = restored_step  # the checkpoint the run resumed from, if any
-    # Read at the first step, before this run saves anything: checkpoints on disk then are
-    # whole, and a resume point this run saves is its last step.
+    # Read at the first step, before this run saves anything (checkpoints on disk are whole
+    # then). Resume points are always the newest checkpoints: each is the last step of its run,
+    # and a later run deletes it at its first regular save. So the newest ones are read, back
+    # to the first regular one: one small file, whatever the number of checkpoints kept.
     self.resume_points: list[int] | None = None
 
   def after(self, step: Step) -> None:
     if self.resume_points is None:
-      steps = self.manager.all_steps()
-      self.resume_points = [s for s in steps if _is_resume_point(self.manager, s)]
+      self.resume_points = []
+      for newest in sorted(self.manager.all_steps(), reverse=True):
+        if not _is_resume_point(self.manager, newest):
+          break
+        self.resume_points.append(newest)
     regular = self.manager.should_save(step.number)
     if regular and self.resume_points:
       self._delete_resume_points(step.number)
