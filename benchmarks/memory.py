@@ -109,6 +109,29 @@ def peak_bytes(stats) -> int:
   )
 
 
+def compile_train_step(setup, mesh, batch, label_smoothing: float):
+  """One train step compiled ahead of time as train_step.jit_train_step compiles it (sharded
+  in/out, the state donated); `batch` may be abstract (ShapeDtypeStruct). Its
+  `memory_analysis()` is the program's own figure, where a backend's `peak_bytes_in_use` is
+  the whole process's peak so far; call it under `jax.set_mesh(mesh)` and the logical axis
+  rules."""
+  step = functools.partial(
+    train_step.train_step,
+    model=setup.model,
+    tx=setup.tx,
+    schedule=setup.schedule,
+    label_smoothing=label_smoothing,
+  )
+  jitted = jax.jit(
+    step,
+    in_shardings=(setup.state_shardings, sharding.batch_sharding(mesh, 3, batch_dim=1)),
+    out_shardings=(setup.state_shardings, sharding.replicated(mesh)),
+    donate_argnums=0,
+  )
+  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
+    return jitted.lower(setup.abstract_state, batch).compile()
+
+
 def step_memory(experiment: str, remat: bool, rows: int, accum: int) -> dict[str, float]:
   """Bytes XLA assigns to one train step of `experiment` on one device, and the bytes of
   the residuals jax saves for its backward pass."""
@@ -118,29 +141,13 @@ def step_memory(experiment: str, remat: bool, rows: int, accum: int) -> dict[str
   )
   model_config = run_setup.model_config_for(config).replace(remat=remat)
   setup = training_setup(config, None, mesh, model_config=model_config)
-  model, tx, schedule = setup.model, setup.tx, setup.schedule
-  shardings, state = setup.state_shardings, setup.abstract_state
+  model, state = setup.model, setup.abstract_state
   batch = {
     k: jax.ShapeDtypeStruct((accum, rows // accum, config.data.max_len), jnp.int32)
     for k in BATCH_KEYS
   }
-  step = functools.partial(
-    train_step.train_step,
-    model=model,
-    tx=tx,
-    schedule=schedule,
-    label_smoothing=config.train.label_smoothing,
-  )
-  # As train_step.jit_train_step compiles it: sharded in/out, the state donated.
-  jitted = jax.jit(
-    step,
-    in_shardings=(shardings, sharding.batch_sharding(mesh, 3, batch_dim=1)),
-    out_shardings=(shardings, sharding.replicated(mesh)),
-    donate_argnums=0,
-  )
   start = time.perf_counter()
-  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
-    stats = jitted.lower(state, batch).compile().memory_analysis()
+  stats = compile_train_step(setup, mesh, batch, config.train.label_smoothing).memory_analysis()
   compile_seconds = time.perf_counter() - start
 
   # What jax keeps for the backward pass: the arrays `jax.vjp`'s closure holds.

@@ -36,12 +36,13 @@ def test_the_accelerator_check_runs_at_tiny_sizes_on_cpu():
     text=True,
     timeout=600,
   )
+  # A section that raises prints its traceback, the others still run, and the exit is 1.
   assert result.returncode == 0, result.stderr[-3000:]
   lines = result.stdout.splitlines()
   assert lines[0].startswith("device: ")
   for name in ("Base", "Big"):
     (line,) = [line for line in lines if line.startswith(f"{name} train step, ")]
-    assert "tokens/s" in line and "MFU" in line and "peak memory" in line
+    assert "tokens/s" in line and "MFU" in line and "XLA's peak for the step" in line
   assert any(line.startswith("Base beam-4 decode") and "sentences/s" in line for line in lines)
   assert any(line.startswith("attention: ") for line in lines)
   (check,) = [line for line in lines if line.startswith("bf16 loss ")]
