@@ -10,8 +10,9 @@ Prints, for the first device:
     bf16 x bf16 -> f32 matmul at these sizes): target tokens/s on full rows (one sentence
     pair filling each packed row, no padding), MFU against the device's published dense
     bf16 peak (PEAK_BF16, by device kind; "n/a" for a device not in the table, such as a
-    CPU), and the device's peak memory
-    after the step (`memory_stats()["peak_bytes_in_use"]`, where the backend reports it);
+    CPU), and the step's memory as XLA's analysis of the very program timed reports it
+    (arguments, outputs and temporaries; the process's peak so far, `memory_stats()`, beside
+    it, is cumulative: Big's line includes what Base took);
   * beam-4 decoding of the Base model, sentences/s: random weights seldom emit EOS, so every
     sentence runs to its length limit (source + 50 at most), an upper bound on the work;
   * which attention implementation XLA chose for the training attention (a cuDNN fused

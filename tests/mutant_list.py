@@ -275,9 +275,12 @@ MUTANTS = (
     "train-evaluates-last-not-average",
     "train's held-out evaluation ignores evaluate.average_last and decodes the last step",
     "transformer_mt/training/train.py",
-    "      evaluated = Translator(params=params, **settings)",
-    "      evaluated = translator",
-    ("tests/test_averaging.py::test_train_evaluates_the_average_that_average_makes",),
+    '      translator = result["translator"] = Translator(params=params, **settings)',
+    "      pass",
+    (
+      "tests/test_averaging.py::test_train_evaluates_the_average_that_average_makes",
+      "tests/test_averaging.py::test_train_then_evaluate_its_final_model_prints_the_same_bleu",
+    ),
   ),
   Mutant(
     "qkv-init-gain-ignored",

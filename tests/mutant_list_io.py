@@ -129,15 +129,37 @@ IO_MUTANTS = (
   ),
   Mutant(
     "signal-save-kept-as-regular",
-    "a checkpoint a signal forced off the grid is kept, counted and averaged as a regular one",
+    "a checkpoint saved off the grid (a signal's stop, a last step) is kept as a regular one",
     "transformer_mt/training/actions.py",
-    "      resume_point_only=step.preempted and not regular,",
+    "      resume_point_only=step.last and not regular,",
     "      resume_point_only=False,",
     (
-      "tests/test_actions.py::"
-      "test_a_signal_save_off_the_grid_is_marked_and_goes_before_the_next_regular_save",
+      "tests/test_actions.py::test_a_save_off_the_grid_is_marked_a_resume_point",
       "tests/test_fault_tolerance.py::"
       "test_a_stop_off_the_checkpoint_grid_leaves_what_an_uninterrupted_run_keeps",
+    ),
+  ),
+  Mutant(
+    "resume-points-counted-as-kept",
+    "the preservation policy counts resume points toward train.keep_checkpoints",
+    "transformer_mt/workdir/retention.py",
+    "    regular = [info.step for info in checkpoints if not self._marks[info.step]]",
+    "    regular = [info.step for info in checkpoints]",
+    (
+      "tests/test_actions.py::test_resume_points_never_count_toward_the_checkpoints_kept",
+      "tests/test_fault_tolerance.py::"
+      "test_a_stop_off_the_checkpoint_grid_leaves_what_an_uninterrupted_run_keeps",
+    ),
+  ),
+  Mutant(
+    "average-takes-resume-points",
+    "averaging takes the last N checkpoints, resume points included",
+    "transformer_mt/workdir/retention.py",
+    "  return [step for step in sorted(manager.all_steps()) if not is_resume_point(manager, step)]",
+    "  return sorted(manager.all_steps())",
+    (
+      "tests/test_averaging.py::test_average_skips_resume_points",
+      "tests/test_averaging.py::test_train_then_evaluate_its_final_model_prints_the_same_bleu",
     ),
   ),
 )

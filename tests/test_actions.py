@@ -12,7 +12,7 @@ import pytest
 
 from transformer_mt.runtime import errors
 from transformer_mt.training import actions, train, train_step
-from transformer_mt.workdir import checkpointing
+from transformer_mt.workdir import checkpointing, retention
 
 
 class Recorder:
@@ -320,59 +320,67 @@ def test_save_checkpoint_forces_the_last_step_and_waits_on_close(monkeypatch, ca
   assert events == [("wait", "manager")]
 
 
-class OnDisk(Recorder):
-  """A checkpoint manager holding `steps`, of which `marked` are resume points."""
-
-  def __init__(self, events, steps, marked):
-    super().__init__(events, save_every=5)
-    self.steps, self.marked = steps, marked
-
-  def all_steps(self):
-    return list(self.steps)
-
-  def metadata(self, step):
-    return types.SimpleNamespace(
-      custom_metadata={"resume_point_only": True} if step in self.marked else None
-    )
-
-  def delete(self, step):
-    self.events.append(("delete", step))
-    self.steps.remove(step)
-
-
-def test_a_signal_save_off_the_grid_is_marked_and_goes_before_the_next_regular_save(monkeypatch):
+def test_a_save_off_the_grid_is_marked_a_resume_point(monkeypatch):
+  """Checkpoints every 5: a signal's stop at 17 and the last step of a run ending at 23 are
+  saved off the grid, so marked; 15 and a stop at 20, on it, are regular."""
   events = []
   monkeypatch.setattr(
     checkpointing,
     "save",
     lambda manager, step, *args, force, resume_point_only: events.append(
-      ("save", step, force, resume_point_only)
+      (step, force, resume_point_only)
     ),
   )
-  config = ml_collections.ConfigDict({"train": {"num_steps": 20}})
-  # Resumed from 13, which a signal saved in a run resumed from 12, also a signal's (7 is an
-  # unmarked off-grid save: the final step of a run since made longer).
-  manager = OnDisk(events, steps=[5, 7, 10, 12, 13], marked={12, 13})
-  action = actions.SaveCheckpoint(manager, "batches", config, None, restored_step=13)
-  for number in (14, 15, 16):
-    action.after(make_step(number))
-  stopped = make_step(17)
-  stopped.stop = stopped.preempted = True
-  action.after(stopped)
-  on_grid = make_step(20)
-  on_grid.stop = on_grid.preempted = True
-  action.after(on_grid)
+  config = ml_collections.ConfigDict({"train": {"num_steps": 23}})
+  action = actions.SaveCheckpoint(Recorder([], save_every=5), "batches", config, None, None)
+  action.after(make_step(15))
+  action.after(make_step(16))
+  for number in (17, 20):
+    stopped = make_step(number)
+    stopped.stop = stopped.preempted = True
+    action.after(stopped)
+  action.after(make_step(23, final=True))
   assert events == [
-    ("save", 14, False, False),
-    ("wait", "manager"),
-    ("delete", 13),
-    ("delete", 12),
-    ("save", 15, False, False),
-    ("save", 16, False, False),
-    ("save", 17, True, True),  # off the grid: a resume point
-    ("save", 20, True, False),  # on it: a regular checkpoint
+    (15, False, False),
+    (16, False, False),
+    (17, True, True),  # off the grid: a resume point
+    (20, True, False),  # on it: a regular checkpoint
+    (23, True, True),  # the last step, off the grid
   ]
-  assert manager.steps == [5, 7, 10]
+
+
+def kept_by_policy(keep, steps, marked, save_every=5):
+  """The steps retention.KeepRegular keeps of `steps` (the last being saved now), where the
+  older ones in `marked` carry the resume-point mark."""
+  policy = retention.KeepRegular(keep, save_every, read_mark=lambda step: step in marked)
+  infos = [types.SimpleNamespace(step=step, metrics=None, time=None) for step in steps]
+  return [step for step, kept in zip(steps, policy.should_preserve(infos, context=None)) if kept]
+
+
+def test_resume_points_never_count_toward_the_checkpoints_kept():
+  # A resume point being saved (17) is kept beside the last 3 regular ones.
+  assert kept_by_policy(3, [5, 10, 15, 17], marked=set()) == [5, 10, 15, 17]
+  # Once a newer save starts, older resume points go, and push out no regular checkpoint.
+  assert kept_by_policy(3, [5, 10, 12, 13, 15], marked={12, 13}) == [5, 10, 15]
+  assert kept_by_policy(3, [5, 10, 15, 17, 20], marked={17}) == [10, 15, 20]
+  # An older checkpoint without the mark (saved before it existed) counts as regular.
+  assert kept_by_policy(3, [5, 7, 10, 15], marked=set()) == [7, 10, 15]
+  # keep=None keeps every regular checkpoint.
+  assert kept_by_policy(None, [5, 10, 12, 15], marked={12}) == [5, 10, 15]
+
+
+def test_resume_point_marks_are_read_once():
+  reads = []
+  policy = retention.KeepRegular(2, 5, read_mark=lambda step: reads.append(step) or False)
+  for steps in ([5], [5, 10], [5, 10, 15]):
+    infos = [types.SimpleNamespace(step=step, metrics=None, time=None) for step in steps]
+    policy.should_preserve(infos, context=None)
+  assert reads == []  # each was the save in progress once, judged by the grid then
+  policy = retention.KeepRegular(2, 5, read_mark=lambda step: reads.append(step) or False)
+  infos = [types.SimpleNamespace(step=step, metrics=None, time=None) for step in (5, 10, 15)]
+  policy.should_preserve(infos, context=None)
+  policy.should_preserve(infos, context=None)
+  assert reads == [5, 10]
 
 
 class Spy(actions.Action):

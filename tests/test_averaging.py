@@ -71,6 +71,37 @@ def test_two_checkpoints_average_to_their_mean(setup, tmp_path):
   )
 
 
+def test_average_skips_resume_points(setup, tmp_path):
+  """`run.py average --last 2` over regular checkpoints 10 and 20 and a resume point 25 (saved
+  off the grid, marked) averages 10 and 20; asking for 3 names the resume point it skipped."""
+  config, tokenizer, states, target = setup
+  workdir = str(tmp_path / "run")
+  save_states(workdir, [states[1], states[0]], config, tokenizer)
+  manager = checkpointing.make_manager(workdir, keep=10, save_every=10)
+  iterator = iter(grain.MapDataset.range(3).to_iter_dataset())
+  checkpointing.save(
+    manager, 25, states[1], iterator, config, tokenizer, force=True, resume_point_only=True
+  )
+  checkpointing.wait(manager)
+  assert checkpointing.all_steps(workdir) == [10, 20, 25]
+  output, steps = averaging.average_last(workdir, 2)
+  assert steps == [10, 20]
+  expected = jax.tree.map(
+    lambda a, b: (np.asarray(a) + np.asarray(b)) / 2,
+    jax.device_get(states[0].params),
+    jax.device_get(states[1].params),
+  )
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+    averaged_params(output, 20, target),
+    expected,
+  )
+  from transformer_mt.runtime import errors
+
+  with pytest.raises(errors.BadValue, match=r"\[10, 20\] and resume point\(s\) \[25\]"):
+    averaging.average_last(workdir, 3, str(tmp_path / "avg3"))
+
+
 def test_train_evaluates_the_average_that_average_makes(tmp_path, capsys, monkeypatch):
   """evaluate.average_last=2: `train`'s held-out evaluation translates with the mean of its
   last 2 checkpoints, bit for bit the parameters `run.py average --last 2` writes, not the
@@ -123,3 +154,44 @@ def test_keeping_fewer_checkpoints_than_the_average_stops_before_training(tmp_pa
   with pytest.raises(errors.BadValue, match="train.keep_checkpoints=3"):
     train.train(config, str(tmp_path / "run"), progress=False)
   assert not os.path.exists(tmp_path / "run" / "checkpoints")
+
+
+@pytest.mark.slow
+def test_train_then_evaluate_its_final_model_prints_the_same_bleu(tmp_path, capsys):
+  """evaluate.average_last=2, checkpoints every 40, 150 steps: step 150 is saved off the grid,
+  a resume point only, so the final model is the mean of 80 and 120. `train`'s closing line
+  names where it is, and `evaluate --workdir` there prints the BLEU `train` printed; the
+  workdir's latest checkpoint (step 150), another model, prints another."""
+  import re
+
+  from helpers import tiny_overrides
+
+  from transformer_mt import cli
+
+  workdir = str(tmp_path / "run")
+  flags = tiny_overrides(
+    "model.d_model=64",
+    "model.d_ff=128",
+    "data.num_train=5000",
+    "train.batch_tokens=512",
+    "train.num_steps=150",
+    "train.checkpoint_every=40",
+    "train.keep_checkpoints=2",
+    "train.eval_every=0",
+    "train.bleu_every=0",
+    "train.warmup_steps=50",
+  ) + ["evaluate.average_last=2", "data.num_eval=50"]
+  assert cli.main(["train", "--experiment", "demo", "--workdir", workdir, *flags]) == 0
+  out = capsys.readouterr().out
+  assert "the mean of the last 2 checkpoints, steps [80, 120]" in out
+  final = out.split("the final model (averaged): ")[1].split()[0]
+  assert final == os.path.join(workdir, "averaged_last2_to120")
+  assert checkpointing.all_steps(workdir) == [80, 120, 150]
+  trained = re.search(r"Held-out BLEU (\S+) on 50 sentences", out).group(1)
+
+  def evaluated(directory):
+    assert cli.main(["evaluate", "--workdir", directory]) == 0
+    return re.search(r"sacreBLEU (\S+) ", capsys.readouterr().out).group(1)
+
+  assert float(trained) > 0 and evaluated(final) == trained
+  assert evaluated(workdir) != trained

@@ -1,17 +1,18 @@
-"""The package's layering: no import cycles, every import to the same stage or one below it, and
-no module over 450 lines (issue 24). Stages, bottom to top:
+"""The package's layering: no import cycles and every import to the same stage or one below it.
+Stages, bottom to top:
 
   runtime → data → model → config → workdir → interop → decoding → evaluation → training
   → commands → (cli.py, __main__.py)
 
 The graph is read with `ast`, without importing anything, so the test is fast and sees imports
 inside functions too (commands import their library that way). `python tests/test_layering.py`
-prints the measurements the issue asks for: import levels, the longest chain, the longest file and
-the longest function.
+prints the measurements: import levels, the longest chain, the longest file and the longest
+function. A module's length is a guide (~450 lines), not a test: a module is split when it holds
+two responsibilities, never only to meet a number.
 
-ALLOWED_UPWARD and ALLOWED_LONG hold today's violations. Each split that fixes one removes it from
-its list; the test fails both on a new violation and on a listed one that no longer occurs, so the
-lists cannot go stale."""
+ALLOWED_UPWARD holds today's upward imports. Each split that fixes one removes it from the list;
+the test fails both on a new violation and on a listed one that no longer occurs, so the list
+cannot go stale."""
 
 from __future__ import annotations
 
@@ -34,15 +35,12 @@ STAGES = (
   "commands",
   "entry",  # cli.py and __main__.py
 )
-MAX_LINES = 450
 
 # Experiment files (the repository's experiments/, loaded by path) belong to the config stage.
 EXPERIMENTS = "experiments"
 
 # (importer, imported) module pairs that point up a stage, to be fixed by a split.
 ALLOWED_UPWARD: set[tuple[str, str]] = set()
-# Modules over MAX_LINES, to be split.
-ALLOWED_LONG: set[str] = set()
 
 
 def module_files() -> dict[str, pathlib.Path]:
@@ -219,12 +217,6 @@ def test_stage_packages_only_document():
     assert not any(isinstance(node, ast.Import | ast.ImportFrom) for node in tree.body), path
 
 
-def test_no_module_over_the_line_limit():
-  long = {module for module, lines in line_counts().items() if lines > MAX_LINES}
-  assert sorted(long - ALLOWED_LONG) == [], f"new modules over {MAX_LINES} lines"
-  assert sorted(ALLOWED_LONG - long) == [], "fixed: remove them from ALLOWED_LONG"
-
-
 def report() -> str:
   """The measurements, one per line."""
   lines = []
@@ -239,8 +231,8 @@ def report() -> str:
   lines.append(f"cycles: {cycles(graph) or 'none'}")
   lines.append(f"upward imports: {sorted(upward_edges(graph)) or 'none'}")
   lines.append(
-    f"modules over {MAX_LINES} lines: "
-    + (", ".join(f"{m} ({n})" for m, n in sorted(counts.items()) if n > MAX_LINES) or "none")
+    "modules over ~450 lines (a guide): "
+    + (", ".join(f"{m} ({n})" for m, n in sorted(counts.items()) if n > 450) or "none")
   )
   return "\n".join(lines)
 

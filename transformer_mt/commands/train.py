@@ -43,7 +43,9 @@ def run(args) -> None:
 
   config = registry.load_experiment(args.experiment, args.overrides)
   result = train.train(config, args.workdir, force_unlock=args.force_unlock)
-  if distributed.is_primary():
-    print(
-      f"Done: step {result['step']}, checkpoints in {os.path.join(args.workdir, 'checkpoints')}"
-    )
+  if not distributed.is_primary():
+    return
+  done = f"Done: step {result['step']}, checkpoints in {os.path.join(args.workdir, 'checkpoints')}"
+  if os.path.abspath(result["final_model"]) != os.path.abspath(args.workdir):
+    done += f"; the final model (averaged): {result['final_model']}"
+  print(done)

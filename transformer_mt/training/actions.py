@@ -346,35 +346,20 @@ class SaveCheckpoint(Action):
   """A checkpoint every `train.checkpoint_every` steps (the manager decides) and always at the
   last step; its close waits until the saves are on disk.
 
-  A save that a signal forces off that grid is a resume point only: marked so, it is deleted
-  just before the next regular save. So `train.keep_checkpoints` and the averaging of the last
-  N checkpoints (`evaluate.average_last`, `run.py average`) see the same regular checkpoints
-  whether or not the run was stopped and resumed, as fairseq's average of the last N epoch
-  checkpoints never sees its mid-epoch `checkpoint_last`. Deleting before saving, not after,
-  because Orbax applies `keep_checkpoints` as it saves: a resume point still on disk would
-  push out the oldest regular checkpoint. Killed in between, the run resumes from the regular
-  checkpoint before, which is exact too; only a few steps are trained again."""
+  A save forced off that grid (the stop a signal forces, the last step of a run whose
+  num_steps is off the grid, an early stop between grid steps) is marked a resume point only:
+  it never counts toward `train.keep_checkpoints`, is never averaged, and goes once a newer
+  checkpoint is on disk (workdir/retention.py). So the checkpoints kept and averaged are those
+  of a run never stopped, as fairseq's average of the last N epoch checkpoints never sees its
+  mid-epoch `checkpoint_last`."""
 
   def __init__(self, manager, batches, config, tokenizer, restored_step: int | None):
     self.manager, self.batches = manager, batches
     self.config, self.tokenizer = config, tokenizer
     self.restored_step = restored_step  # the checkpoint the run resumed from, if any
-    # Read at the first step, before this run saves anything (checkpoints on disk are whole
-    # then). Resume points are always the newest checkpoints: each is the last step of its run,
-    # and a later run deletes it at its first regular save. So the newest ones are read, back
-    # to the first regular one: one small file, whatever the number of checkpoints kept.
-    self.resume_points: list[int] | None = None
 
   def after(self, step: Step) -> None:
-    if self.resume_points is None:
-      self.resume_points = []
-      for newest in sorted(self.manager.all_steps(), reverse=True):
-        if not _is_resume_point(self.manager, newest):
-          break
-        self.resume_points.append(newest)
     regular = self.manager.should_save(step.number)
-    if regular and self.resume_points:
-      self._delete_resume_points(step.number)
     checkpointing.save(
       self.manager,
       step.number,
@@ -383,20 +368,8 @@ class SaveCheckpoint(Action):
       self.config,
       self.tokenizer,
       force=step.last,
-      resume_point_only=step.preempted and not regular,
+      resume_point_only=step.last and not regular,
     )
-
-  def _delete_resume_points(self, number: int) -> None:
-    self.manager.wait_until_finished()
-    for old in self.resume_points:
-      self.manager.delete(old)
-    logging.info(
-      "Deleted the checkpoint(s) of step(s) %s, saved when a signal stopped the run: the "
-      "regular checkpoint of step %d replaces them.",
-      self.resume_points,
-      number,
-    )
-    self.resume_points = []
 
   def close(self) -> None:
     num_steps = self.config.train.num_steps
@@ -405,10 +378,3 @@ class SaveCheckpoint(Action):
         "Checkpoint step %d already reached train.num_steps=%d.", self.restored_step, num_steps
       )
     checkpointing.wait(self.manager)
-
-
-def _is_resume_point(manager, step: int) -> bool:
-  """Whether checkpoint `step` was saved off the regular grid because a signal stopped the run
-  (checkpointing.save's mark; checkpoints written before the mark existed have none)."""
-  metadata = manager.metadata(step).custom_metadata or {}
-  return bool(metadata.get(checkpointing.RESUME_POINT_ONLY))

@@ -27,17 +27,8 @@ from transformer_mt.model.setup import model_config_for
 from transformer_mt.model.transformer import count_parameters
 from transformer_mt.runtime import errors
 from transformer_mt.training import finetune, train
-from transformer_mt.workdir import averaging, checkpointing
+from transformer_mt.workdir import checkpointing
 from transformer_mt.workdir import lock as workdir_lock
-
-
-def _averaged_dir(workdir: str, last_n: int) -> tuple[str, list[int]]:
-  """Averages the last N checkpoints, reusing an earlier average of the same steps."""
-  steps = checkpointing.all_steps(workdir)[-last_n:]
-  output = os.path.join(workdir, f"averaged_last{last_n}_to{steps[-1]}")
-  if os.path.exists(checkpointing.checkpoint_dir(output)):
-    return output, steps
-  return averaging.average_last(workdir, last_n, output)
 
 
 def plan(name: str, workdir: str, overrides: Sequence[str] = ()) -> str:
@@ -115,12 +106,10 @@ def _reproduce(name: str, workdir: str, overrides: Sequence[str], config) -> dic
     trained = train.train(config, workdir)
     if trained.get("preempted"):
       raise errors.Stopped("Training was stopped by a signal; rerun the same command to resume.")
-    last_n = config.evaluate.average_last
-    eval_dir, averaged = (
-      _averaged_dir(workdir, last_n)
-      if last_n > 1
-      else (workdir, checkpointing.all_steps(workdir)[-1:])
-    )
+    # The run's final model: the average train wrote (evaluate.average_last = N > 1) or its
+    # latest checkpoint.
+    eval_dir = trained["final_model"]
+    averaged = trained.get("averaged_steps") or checkpointing.all_steps(workdir)[-1:]
   scores = evaluate.evaluate(eval_dir, "test")
   # The evaluated checkpoint's own model (an import's or a fine-tuned one's, not the
   # experiment file's model section).

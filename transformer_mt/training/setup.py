@@ -207,11 +207,14 @@ def _check_before_writing(config: ml_collections.ConfigDict) -> int:
   optimizer.optimizer_name(config.train)
   actions.nonfinite_policy(config.train.nonfinite)
   actions.patience_of(config.train)
+  for key in ("checkpoint_every", "keep_checkpoints"):
+    if config.train[key] < 1:
+      raise errors.BadValue(f"train.{key}={config.train[key]}: it must be 1 or more.")
   last_n = config.evaluate.average_last
-  if last_n > 1 and config.evaluate.test_after_training and config.train.keep_checkpoints < last_n:
+  if last_n > 1 and config.train.keep_checkpoints < last_n:
     raise errors.BadValue(
-      f"evaluate.average_last={last_n} averages the last {last_n} checkpoints for the final "
-      f"evaluation, but train.keep_checkpoints={config.train.keep_checkpoints} keeps fewer: "
+      f"evaluate.average_last={last_n} averages the last {last_n} checkpoints into the run's "
+      f"final model, but train.keep_checkpoints={config.train.keep_checkpoints} keeps fewer: "
       f"set train.keep_checkpoints={last_n} (or more), or lower evaluate.average_last."
     )
   corpus_scores.check_bleu_kind(config.evaluate.bleu)

@@ -54,12 +54,13 @@ def train(
       whose holder died on this host is taken over anyway).
 
   Returns:
-    {"step": the last step, "state": the train state, "translator": a Translator of its
-    parameters, "bleu", "bleu_signature": held-out sacreBLEU and its signature, None when the
-    data source has no test split or the run was preempted (SIGTERM/SIGINT: the final
-    evaluation is skipped), "preempted", "stopped_early_at": the step train.patience ended
-    the run at (None: it did not), "nonfinite_steps_skipped": steps dropped under
-    train.nonfinite="skip"}.
+    {"step": the last step, "state": the train state, "final_model": the directory holding
+    the final model (the workdir, or WORKDIR/averaged_lastN_toSTEP with evaluate.average_last
+    = N > 1, beside "averaged_steps"), "translator": a Translator of it, "bleu",
+    "bleu_signature": held-out sacreBLEU and its signature, None when the data source has no
+    test split or the run was preempted (SIGTERM/SIGINT: the final evaluation is skipped),
+    "preempted", "stopped_early_at": the step train.patience ended the run at (None: it did
+    not), "nonfinite_steps_skipped": steps dropped under train.nonfinite="skip"}.
 
   Raises:
     errors.UserError: one line, e.g. a bad config, data or workdir (before anything is
@@ -115,11 +116,15 @@ def run_loop(run: RunSetup, loop_actions: Sequence[actions.Action]):
 
 
 def final_evaluation(run: RunSetup, state, preempted: bool, skipped: int) -> dict[str, Any]:
-  """The run's result: a Translator of the last parameters and, unless the run was preempted,
-  has no test split or evaluate.test_after_training is off, its held-out BLEU (printed with a
-  few examples). With evaluate.average_last = N > 1 that BLEU is of the final model the
-  experiment defines: the mean of the last N checkpoints ("averaged_steps"), as
-  `run.py average` and `reproduce` make it."""
+  """The run's result: its final model and, unless the run was preempted, has no test split or
+  evaluate.test_after_training is off, that model's held-out BLEU (printed with a few
+  examples).
+
+  The final model is the one the experiment defines: with evaluate.average_last = N > 1 the
+  mean of the last N regular checkpoints, written as WORKDIR/averaged_lastN_toSTEP
+  (averaging.final_model, which `reproduce` shares) and named on the closing line, so the
+  model whose BLEU is printed is the one `translate`, `evaluate` and `score` load from there.
+  Otherwise it is the last parameters, which the workdir's latest checkpoint holds."""
   settings = dict(
     model_config=run.layout.model_config,
     tokenizer=run.tokenizer,
@@ -132,26 +137,29 @@ def final_evaluation(run: RunSetup, state, preempted: bool, skipped: int) -> dic
     "step": int(state.step),
     "state": state,
     "translator": translator,
+    "final_model": run.workdir,
     "bleu": None,
     "bleu_signature": None,
     "preempted": preempted,
     "nonfinite_steps_skipped": skipped,
   }
-  if run.pairs.get("test") and not preempted and run.config.evaluate.test_after_training:
-    evaluated = translator
-    last_n = run.config.evaluate.average_last
-    if last_n > 1:
-      # Fewer only when the run ended (stopped early) before it wrote N checkpoints;
-      # setup checked that train.keep_checkpoints keeps N.
-      steps = checkpointing.all_steps(run.workdir)[-last_n:]
-      params = averaging.mean_params(run.workdir, steps, run.layout.abstract_params)
-      evaluated = Translator(params=params, **settings)
-      result["averaged_steps"] = steps
+  last_n = run.config.evaluate.average_last
+  if last_n > 1 and not preempted:
+    # Setup checked that train.keep_checkpoints keeps N.
+    final_dir, steps = averaging.final_model(run.workdir, last_n)
+    result.update(final_model=final_dir, averaged_steps=steps)
+    if final_dir != run.workdir:
+      params = checkpointing.restore_params(final_dir, steps[-1], run.layout.abstract_params)
+      translator = result["translator"] = Translator(params=params, **settings)
       if jax.process_index() == 0:
-        print(f"The final model: the mean of the last {len(steps)} checkpoints, steps {steps}.")
+        print(
+          f"The final model: the mean of the last {len(steps)} checkpoints, steps {steps}, in "
+          f"{final_dir} (pass it as --workdir to translate, evaluate or score it)."
+        )
+  if run.pairs.get("test") and not preempted and run.config.evaluate.test_after_training:
     result.update(
       validation.evaluate_held_out(
-        evaluated, run.pairs["test"], validation.HELD_OUT_EXAMPLES, run.config.evaluate.bleu
+        translator, run.pairs["test"], validation.HELD_OUT_EXAMPLES, run.config.evaluate.bleu
       )
     )
   return result

@@ -17,8 +17,10 @@ from transformer_mt.workdir import checkpointing
 
 
 def average_last(workdir: str, last_n: int, output_dir: str | None = None) -> tuple[str, list[int]]:
-  """Writes the mean parameters of the last `last_n` checkpoints of `workdir`.
+  """Writes the mean parameters of the last `last_n` regular checkpoints of `workdir`.
 
+  Regular: on the checkpoint grid. A resume point (a save forced off it: a signal's stop, the
+  last step of a run whose num_steps is off the grid) is never averaged (workdir/retention.py).
   The running mean m_k = m_{k-1} + (x_k - m_{k-1}) / k is accumulated in float32, so
   averaging identical checkpoints returns them bit for bit. Only the `params` items are
   read and written: an averaged model is for translation, not for resuming, so it has
@@ -32,14 +34,17 @@ def average_last(workdir: str, last_n: int, output_dir: str | None = None) -> tu
     The output directory and the averaged steps, ascending.
 
   Raises:
-    ValueError: last_n < 1, or fewer than `last_n` checkpoints in `workdir`.
-    FileExistsError: `output_dir` already holds checkpoints.
+    errors.BadValue: last_n < 1, or fewer than `last_n` regular checkpoints in `workdir`.
+    errors.AlreadyExists: `output_dir` already holds checkpoints.
   """
-  steps = checkpointing.all_steps(workdir)
+  steps = checkpointing.regular_steps(workdir)
   if last_n < 1 or len(steps) < last_n:
+    skipped = sorted(set(checkpointing.all_steps(workdir)) - set(steps))
+    also = f" and resume point(s) {skipped}, never averaged" if skipped else ""
     raise errors.BadValue(
-      f"{workdir} holds {len(steps)} checkpoint(s) {steps}; cannot average the last "
-      f"{last_n}. Train with train.keep_checkpoints >= {max(last_n, 1)} to keep enough."
+      f"{workdir} holds {len(steps)} checkpoint(s) on the train.checkpoint_every grid {steps}"
+      f"{also}; cannot average the last {last_n}. Train with train.keep_checkpoints >= "
+      f"{max(last_n, 1)} to keep enough."
     )
   chosen = steps[-last_n:]
   output_dir = output_dir or os.path.join(
@@ -56,6 +61,32 @@ def average_last(workdir: str, last_n: int, output_dir: str | None = None) -> tu
   mean = mean_params(workdir, chosen, target)
   checkpointing.save_inference(output_dir, chosen[-1], mean, config, tokenizer)
   return output_dir, chosen
+
+
+def final_model(workdir: str, last_n: int) -> tuple[str, list[int]]:
+  """The final model of a run that averages its last `last_n` checkpoints (`train` and
+  `reproduce` with evaluate.average_last = N > 1): WORKDIR/averaged_lastN_toSTEP, written
+  here or, when an earlier call averaged the same steps, reused. N is fewer only when the run
+  ended (stopped early) before it wrote `last_n` regular checkpoints; with none at all the
+  final model is the workdir's latest checkpoint itself.
+
+  Returns:
+    (the directory `translate`, `evaluate` and `score` take as --workdir, the steps it holds).
+  """
+  steps = checkpointing.regular_steps(workdir)[-last_n:]
+  if not steps:
+    logging.warning(
+      "%s holds no checkpoint on the train.checkpoint_every grid to average: the final model "
+      "is its latest checkpoint.",
+      workdir,
+    )
+    return workdir, checkpointing.all_steps(workdir)[-1:]
+  output = os.path.join(
+    checkpointing.resolve_workdir(workdir), f"averaged_last{len(steps)}_to{steps[-1]}"
+  )
+  if os.path.exists(checkpointing.checkpoint_dir(output)):
+    return output, steps
+  return average_last(workdir, len(steps), output)
 
 
 def mean_params(workdir: str, steps: list[int], target) -> object:

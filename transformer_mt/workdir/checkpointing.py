@@ -37,6 +37,7 @@ from etils import epath
 from transformer_mt.config import defaults
 from transformer_mt.data.tokenizer import AnyTokenizer
 from transformer_mt.runtime import errors
+from transformer_mt.workdir import retention
 from transformer_mt.workdir.tokenizer_item import TokenizerRestore, TokenizerSave, tokenizer_files
 
 
@@ -135,14 +136,12 @@ def restore_failure(workdir: str, step: int, error: BaseException) -> str:
   )
 
 
-RESUME_POINT_ONLY = "resume_point_only"  # step metadata: a signal forced it off the grid
-
-
 def make_manager(
   workdir: str, keep: int | None = None, save_every: int = 1, read_only: bool = False
 ) -> ocp.CheckpointManager:
   """A manager saving every `save_every` steps (plus forced saves) and keeping the last `keep`
-  (None: all of them). `read_only` ones (translation, inspection) create and delete nothing."""
+  regular ones (None: all of them) and the newest (retention.KeepRegular). `read_only` ones
+  (translation, inspection) create and delete nothing."""
   if read_only:
     options = ocp.CheckpointManagerOptions(
       read_only=True, create=False, enable_async_checkpointing=False
@@ -150,16 +149,20 @@ def make_manager(
   else:
     # Only the fixed interval: Orbax's default policy would also save the very first step.
     options = ocp.CheckpointManagerOptions(
-      max_to_keep=keep,
       create=True,
       enable_async_checkpointing=True,
       save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(save_every),
+      # Reads the marks of older checkpoints through the manager, once it exists.
+      preservation_policy=retention.KeepRegular(
+        keep, save_every, lambda step: retention.is_resume_point(manager, step)
+      ),
     )
-  return ocp.CheckpointManager(
+  manager = ocp.CheckpointManager(
     checkpoint_dir(workdir),
     options=options,
     item_names=("params", "train_state", "data_iter", "config", "tokenizer"),
   )
+  return manager
 
 
 def make_best_manager(workdir: str) -> ocp.CheckpointManager:
@@ -231,7 +234,8 @@ def save(
     state: a TrainState; its params and the rest of it become separate items.
     data_iterator: the Grain iterator, saved at the first batch not yet trained on.
     force: save although `step` is not a multiple of the manager's `save_every`.
-    resume_point_only: mark it (RESUME_POINT_ONLY): deleted at the next regular save.
+    resume_point_only: mark it as saved off the checkpoint grid (retention.RESUME_POINT_ONLY):
+      never averaged, deleted once a newer checkpoint is on disk.
 
   Returns:
     Whether a save was started (False: not a save step, and not forced).
@@ -239,7 +243,7 @@ def save(
   return manager.save(
     step,
     force=force,
-    custom_metadata={RESUME_POINT_ONLY: True} if resume_point_only else None,
+    custom_metadata={retention.RESUME_POINT_ONLY: True} if resume_point_only else None,
     args=ocp.args.Composite(
       train_state=ocp.args.StandardSave(_resume_state(state)),
       data_iter=grain.checkpoint.CheckpointSave(data_iterator),
@@ -442,6 +446,12 @@ def saved_process_count(workdir: str, step: int) -> int | None:
 def all_steps(workdir: str) -> list[int]:
   """The steps of the workdir's checkpoints, ascending ([] when there are none)."""
   return sorted(make_manager(resolve_workdir(workdir), read_only=True).all_steps())
+
+
+def regular_steps(workdir: str) -> list[int]:
+  """The steps of the workdir's regular checkpoints (on the checkpoint grid), ascending: the
+  ones a final model averages (retention.regular_steps)."""
+  return retention.regular_steps(make_manager(resolve_workdir(workdir), read_only=True))
 
 
 def wait(manager: ocp.CheckpointManager) -> None:
