@@ -52,14 +52,29 @@ def test_beam_one_is_greedy(alpha, length_penalty):
   assert np.all(greedy[2] == PAD_ID) and float(out.scores[2]) == 0.0
 
 
-def test_transformer_beam_scores_match_unbranched_decoding():
+@pytest.mark.parametrize(
+  "length_penalty, candidate_pool, alpha", [("gnmt", "beam", 0.6), ("power", "fairseq", 1.0)]
+)
+def test_transformer_beam_scores_match_unbranched_decoding(length_penalty, candidate_pool, alpha):
   """Rescoring each returned hypothesis on its own (no beam reordering) gives its score.
 
-  Checks that the cache rows (self-attention keys/values) follow their beams.
+  Checks that the cache rows (self-attention keys/values) follow their beams. "fairseq"
+  masks after the log-softmax, so the rescored log-probs are the plain ones; its hypotheses
+  all end with EOS, none at the first step.
   """
-  params, inputs, max_len, beam, alpha = transformer_params(), transformer_inputs(), 6, 3, 0.6
+  params, inputs, max_len, beam = transformer_params(), transformer_inputs(), 6, 3
   out = jax.tree.map(
-    np.asarray, bs.beam_decode(params, inputs, CONFIG, beam_size=beam, max_len=max_len, alpha=alpha)
+    np.asarray,
+    bs.beam_decode(
+      params,
+      inputs,
+      CONFIG,
+      beam_size=beam,
+      max_len=max_len,
+      alpha=alpha,
+      length_penalty=length_penalty,
+      candidate_pool=candidate_pool,
+    ),
   )
   assert np.all(out.all_scores[:, :-1] >= out.all_scores[:, 1:])  # sorted; -inf last
   seqs = out.all_sequences.reshape(-1, max_len)  # [batch * beam, max_len]
@@ -92,7 +107,9 @@ def test_transformer_beam_scores_match_unbranched_decoding():
       continue
     eos = np.flatnonzero(seq == EOS_ID)
     length = eos[0] + 1 if len(eos) else max_len
-    expected = log_probs[i, :length].sum() / ((5 + length) / 6) ** alpha
+    if candidate_pool == "fairseq":
+      assert len(eos) == 1 and eos[0] > 0, seq
+    expected = log_probs[i, :length].sum() / bs.penalty(length, alpha, length_penalty)
     np.testing.assert_allclose(out.all_scores[b, i % beam], expected, atol=1e-4, rtol=1e-4)
 
 
@@ -177,7 +194,7 @@ def test_decode_options_reach_beam_decode(monkeypatch):
     )
   )
   settings = decode_settings(config)
-  with pytest.raises(ValueError, match=r"decode.candidate_pool='top'.*beam, 2beam, hf"):
+  with pytest.raises(ValueError, match=r"decode.candidate_pool='top'.*beam, 2beam, hf, fairseq"):
     decode_settings(
       defaults.complete(ml_collections.ConfigDict({"decode": dict(section, candidate_pool="top")}))
     )

@@ -5,7 +5,8 @@ per sentence: a Markov table indexed by the previous token, or by the previous t
 tokens with the older one read back from the cache (which catches cache rows that do
 not follow their beams). PAD and BOS get probability 0, so the hypotheses are sequences
 over the content tokens {3, 4} ending in EOS, or forced-finished at the sentence's max
-length (without EOS).
+length (without EOS). The "fairseq" pool is checked against a plain transcription of
+fairseq 0.9's SequenceGenerator (`fairseq_reference`) and on hand-built tables, one per rule.
 """
 
 import itertools
@@ -116,15 +117,16 @@ def divisor(length, alpha, kind="gnmt"):
   return length**alpha if kind == "power" else ((5 + length) / 6) ** alpha
 
 
-def brute_force(table, max_length, alpha, kind="gnmt"):
+def brute_force(table, max_length, alpha, kind="gnmt", fairseq=False):
   """Every hypothesis, best first: ends in EOS, or has max_length tokens without EOS.
+  fairseq: ends in EOS and has at least one token before it (min_len 1).
 
   len counts the generated tokens including EOS, as in beam_search.
   """
   hypotheses = []
-  for n in range(1, max_length + 1):
+  for n in range(2 if fairseq else 1, max_length + 1):
     for prefix in itertools.product(CONTENT, repeat=n - 1):
-      endings = [EOS_ID] + (list(CONTENT) if n == max_length else [])
+      endings = [EOS_ID] + (list(CONTENT) if n == max_length and not fairseq else [])
       for last in endings:
         seq = prefix + (last,)
         score = sequence_log_prob(table, seq) / divisor(n, alpha, kind)
@@ -139,15 +141,19 @@ def padded(seq, max_len):
 
 def check_exhaustive(order, alpha, length_penalty="gnmt", candidate_pool="beam"):
   """With a beam as large as the hypothesis space the search is exhaustive: every pool
-  keeps all candidates (at most 24 per step) and lets every ending one finish."""
+  keeps all candidates (at most 24 per step) and lets every ending one finish ("fairseq":
+  none ends at the first step, and every one ends with EOS)."""
   tables = markov_tables(seeds=[order, 10 + order], order=order)
   max_len, max_lengths = 4, [3, 4]
   search = dict(length_penalty=length_penalty, candidate_pool=candidate_pool)
   out = run_toy(tables, beam=32, max_len=max_len, alpha=alpha, max_lengths=max_lengths, **search)
   for b, max_length in enumerate(max_lengths):
-    expected = brute_force(tables[b], max_length, alpha, length_penalty)
+    expected = brute_force(
+      tables[b], max_length, alpha, length_penalty, fairseq=candidate_pool == "fairseq"
+    )
     found = out.all_scores[b] > -np.inf
-    assert found.sum() == len(expected)  # 15 and 31 hypotheses; the rest of the beam is empty
+    # 15 and 31 hypotheses ("fairseq": 6 and 14); the rest of the beam is empty.
+    assert found.sum() == len(expected)
     # The first-order model has exact ties (A A B A and A B A A use the same transitions),
     # so compare sorted scores, and each returned sequence with its own brute-force score.
     np.testing.assert_allclose(
@@ -170,7 +176,13 @@ def test_large_beam_equals_brute_force(order, alpha):
 
 @pytest.mark.parametrize(
   "length_penalty, candidate_pool, alpha",
-  [("power", "beam", 1.0), ("gnmt", "2beam", 0.6), ("power", "hf", 1.0), ("power", "hf", -0.5)],
+  [
+    ("power", "beam", 1.0),
+    ("gnmt", "2beam", 0.6),
+    ("power", "hf", 1.0),
+    ("power", "hf", -0.5),
+    ("power", "fairseq", 1.0),
+  ],
 )
 def test_large_beam_equals_brute_force_for_every_pool_and_penalty(
   length_penalty, candidate_pool, alpha
@@ -322,6 +334,7 @@ def test_beam_beats_greedy_when_greedy_is_wrong(alpha):
     (0.6, "power", "hf"),
     (-0.5, "power", "hf"),
     (0.6, "power", "2beam"),
+    (1.0, "power", "fairseq"),
   ],
 )
 def test_early_stopping_changes_nothing(alpha, length_penalty, candidate_pool):
@@ -332,6 +345,7 @@ def test_early_stopping_changes_nothing(alpha, length_penalty, candidate_pool):
   still overtakes it thanks to the length penalty: stopping on `log-prob <= worst
   finished`, without dividing by lp(max length), returns different hypotheses there.
   (With power and alpha 1 the exact bound, p / 8, is too loose to stop before max_len.)
+  "fairseq" stops a sentence once beam_size have finished: nothing can enter a full set.
   """
   tables = markov_tables(seeds=[6, 64, 193, 273], eos_bias=None, scale=2.0)
   max_len = 8
@@ -398,3 +412,153 @@ def test_skipping_unneeded_reorders_changes_nothing(alpha):
   for out, reference in ((sticky, sticky_reference), (mixed, mixed_reference)):
     for name in ("sequences", "scores", "all_sequences", "all_scores", "num_steps"):
       np.testing.assert_array_equal(getattr(out, name), getattr(reference, name), err_msg=name)
+
+
+def fairseq_reference(table, beam, max_length, lenpen):
+  """fairseq 0.9's SequenceGenerator with search.BeamSearch, as fairseq-generate runs it by
+  default (min_len 1, max_len_a 0, normalize_scores, unk_penalty 0), transcribed in plain
+  Python for one sentence: the finalized hypotheses as [(score, seq)], sorted as it sorts
+  them. A hypothesis has at most max_length tokens, EOS included: fairseq's max_len is
+  max_length - 1, the tokens before EOS.
+
+  Candidates are listed beam by beam, token by token, and sorted stably, which breaks ties
+  as top_k does (lower flat index first).
+  """
+  table_log_probs = log_softmax(table)
+  max_len = max_length - 1
+  beams = [((), 0.0)]  # (seq, summed log-prob); step 0 extends the first beam only
+  finalized = []  # (score, seq), in the order they finish
+  for step in range(max_len + 1):  # "one extra step for EOS marker"
+    candidates = []
+    for seq, log_prob in beams:
+      fed = (BOS_ID,) + seq
+      context = (fed[-1],) if table.ndim == 2 else ((fed[-2] if step else BOS_ID), fed[-1])
+      lprobs = table_log_probs[context].copy()  # masked after the log-softmax, as fairseq does
+      if step >= max_len:  # the max length constraint: EOS only
+        lprobs[np.arange(VOCAB) != EOS_ID] = -np.inf
+      if step < 1:  # min_len 1
+        lprobs[EOS_ID] = -np.inf
+      candidates += [(log_prob + lprobs[token], seq + (token,)) for token in range(VOCAB)]
+    candidates = sorted(candidates, key=lambda c: -c[0])[: 2 * beam]  # cand_size = 2 * beam
+    eos = [seq[-1] == EOS_ID and log_prob > -np.inf for log_prob, seq in candidates]
+    # Only an EOS among the top beam_size is finalized, while fewer than beam are held.
+    for (log_prob, seq), is_eos in zip(candidates[:beam], eos[:beam]):
+      if is_eos and len(finalized) < beam:
+        finalized.append((log_prob / (step + 1) ** lenpen, seq))
+    if len(finalized) == beam or step == max_len:  # is_finished
+      break
+    # The active hypotheses: the first beam_size candidates that are not EOS.
+    beams = [(seq, log_prob) for (log_prob, seq), is_eos in zip(candidates, eos) if not is_eos]
+    beams = beams[:beam]
+  return sorted(finalized, key=lambda f: f[0], reverse=True)  # stable: ties in finish order
+
+
+def returned_hypotheses(out, b):
+  """[(score, seq)] of sentence b's non-empty slots, in the order returned."""
+  found = out.all_scores[b] > -np.inf
+  seqs = [tuple(int(t) for t in seq if t != PAD_ID) for seq in out.all_sequences[b][found]]
+  return list(zip(out.all_scores[b][found], seqs))
+
+
+def check_against(out, b, expected):
+  returned = returned_hypotheses(out, b)
+  assert [seq for _, seq in returned] == [seq for _, seq in expected], b
+  np.testing.assert_allclose(
+    [score for score, _ in returned], [score for score, _ in expected], atol=1e-5, rtol=1e-5
+  )
+
+
+# Random second-order tables (beam 2, max length 5, lenpen 1) where "fairseq" returns
+# another best hypothesis than both "2beam" and "hf", by each of its rules: seeds 1 and 60
+# keep the first two hypotheses to finish, though a better one finishes later; seed 8 may not
+# end at the first step; seed 53 ends at the length limit with EOS, not with a forced finish.
+FAIRSEQ_SEEDS = [1, 8, 53, 60]
+
+
+@pytest.mark.parametrize("beam, lenpen", [(2, 1.0), (2, 0.6), (3, 1.0)])
+def test_fairseq_pool_follows_a_transcription_of_fairseq(beam, lenpen):
+  """Every hypothesis "fairseq" returns, its order and its score are what the transcription
+  of fairseq's SequenceGenerator returns, per-sentence length limits included."""
+  tables = markov_tables(seeds=FAIRSEQ_SEEDS + [2, 3], order=2, eos_bias=None, scale=2.0)
+  max_len, max_lengths = 5, [5, 5, 5, 5, 4, 2]
+  out = run_toy(
+    tables,
+    beam=beam,
+    max_len=max_len,
+    alpha=lenpen,
+    max_lengths=max_lengths,
+    length_penalty="power",
+    candidate_pool="fairseq",
+  )
+  for b, (table, max_length) in enumerate(zip(tables, max_lengths)):
+    check_against(out, b, fairseq_reference(table, beam, max_length, lenpen))
+
+
+def test_fairseq_pool_differs_from_2beam_and_hf():
+  tables = markov_tables(seeds=FAIRSEQ_SEEDS, order=2, eos_bias=None, scale=2.0)
+  best = {
+    pool: run_toy(
+      tables, beam=2, max_len=5, alpha=1.0, length_penalty="power", candidate_pool=pool
+    ).sequences
+    for pool in ("fairseq", "2beam", "hf")
+  }
+  for b, table in enumerate(tables):
+    expected = padded(fairseq_reference(table, 2, 5, 1.0)[0][1], 5)
+    np.testing.assert_array_equal(best["fairseq"][b], expected)
+    assert not np.array_equal(best["2beam"][b], expected), b
+    assert not np.array_equal(best["hf"][b], expected), b
+
+
+def search_one(table, beam, pool, max_len=4, max_lengths=None):
+  return run_toy(
+    np.broadcast_to(table, (1 if max_lengths is None else len(max_lengths),) + table.shape),
+    beam=beam,
+    max_len=max_len,
+    alpha=1.0,
+    max_lengths=max_lengths,
+    length_penalty="power",
+    candidate_pool=pool,
+  )
+
+
+def test_fairseq_pool_never_ends_at_the_first_step():
+  """min_len 1: EOS (p 0.9 first) is -inf at the first step, set after the log-softmax, so A
+  keeps its log-prob log 0.1 (not log 1, as masking the logits would give)."""
+  table = first_order_table({BOS_ID: {EOS_ID: 0.9, A: 0.1}, A: {EOS_ID: 1.0}})
+  fairseq, hf = search_one(table, 2, "fairseq"), search_one(table, 2, "hf")
+  np.testing.assert_array_equal(fairseq.sequences[0], padded((A, EOS_ID), 4))
+  np.testing.assert_allclose(fairseq.scores[0], np.log(0.1) / 2, rtol=1e-6)
+  np.testing.assert_array_equal(hf.sequences[0], padded((EOS_ID,), 4))
+
+
+def test_fairseq_pool_ends_at_the_length_limit_with_eos():
+  """EOS (p 0.05 after A) never ranks first, so the single beam reaches the length limit;
+  there only EOS may come, and its log-prob counts: A A A EOS scores log(0.95^2 * 0.05) / 4.
+  "hf" instead finishes A A A A there without EOS (log(0.95^3) / 4). Per-sentence limits: the
+  second sentence stops at 3 tokens."""
+  table = first_order_table({BOS_ID: {A: 1.0}, A: {A: 0.95, EOS_ID: 0.05}})
+  fairseq = search_one(table, 1, "fairseq", max_lengths=[4, 3])
+  np.testing.assert_array_equal(fairseq.sequences, [[A, A, A, EOS_ID], [A, A, EOS_ID, PAD_ID]])
+  np.testing.assert_allclose(
+    fairseq.scores, [np.log(0.95**2 * 0.05) / 4, np.log(0.95 * 0.05) / 3], rtol=1e-5
+  )
+  hf = search_one(table, 1, "hf", max_lengths=[4, 3])
+  np.testing.assert_array_equal(hf.sequences[0], [A, A, A, A])
+  np.testing.assert_allclose(hf.scores[0], np.log(0.95**3) / 4, rtol=1e-5)
+
+
+def test_fairseq_pool_keeps_the_first_finished_not_the_best():
+  """One beam: A EOS (p 0.3, rank 0 at step 1) finishes first and fills the finished set, so
+  fairseq stops there with log(0.3) / 2 = -0.60, though A B EOS (p 0.267, -0.44) scores
+  better and is what "hf" and "2beam" return."""
+  table = first_order_table(
+    {BOS_ID: {A: 0.6, B: 0.4}, A: {EOS_ID: 0.5, B: 0.45, A: 0.05}, B: {EOS_ID: 0.99, A: 0.01}}
+  )
+  fairseq = search_one(table, 1, "fairseq")
+  np.testing.assert_array_equal(fairseq.sequences[0], padded((A, EOS_ID), 4))
+  np.testing.assert_allclose(fairseq.scores[0], np.log(0.3) / 2, rtol=1e-5)
+  assert fairseq.num_steps == 2
+  for pool in ("hf", "2beam"):
+    out = search_one(table, 1, pool)
+    np.testing.assert_array_equal(out.sequences[0], padded((A, B, EOS_ID), 4), err_msg=pool)
+    np.testing.assert_allclose(out.scores[0], np.log(0.6 * 0.45 * 0.99) / 3, rtol=1e-5)

@@ -4,7 +4,8 @@ The metric: BLEU on given tokens, against the multi-bleu.perl output for the gol
 (../shared/data/golden/README.md), through `run.py evaluate --hypotheses --bleu tokenized` as
 a user runs it, and the held-out line of a run that selects it. The recipe: the learning rate
 that `transformer_tiny_multi30k_ende` applies at each update against fairseq's
-inverse_sqrt schedule, written out from its definition.
+inverse_sqrt schedule, written out from its definition, and the decode settings of both rows
+(fairseq-generate's; the rule itself is tested in test_beam_search.py).
 """
 
 import math
@@ -102,6 +103,34 @@ def test_the_published_row_applies_fairseqs_learning_rate():
     assert abs(ours - theirs) <= 2.6e-6, update
     if update >= 2000:
       assert abs(ours / theirs - 1) < 6e-4, update
+
+
+@pytest.mark.parametrize("experiment", ["transformer_tiny_multi30k_ende", "multi30k_ende"])
+def test_the_rows_decode_as_fairseq_generate(experiment):
+  """fairseq-generate's defaults (--beam 5 --lenpen 1, max_len_a 0, max_len_b 200): fairseq's
+  pool, and every sentence, one token or 64 long, may have 200 tokens and EOS."""
+  import jax
+
+  from transformer_mt.data.tokenizer import EOS_ID
+  from transformer_mt.decoding.settings import decode_settings
+  from transformer_mt.decoding.translator import Translator
+  from transformer_mt.model import setup
+  from transformer_mt.runtime import sharding
+
+  config = registry.load_experiment(experiment)
+  settings = decode_settings(config)
+  chosen = [settings[k] for k in ("beam_size", "alpha", "length_penalty", "candidate_pool")]
+  assert chosen == [5, 1.0, "power", "fairseq"]
+  translator = Translator(
+    params=None,
+    model_config=setup.model_config_for(config),
+    tokenizer=None,
+    mesh=sharding.make_mesh(sharding.inference_mesh_config(), devices=jax.devices()[:1]),
+    **settings,
+  )
+  assert translator.position_limit is None  # sinusoidal positions: nothing truncated
+  _, max_lengths, max_len = translator.padded_batch([[EOS_ID], [5] * 63 + [EOS_ID]])
+  assert max_len == 201 and list(max_lengths[:2]) == [201, 201]
 
 
 def test_qkv_init_gain_scales_only_the_query_key_value_kernels():

@@ -182,7 +182,8 @@ def base_config() -> ml_collections.ConfigDict:
   # (log-prob / len^alpha, transformers' length_penalty).
   config.decode.length_penalty = "gnmt"
   # Candidates kept per step: "beam" (the beam_size best extensions), "2beam" (2 x beam_size,
-  # as tensor2tensor / t5x) or "hf" (2 x beam_size, as transformers' generate). See
+  # as tensor2tensor / t5x), "hf" (2 x beam_size, as transformers' generate) or "fairseq"
+  # (as "hf", with fairseq-generate's length rules and first-finished set). See
   # transformer_mt/decoding/beam_search.py.
   config.decode.candidate_pool = "beam"
   # A sentence's translation may grow to its source length + extra_len tokens (paper: 50) ...

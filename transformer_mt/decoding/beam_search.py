@@ -1,4 +1,4 @@
-"""Jitted beam search (GNMT or transformers-style scoring) over any incremental step function.
+"""Jitted beam search (GNMT, transformers or fairseq rules) over any incremental step function.
 
 `beam_search` only needs a step function `tokens_to_logits(tokens, position, cache)`,
 so it can be checked against brute-force enumeration on a toy model whose next-token
@@ -27,6 +27,23 @@ tests/test_beam_decode.py):
     2 * beam_size that do not end. At the max length every candidate ends, so the
     beam_size best finish. Pick it (with "power") to reproduce an imported model's
     Hugging Face translations token for token (tests/test_hf_beam.py).
+  - "fairseq" (fairseq's SequenceGenerator as fairseq-generate runs it by default: min_len
+    1, max_len_a 0, normalize_scores): the "hf" ranking, with fairseq's length rules and
+    finished set. EOS may not come first (min_len 1); at a sentence's maximum length only
+    EOS may come, so every hypothesis ends with a real EOS whose log-prob counts (no forced
+    finish; fairseq's max_len_b is our maximum length - 1, as it counts tokens before
+    EOS). The finished set holds the first beam_size hypotheses to finish, in step order
+    and, within a step, in rank order, and a sentence is done once it holds beam_size
+    (fairseq's finalize_hypos and is_finished), not the best beam_size under the bound of
+    "Early stopping" below; the set is sorted by score at the end, ties in finish order
+    (Python's stable sort). Pick it (with "power", alpha = fairseq's lenpen) to decode as a
+    fairseq-trained recipe was (transformer_tiny_multi30k_ende). Not reproduced: fairseq
+    sets PAD to -inf after log-softmax and never masks BOS, where we mask both before it
+    (a trained model gives them almost no mass); and a sentence whose maximum length is 1
+    may end with EOS at once, where fairseq's min_len would leave it nothing. fairseq's
+    "blacklist" (EOS candidates kept as live beams when more than beam_size of the 2 *
+    beam_size end) never arises in its beam search: each live beam has one EOS candidate,
+    so at most beam_size of them end, and the first beam_size that do not end are live.
 * Length. `len` counts the generated tokens including EOS (BOS excluded), so "a b EOS"
   has len 3; the finished hypothesis' summed log-prob is divided by lp(len), with
   `length_penalty` "gnmt" (default; Wu et al., 2016): lp = ((5 + len) / 6) ** alpha, or
@@ -40,7 +57,8 @@ tests/test_beam_decode.py):
   as under transformers' max-length stopping criterion. So every sentence ends with at
   least one hypothesis, and beam 1 reproduces greedy decoding, which also returns
   `max_len` tokens without EOS in that case. A sentence whose maximum length is 0 gets
-  the empty hypothesis (all PAD) with score 0.
+  the empty hypothesis (all PAD) with score 0. "fairseq" has no forced finish: at the
+  maximum length only EOS may come (above).
 * Early stopping. A sentence is done when no live beam can beat the worst of its
   `beam_size` best finished hypotheses (-inf while fewer have finished). Log-probs only
   fall as a hypothesis grows and are <= 0, so a live beam with log-prob p can at best
@@ -49,6 +67,8 @@ tests/test_beam_decode.py):
   p / lp(max_lengths[b]); for alpha < 0 it is p / lp(len + 1). The loop stops when
   every sentence is done or at `max_len`. Stopping changes no result: later finished
   hypotheses score <= the bound, and ties keep the hypothesis that finished first.
+  "fairseq" stops a sentence once beam_size hypotheses have finished instead, which may
+  leave out a later one that would score better: fairseq's results, not the best.
 * Cache reordering. When beam k of a sentence extends another beam, its cache rows must
   be replaced by its parent's. Copying the whole cache after every step would take a third
   to a half of the step's time on CPU (benchmarks/decode.py), so the copy is made at the
@@ -85,7 +105,7 @@ NEG_INF = -jnp.inf
 
 
 LENGTH_PENALTIES = ("gnmt", "power")
-CANDIDATE_POOLS = ("beam", "2beam", "hf")
+CANDIDATE_POOLS = ("beam", "2beam", "hf", "fairseq")
 
 
 def penalty(length: jax.Array, alpha: float, kind: str = "gnmt") -> jax.Array:
@@ -107,9 +127,10 @@ class BeamState:
   step: jax.Array  # int32 []: tokens generated so far (= the position fed next).
   live_seqs: jax.Array  # int32 [batch, beam, max_len]: generated ids after BOS, PAD-filled.
   live_log_probs: jax.Array  # float32 [batch, beam]: summed log-probs; -inf = dead slot.
-  finished_seqs: jax.Array  # int32 [batch, beam, max_len]: best finished, EOS then PAD.
-  finished_scores: jax.Array  # float32 [batch, beam]: log-prob / lp(len), sorted descending;
-  #   -inf where the slot is empty.
+  finished_seqs: jax.Array  # int32 [batch, beam, max_len]: best finished ("fairseq": first
+  #   finished), EOS then PAD.
+  finished_scores: jax.Array  # float32 [batch, beam]: log-prob / lp(len), sorted descending
+  #   ("fairseq": in finish order, sorted at the end); -inf where the slot is empty.
   finished_flags: jax.Array  # bool [batch, beam]: the slot holds a finished hypothesis.
   finished_log_probs: jax.Array  # float32 [batch, beam]: their summed log-probs (n-best
   #   lists report both); -inf where the slot is empty.
@@ -163,6 +184,42 @@ def gather_rows(tree: Any, rows: jax.Array) -> Any:
   return jax.tree.map(lambda x: x if x.ndim == 0 else jnp.take(x, rows, axis=0), tree)
 
 
+def fairseq_length_rules(
+  log_probs: jax.Array, step: jax.Array, max_lengths: jax.Array, eos_id: int
+) -> jax.Array:
+  """log_probs float32 [batch, beam, vocab] under fairseq's length rules, applied after the
+  log-softmax as fairseq applies them: EOS is -inf at the first step (min_len 1), and every
+  token but EOS is -inf at the step that reaches the sentence's maximum length, so the
+  hypotheses still live there end with EOS. The second rule wins where both apply (a
+  maximum length of 1). step int32 []: tokens generated so far; max_lengths int32 [batch]."""
+  is_eos = jnp.arange(log_probs.shape[-1]) == eos_id  # [vocab]
+  at_max = (step + 1 >= max_lengths)[:, None, None]  # [batch, 1, 1]
+  allowed = jnp.where(at_max, is_eos, ~is_eos | (step > 0))  # [batch, 1, vocab]
+  return jnp.where(allowed, log_probs, NEG_INF)
+
+
+def first_finished(flags: jax.Array, beam_size: int) -> jax.Array:
+  """int32 [batch, beam]: each row's indices of its first beam_size True entries in order,
+  then of its first False ones, for flags bool [batch, n] (top_k puts the lower index first
+  on ties). Over the held finished set followed by the step's candidates in rank order, that
+  is fairseq's finalize_hypos: hypotheses are appended in the order they finish while fewer
+  than beam_size are held, and the empty slots stay last."""
+  return jax.lax.top_k(flags.astype(jnp.int32), beam_size)[1]
+
+
+def sorted_by_score(state: BeamState) -> BeamState:
+  """The finished set sorted by score, descending, ties in their order (Python's stable
+  sort, as fairseq sorts its finished hypotheses at the end); -inf (empty) slots last."""
+  batch_index = jnp.arange(state.finished_scores.shape[0])[:, None]  # [batch, 1]
+  scores, order = jax.lax.top_k(state.finished_scores, state.finished_scores.shape[1])
+  return state.replace(
+    finished_seqs=state.finished_seqs[batch_index, order],
+    finished_scores=scores,
+    finished_flags=state.finished_flags[batch_index, order],
+    finished_log_probs=state.finished_log_probs[batch_index, order],
+  )
+
+
 def beam_search(
   tokens_to_logits: TokensToLogits,
   initial_cache: Any,
@@ -203,8 +260,8 @@ def beam_search(
       when no beam changed parent, as beam search did before reordering was made lazy.
     length_penalty: "gnmt" divides by ((5 + len) / 6) ** alpha, "power" by len ** alpha
       (transformers' `length_penalty`); see the module docstring.
-    candidate_pool: "beam", "2beam" or "hf": which extensions are kept at each step and
-      which of them may finish; see the module docstring.
+    candidate_pool: "beam", "2beam", "hf" or "fairseq": which extensions are kept at each
+      step and which of them may finish; see the module docstring.
     normalize: the step returns logits, turned into log-probabilities here (log-softmax).
       False: it returns the per-token scores to add up as they are (an ensemble's mean of
       its members' log-probabilities, `decode.model_step`), which need not sum to one.
@@ -217,7 +274,7 @@ def beam_search(
   if candidate_pool not in CANDIDATE_POOLS:
     raise errors.BadValue(f"candidate_pool {candidate_pool!r}: expected one of {CANDIDATE_POOLS}.")
   lp = functools.partial(penalty, alpha=alpha, kind=length_penalty)
-  # Extensions ranked per step: beam_size for "beam", 2 * beam_size for "2beam" and "hf".
+  # Extensions ranked per step: beam_size for "beam", 2 * beam_size for the others.
   num_candidates = beam_size if candidate_pool == "beam" else 2 * beam_size
   if max_lengths is None:
     max_lengths = jnp.full((batch_size,), max_len, jnp.int32)
@@ -254,6 +311,11 @@ def beam_search(
   def not_done(state: BeamState) -> jax.Array:
     if not early_stopping:
       return state.step < max_len
+    if candidate_pool == "fairseq":  # done once beam_size have finished, or none lives
+      searching = jnp.any(state.live_log_probs > NEG_INF, axis=1) & (
+        jnp.sum(state.finished_flags, axis=1) < beam_size
+      )  # [batch]
+      return (state.step < max_len) & jnp.any(searching)
     best_live = jnp.max(best_possible_scores(state), axis=1)  # [batch]
     worst_finished = state.finished_scores[:, -1]  # [batch]; sorted, -inf until full
     # A dead sentence (all live -inf) is done too: -inf <= anything.
@@ -291,6 +353,8 @@ def beam_search(
       log_probs = jax.nn.log_softmax(log_probs, axis=-1)
     vocab = log_probs.shape[-1]
     log_probs = log_probs.reshape(batch_size, beam_size, vocab)  # [batch, beam, vocab]
+    if candidate_pool == "fairseq":
+      log_probs = fairseq_length_rules(log_probs, step, max_lengths, eos_id)
 
     # The num_candidates (K) best extensions over all (beam, token) pairs of each sentence,
     # best first (top_k puts the lower index first on ties).
@@ -305,8 +369,10 @@ def beam_search(
     valid = top_log_probs > NEG_INF  # [batch, K]
     length = step + 1  # generated tokens, EOS included
     ends = valid & ((top_tokens == eos_id) | (length >= max_lengths)[:, None])  # [batch, K]
-    # "hf": only the beam_size best may finish; an ending one ranked below is dropped.
-    finishing = ends & (jnp.arange(num_candidates) < beam_size) if candidate_pool == "hf" else ends
+    # "hf", "fairseq": only the beam_size best may finish; an ending one ranked below is dropped.
+    finishing = ends
+    if candidate_pool in ("hf", "fairseq"):
+      finishing = ends & (jnp.arange(num_candidates) < beam_size)  # [batch, K]
     new_scores = jnp.where(finishing, top_log_probs / lp(length), NEG_INF)  # [batch, K]
 
     # Merge with the finished set; existing entries come first, so top_k keeps them on ties.
@@ -316,7 +382,11 @@ def beam_search(
     all_log_probs = jnp.concatenate(
       [state.finished_log_probs, jnp.where(finishing, top_log_probs, NEG_INF)], axis=1
     )  # [batch, beam+K]
-    finished_scores, keep = jax.lax.top_k(all_scores, beam_size)  # [batch, beam]
+    if candidate_pool == "fairseq":  # the first beam_size to finish, existing ones first
+      keep = first_finished(all_flags, beam_size)  # [batch, beam]
+      finished_scores = all_scores[batch_index, keep]
+    else:
+      finished_scores, keep = jax.lax.top_k(all_scores, beam_size)  # [batch, beam]
 
     live_log_probs = jnp.where(valid & ~ends, top_log_probs, NEG_INF)  # [batch, K]
     if candidate_pool != "beam":  # the beam_size best that do not end, in rank order
@@ -340,6 +410,8 @@ def beam_search(
     )
 
   final = jax.lax.while_loop(not_done, body, initial)
+  if candidate_pool == "fairseq":
+    final = sorted_by_score(final)
 
   # Forced finishing at max length means every sentence has a finished hypothesis; the
   # fallback to the live beams only guards against a step function that yields no valid
@@ -404,7 +476,9 @@ def beam_decode(
     forced_first_id: the first token of every hypothesis, at no cost to its score
       (`decode.force_first_token`: a target language code), or None.
     length_penalty, candidate_pool: as in `beam_search`; "power" and "hf" reproduce
-      transformers' `generate(num_beams=..., length_penalty=alpha, early_stopping="never")`.
+      transformers' `generate(num_beams=..., length_penalty=alpha, early_stopping="never")`,
+      "power" and "fairseq" fairseq-generate's `--beam ... --lenpen alpha --max-len-a 0
+      --max-len-b max_len - 1`.
 
   An ensemble (`params` a tuple of parameter trees, `config` the tuple of their configs;
   `incremental`'s module docstring) searches over the mean of its members' log-probabilities.
