@@ -79,12 +79,25 @@ IO_MUTANTS = (
     "stale-temporary-of-any-host",
     "preparation removes another host's temporary folder that has this process's PID",
     "transformer_mt/data/cache_writes.py",
-    "        len(owner) == 3 and owner[0] == _host() and owner[1].isdigit()"
-    " and not _alive(owner[1])",
-    "        len(owner) == 3 and owner[1].isdigit() and owner[1] == str(os.getpid())",
+    "      len(owner) == 3 and owner[0] == _host() and owner[1].isdigit() and not _alive(owner[1])",
+    "      len(owner) == 3 and owner[1].isdigit() and owner[1] == str(os.getpid())",
     (
       "tests/test_cluster_preparation.py::"
       "test_only_this_hosts_dead_or_day_old_temporary_folders_are_removed",
+    ),
+  ),
+  Mutant(
+    "preparation-removes-other-versions",
+    "preparing a file removes the indexes of the other versions of its path (issue 41), such as"
+    " another host's copy at the same local path that its job is reading",
+    "transformer_mt/data/prepared_corpus.py",
+    '    cache_writes.remove_dead_temporaries(folder, f"{_TMP}{group}-")',
+    "    [shutil.rmtree(os.path.join(folder, _index_name(_read_json(r.path)['sha256'])), True)"
+    " for r in os.scandir(folder) if r.name.startswith(group + '-') and r.name.endswith('.json')]",
+    (
+      "tests/test_cluster_preparation.py::"
+      "test_hosts_with_their_own_copies_at_one_path_prepare_and_read_at_once",
+      "tests/test_prepared_corpus.py::test_a_changed_file_is_prepared_again_an_unchanged_one_never",
     ),
   ),
   Mutant(

@@ -1,6 +1,7 @@
 """Preparing a local corpus on a cluster (issue 34): a cache folder on a filesystem that refuses
 flock, two hosts whose preparing processes share a PID, and a multi-process job in which
-process 0 prepares while the others wait. Hosts are simulated by the host name the cache
+process 0 prepares while the others wait; hosts that stage their own copies at one path and
+read while the others prepare (issue 41). Hosts are simulated by the host name the cache
 writer reads; what is read back is checked against `text_files.read_parallel` of the same
 files, an independent reader."""
 
@@ -103,7 +104,7 @@ def test_only_this_hosts_dead_or_day_old_temporary_folders_are_removed(tmp_path,
   cache = tmp_path / "cache"
   cache.mkdir()
   path = files[0][0]
-  group, _ = prepared_corpus._index_names(path, os.stat(path))
+  group, _ = prepared_corpus._names(path, os.stat(path))
   _as_host(monkeypatch, "hosta")
   dead = 2**22 + 12345  # above the default pid_max: no such process
   names = {
@@ -121,6 +122,136 @@ def test_only_this_hosts_dead_or_day_old_temporary_folders_are_removed(tmp_path,
   assert names["other host, same pid"] in left and names["this host, live pid"] in left
   assert names["this host, dead pid"] not in left
   assert names["other host, two days old"] not in left
+
+
+# One "host" of a cluster whose nodes stage their corpus at the same local path and share the
+# cache folder (docs/multihost.md): a process whose working directory stands for its node's
+# disk prepares /proc/self/cwd/train.{en,de} (one path string for every host, each host's own
+# copy behind it, with its own inode and ctime), then reads every pair, each pass through a
+# freshly unpickled corpus as a Grain worker opens one, until the stop file appears; then one
+# last pass, and it prints what that pass read.
+_HOST = """
+import json, os, pickle, sys, time
+from transformer_mt.data import cache_writes, prepared_corpus
+cache_writes.socket.gethostname = lambda: sys.argv[2]
+cache, stop = sys.argv[1], sys.argv[3]
+files = [("/proc/self/cwd/train.en", "/proc/self/cwd/train.de")]
+corpus, now = prepared_corpus.prepare(files, cache)
+print(json.dumps({"prepared": now}), flush=True)
+passes = 0
+while True:
+  last = os.path.exists(stop)
+  pairs = list(pickle.loads(pickle.dumps(corpus)))
+  passes += 1
+  if last:
+    break
+  time.sleep(0.02)
+print(json.dumps({"passes": passes, "pairs": pairs}), flush=True)
+"""
+
+
+def test_hosts_with_their_own_copies_at_one_path_prepare_and_read_at_once(tmp_path):
+  """Hosts A and C stage the same text, host B another train.en, each at the one path, with
+  one shared cache folder. A prepares and reads; B and C prepare while A reads, then read
+  too. Nobody's index is removed under a reader (before, each preparation removed every other
+  version of the path's index: A's reads stopped on a FileNotFoundError of its offsets.npy),
+  A and C share one index per file, and what no process has read for a week is reclaimed by
+  the explicit clean-up, the rest kept."""
+  import json
+  import pickle
+  import subprocess
+  import sys
+
+  from helpers import ROOT
+
+  cache, stop = tmp_path / "cache", tmp_path / "stop"
+  copies = {}
+  for host in ("hosta", "hostb", "hostc"):
+    copies[host] = _corpus(tmp_path / host)
+  (tmp_path / "hostb" / "train.en").write_text("".join(f"quelle {i}\n" for i in range(50)))
+
+  def start(host):
+    return subprocess.Popen(
+      [sys.executable, "-c", _HOST, str(cache), host, str(stop)],
+      cwd=tmp_path / host,
+      env={**os.environ, "PYTHONPATH": str(ROOT)},
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+
+  hosts = {"hosta": start("hosta")}
+  assert json.loads(hosts["hosta"].stdout.readline()) == {
+    "prepared": ["/proc/self/cwd/train.en", "/proc/self/cwd/train.de"]
+  }, hosts["hosta"].stderr.read()
+  hosts.update(hostb=start("hostb"), hostc=start("hostc"))
+  for host in ("hostb", "hostc"):  # both prepared while A reads
+    assert "prepared" in json.loads(hosts[host].stdout.readline() or "{}"), hosts[
+      host
+    ].stderr.read()
+  stop.touch()  # each host's last pass opens its indexes after every preparation
+  results = {host: process.communicate(timeout=120) for host, process in hosts.items()}
+  for host, (out, err) in results.items():
+    assert hosts[host].returncode == 0, f"{host}:\n{err[-3000:]}"
+    read = json.loads(out)
+    assert [tuple(pair) for pair in read["pairs"]] == _as_read(copies[host]), host
+  assert json.loads(results["hosta"][0])["passes"] > 1  # A read while B and C prepared
+  indexes = sorted(n for n in os.listdir(cache) if n.startswith("index-"))
+  assert len(indexes) == 3  # A's and C's train.en, B's train.en, everyone's train.de
+
+  # The clean-up: nothing was read a week ago, so nothing goes; then A and C stop for good
+  # (their train.en's index was last read 8 days ago) while B still reads.
+  assert prepared_corpus.remove_unused(str(cache), days=7) == []
+  b_files = [(str(tmp_path / "hostb" / "train.en"), str(tmp_path / "hostb" / "train.de"))]
+  b_corpus, _ = prepared_corpus.prepare(b_files, str(cache))
+  b_dirs = {index.index_dir for pair in b_corpus.indexes for index in pair}
+  old = time.time() - 8 * 24 * 3600
+  for name in indexes:
+    if str(cache / name) not in b_dirs:
+      os.utime(cache / name, (old, old))
+  (removed,) = prepared_corpus.remove_unused(str(cache), days=7)
+  assert removed not in b_dirs and not os.path.exists(removed)
+  assert list(pickle.loads(pickle.dumps(b_corpus))) == _as_read(b_files)
+  # A's copy is prepared again on its next use.
+  _, prepared_now = prepared_corpus.prepare(copies["hosta"], str(cache))
+  assert prepared_now == [copies["hosta"][0][0]]
+
+
+def test_readers_mark_their_indexes_and_the_clean_up_keeps_what_is_marked(tmp_path, monkeypatch):
+  """A reading process (here an unpickled corpus, as a Grain worker has) marks each index when
+  it opens it and again once an hour while it keeps reading; `remove_unused` keeps an index
+  marked within its days. One removed anyway is one error line for a reader, not a
+  FileNotFoundError."""
+  import pickle
+
+  files = _corpus(tmp_path / "corpus")
+  cache = str(tmp_path / "cache")
+  corpus, _ = prepared_corpus.prepare(files, cache)
+  reader = pickle.loads(pickle.dumps(corpus))
+  dirs = [index.index_dir for index in corpus.indexes[0]]
+
+  def age():
+    old = time.time() - 2 * 24 * 3600
+    for folder in dirs:
+      os.utime(folder, (old, old))
+
+  def marked():
+    return [time.time() - os.stat(folder).st_mtime < 600 for folder in dirs]
+
+  age()
+  assert reader[0] == ("source 0", "ziel 0") and marked() == [True, True]  # opened: marked
+  age()
+  assert reader[1] == ("source 1", "ziel 1") and marked() == [False, False]  # not every read
+  an_hour_later = time.monotonic() + 3600
+  monkeypatch.setattr(prepared_corpus.time, "monotonic", lambda: an_hour_later)
+  assert reader[2] == ("source 2", "ziel 2") and marked() == [True, True]
+  monkeypatch.undo()
+  assert prepared_corpus.remove_unused(cache, days=1) == []
+  age()
+  assert sorted(prepared_corpus.remove_unused(cache, days=1)) == sorted(dirs)
+  assert [n for n in os.listdir(cache) if not n.endswith(".lock")] == []  # records went too
+  with pytest.raises(text_files.DataError, match="was removed while this run used it"):
+    pickle.loads(pickle.dumps(corpus))[0]
 
 
 def test_process_0_prepares_while_the_others_wait(tmp_path, monkeypatch):

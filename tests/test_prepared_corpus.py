@@ -64,7 +64,10 @@ def test_reads_exactly_what_read_corpus_reads(tmp_path, monkeypatch, chunk):
   write_files(tmp_path / "corpus", TRICKY)
   expected = text_files.read_corpus(PREFIXES, "en", "de", root=tmp_path / "corpus")
   corpus, now = prepare(PREFIXES, tmp_path / "corpus", tmp_path / "cache")
-  assert len(now) == 10 and len(corpus) == len(expected) == 11
+  # e.en and e.de are both empty: one index of that content, made for the first.
+  assert len(now) == 9 and str(tmp_path / "corpus" / "e.de") not in now
+  assert corpus.indexes[-1][0].index_dir == corpus.indexes[-1][1].index_dir
+  assert len(corpus) == len(expected) == 11
   assert list(corpus) == expected
   assert expected[0] == ("Hello", "Hallo") and expected[4][0] == "last"
   assert [corpus[i] for i in (10, 0, 5, -1, -11)] == [expected[i] for i in (10, 0, 5, -1, -11)]
@@ -159,8 +162,15 @@ def test_a_changed_file_is_prepared_again_an_unchanged_one_never(tmp_path):
   after = index_files(changed)
   assert after[str(root / "t.en")] == before[str(root / "t.en")]
   assert after[str(root / "t.de")][0] != before[str(root / "t.de")][0]
-  assert not os.path.exists(before[str(root / "t.de")][0])  # the stale index is removed
   assert list(changed) == [("a", "xx"), ("b", "yy")]
+  # The old version's index stays (another host may read it) until a clean-up finds it unread
+  # for the days it is given; the indexes in use stay.
+  stale = before[str(root / "t.de")][0]
+  assert os.path.exists(stale) and prepared_corpus.remove_unused(str(cache), days=1) == []
+  old = time.time() - 2 * 24 * 3600
+  os.utime(stale, (old, old))
+  assert prepared_corpus.remove_unused(str(cache), days=1) == [stale]
+  assert not os.path.exists(stale) and index_files(prepare(["t"], root, cache)[0]) == after
   # A corpus opened (here: unpickled, as in a Grain worker) after its file changed refuses to
   # read other lines than it counted.
   (root / "t.en").write_bytes(b"a\nb\nc\n")
@@ -226,7 +236,7 @@ def test_two_processes_preparing_at_once_prepare_once(tmp_path):
   expected = text_files.read_corpus(["big"], "en", "de", root=root)
   digest = hashlib.sha256(json.dumps([list(p) for p in expected]).encode()).hexdigest()
   assert [result["digest"] for result in results] == [digest, digest]
-  folders = [name for name in os.listdir(cache) if not name.endswith(".lock")]
+  folders = [name for name in os.listdir(cache) if not name.endswith((".lock", ".json"))]
   assert len(folders) == 2 and not any(name.startswith(".tmp-") for name in folders)
 
 
@@ -300,7 +310,8 @@ def test_load_pairs_prepares_the_train_split_only(tmp_path):
   assert isinstance(splits["validation"], list) and isinstance(splits["test"], list)
   expected = text_files.read_corpus(["c*", "a"], "en", "de", root=tmp_path / "corpus")
   assert list(splits["train"]) == expected
-  assert len(os.listdir(tmp_path / "cache")) == 2 * 6  # an index folder and a lock per file
+  # An index folder, a record of the file's version and a lock per file.
+  assert len(os.listdir(tmp_path / "cache")) == 3 * 6
 
 
 def test_prepare_command(tmp_path, capsys):
@@ -317,3 +328,30 @@ def test_prepare_command(tmp_path, capsys):
   assert "0 prepared now, 6 already were" in capsys.readouterr().out
   assert cli.main(["prepare", "--experiment", "demo"]) == 0
   assert "Nothing to prepare for demo: data.source='synthetic'" in capsys.readouterr().out
+  # The explicit clean-up: indexes unread for 8 days go (this format's, and a path-keyed one
+  # of format 3), the corpus's own stay (marked again by this preparation); under a day is
+  # one error line.
+  unused = [
+    cache / "index-v4-0123456789abcdef0123456789abcdef",
+    cache / f"a.en-{'0' * 16}-{'1' * 16}",
+  ]
+  for folder in unused:
+    folder.mkdir()
+    (folder / "manifest.json").write_text("{}")
+  old = time.time() - 8 * 24 * 3600
+  for name in os.listdir(cache):
+    os.utime(cache / name, (old, old))
+  assert cli.main([*argv, "--remove_unused_days", "7"]) == 0
+  out = capsys.readouterr().out
+  assert "6 already were" in out and f"Removed 2 line indexes unread for 7 days from {cache}" in out
+  assert out.endswith("".join(f"  {folder}\n" for folder in sorted(unused)))
+  assert not any(folder.exists() for folder in unused)
+  assert list(prepare(["c*", "a"], root, cache)[0]) == text_files.read_corpus(
+    ["c*", "a"], "en", "de", root=root
+  )
+  assert cli.main([*argv, "--remove_unused_days", "0.5"]) == 2
+  err = capsys.readouterr().err
+  assert err.splitlines() == [
+    "error: --remove_unused_days 0.5: must be at least 1; a process reading an index marks "
+    "it only once an hour."
+  ]

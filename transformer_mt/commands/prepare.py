@@ -7,6 +7,10 @@ does it ahead, with the same config and overrides, so the job finds it done. It 
 the experiment's SentencePiece vocabulary on that corpus (tokenizer.* settings) into the same
 cache folder, where a fresh workdir copies it from (data/tokenizer_cache.py); an experiment
 that starts from an import (init.from) keeps the imported tokenizer and trains none.
+
+Nothing removes an index by itself: on a cluster another host's job may read any index in the
+cache folder. `--remove_unused_days DAYS` removes, after preparing, the indexes no process has
+read or prepared for DAYS days (readers mark theirs hourly; prepared_corpus.remove_unused).
 """
 
 from __future__ import annotations
@@ -24,21 +28,49 @@ def add_parser(subparsers) -> None:
     metavar="key=value",
     help="config overrides, e.g. data.root=DIR data.prepared_dir=DIR",
   )
+  p.add_argument(
+    "--remove_unused_days",
+    type=float,
+    metavar="DAYS",
+    help="then remove the line indexes in data.prepared_dir that no process has read or "
+    "prepared for DAYS days (at least 1); indexes are never removed otherwise",
+  )
   p.set_defaults(func=run)
 
 
 def run(args) -> None:
+  from transformer_mt.config import registry
+  from transformer_mt.data import prepared_corpus
+  from transformer_mt.runtime import errors
+
+  days = args.remove_unused_days
+  if days is not None and not days >= prepared_corpus.MIN_UNUSED_DAYS:
+    raise errors.BadValue(
+      f"--remove_unused_days {days:g}: must be at least {prepared_corpus.MIN_UNUSED_DAYS:g}; "
+      "a process reading an index marks it only once an hour."
+    )
+  config = registry.load_experiment(args.experiment, args.overrides)
+  data = config.data
+  _prepare(args, config, data)
+  if days is not None:
+    folder = prepared_corpus.cache_folder(data.prepared_dir)
+    removed = prepared_corpus.remove_unused(folder, days)
+    noun = "index" if len(removed) == 1 else "indexes"
+    print(f"Removed {len(removed)} line {noun} unread for {days:g} days from {folder}.")
+    for path in removed:
+      print(f"  {path}")
+
+
+def _prepare(args, config, data) -> None:
+  """Prepares the experiment's local train split and trains its tokenizer, if it has one."""
   import time
 
-  from transformer_mt.config import registry
   from transformer_mt.data import prepared_corpus, text_files
   from transformer_mt.data import sources as data_sources
   from transformer_mt.data import tokenizer as tokenizers
   from transformer_mt.runtime import errors
   from transformer_mt.training import finetune
 
-  config = registry.load_experiment(args.experiment, args.overrides)
-  data = config.data
   if data.source != "local" or not data.train_prefixes:
     why = (
       f"data.source={data.source!r} is read as it is"

@@ -1,7 +1,8 @@
 """Writing into a cache folder that many processes, on many hosts, may share (the prepared
 corpora's and their tokenizers', data.prepared_dir): an exclusive lock that goes on without
-one where the filesystem refuses flock, temporary names unique across hosts, removal of what
-dead writers left (never another live host's work), and writes synced to disk before a
+one where the filesystem refuses flock, temporary names unique across hosts, removal of the
+temporary files dead writers left (never another live host's work, and never a published
+index: prepared_corpus.remove_unused alone removes those), and writes synced to disk before a
 rename publishes them. prepared_corpus.py and tokenizer_cache.py write through it; the
 reasoning is in prepared_corpus.py's docstring.
 """
@@ -37,29 +38,28 @@ def _host() -> str:
   return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"
 
 
-def remove_stale(folder: str, temporary_prefix: str, index_prefix: str, keep: str) -> None:
-  """Removes what earlier preparations of this file left: indexes of earlier versions of the
-  file (not `keep`, the current one's name), and temporary folders of preparations that are
-  gone. A temporary folder is removed only when this host made it and its process is dead,
-  or when it is over a day old: the lock may be per node (or refused), and another host's
-  preparation may be writing it right now."""
+def remove_dead_temporaries(folder: str, temporary_prefix: str) -> None:
+  """Removes the temporary folders and files (`temporary_name(temporary_prefix)...`) of
+  writers that are gone: only when this host made one and its process is dead, or when it is
+  over a day old, since the lock may be per node (or refused) and another host's writer may be
+  writing it right now."""
   now = time.time()
   for entry in os.scandir(folder):
-    if not entry.is_dir():
+    if not entry.name.startswith(temporary_prefix):
       continue
-    if entry.name.startswith(temporary_prefix):
-      owner = entry.name[len(temporary_prefix) :].rsplit("-", 2)
-      mine_and_dead = (
-        len(owner) == 3 and owner[0] == _host() and owner[1].isdigit() and not _alive(owner[1])
-      )
-      try:
-        old = now - entry.stat().st_mtime > _STALE_SECONDS
-      except FileNotFoundError:  # removed meanwhile by whoever made it
-        continue
+    owner = entry.name[len(temporary_prefix) :].rsplit("-", 2)
+    mine_and_dead = (
+      len(owner) == 3 and owner[0] == _host() and owner[1].isdigit() and not _alive(owner[1])
+    )
+    try:
+      old = now - entry.stat(follow_symlinks=False).st_mtime > _STALE_SECONDS
       if mine_and_dead or old:
-        shutil.rmtree(entry.path, ignore_errors=True)
-    elif entry.name.startswith(index_prefix) and entry.name != keep:
-      shutil.rmtree(entry.path, ignore_errors=True)
+        if entry.is_dir(follow_symlinks=False):
+          shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+          os.remove(entry.path)
+    except FileNotFoundError:  # removed meanwhile by whoever made it
+      continue
 
 
 def _alive(pid: str) -> bool:
