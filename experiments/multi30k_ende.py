@@ -6,11 +6,14 @@ for unknown words (transformer_tiny_multi30k_ende's docstring).
 
     python run.py train --experiment multi30k_ende --workdir workdirs/multi30k_ende
 
-The goal (issue 33): >= 41.0 test2016 BLEU in <= 60 minutes on 2 idle cores. Validation
-(val, 1,014 sentences) decides every choice; test2016 is read by final runs only.
+Its goal of >= 41.0 test2016 BLEU in <= 60 minutes on 2 idle cores (issue 33) is withdrawn
+(issue 41): 41.0 needs ~35M target tokens of the published recipe, twice what an hour holds
+(docs/multi30k.md#the-one-hour-goal-withdrawn); the row stays as measured. Validation (val,
+1,014 sentences) decided every choice; test2016 is read by final runs only.
 
 What changes from the published recipe, and why: an hour on 2 cores is ~16M target tokens,
-about 37 epochs, where the published run trains 129. So the learning rate decays along a
+about 37 epochs, where the published run trained 98 (up to 129 allowed by its 8000 updates;
+its patience stopped it at update 6076). So the learning rate decays along a
 cosine to 0 at the last step instead of as update^-0.5 (a short run ends on the inverse
 square root at ~80% of its peak; see tatoeba_deen's search, where the cosine helped), and
 batches hold half the target slots (4,096: ~3,900 tokens), for twice the updates per epoch.
@@ -18,8 +21,8 @@ The peak is 3.5e-3 (5e-3 scaled by the square root of the batch ratio), reached 
 updates. The average of the last 5 checkpoints, 250 updates apart, is the final model.
 
 It decodes as the row it is built on, fairseq-generate's beam search (beam 5, lenpen 1, at most
-200 tokens and EOS; transformer_tiny_multi30k_ende's docstring), since the goal is that row's
-published figure, which this rule produced. The figures below were decoded before, with the
+200 tokens and EOS; transformer_tiny_multi30k_ende's docstring), since it is measured against
+that row's published figure, which this rule produced. The figures below were decoded before, with the
 "2beam" pool (the best 5 finished by score kept) and a cap of source length + 50 tokens.
 
 The ablation so far (docs/multi30k.md has the commands and loads). Validation BLEU (tokenized,
