@@ -160,6 +160,40 @@ def test_evaluate_writes_a_labelled_report(trained, capsys):
     assert len(f.read().split("\n")) == 9
 
 
+def test_evaluate_takes_decode_overrides(trained, capsys):
+  """`evaluate ... decode.candidate_pool=fairseq` decodes with that rule (the translations of a
+  Translator given it directly), writes a report of its own, named by the override, and
+  leaves the checkpoint's decode settings as they were; any other key is one error line."""
+  import dataclasses
+
+  from transformer_mt.data import sources as data_sources
+  from transformer_mt.decoding.translator import load_translator
+  from transformer_mt.workdir import checkpointing
+
+  argv = ["evaluate", "--workdir", trained[0], "--limit", "8", "--beam", "3"]
+  assert cli.main([*argv, "decode.candidate_pool=fairseq", "decode.length_penalty=power"]) == 0
+  capsys.readouterr()
+  stem = "test-step20-beam3-alpha0.6-candidate_pool_fairseq-length_penalty_power-first8"
+  with open(os.path.join(trained[0], "eval", stem + ".json")) as f:
+    report = json.load(f)
+  assert report["decode_overrides"] == [
+    "decode.candidate_pool=fairseq",
+    "decode.length_penalty=power",
+  ]
+  translator = dataclasses.replace(
+    load_translator(trained[0], beam_size=3), candidate_pool="fairseq", length_penalty="power"
+  )
+  assert load_translator(trained[0]).candidate_pool == "beam"  # the checkpoint is unchanged
+  config = checkpointing.read_config(trained[0])[0]
+  test_pairs = data_sources.load_pairs(config.data, require_train=False)["test"]
+  sources = [source for source, _ in list(test_pairs)[:8]]
+  with open(os.path.join(trained[0], "eval", stem + ".txt")) as f:
+    assert f.read().splitlines() == translator.translate(sources)
+  assert cli.main([*argv, "train.num_steps=3"]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: train.num_steps=3: only decode.KEY=VALUE") and err.count("\n") == 1
+
+
 def test_average_then_translate(trained, tmp_path, capsys):
   output = str(tmp_path / "avg")
   assert cli.main(["average", "--workdir", trained[0], "--last", "2", "--output", output]) == 0

@@ -39,6 +39,13 @@ def add_parser(subparsers) -> None:
     "--tgt_lang needed); 'sacrebleu' scores detokenized text (default: the experiment's "
     "evaluate.bleu with --workdir, sacrebleu with --hypotheses)",
   )
+  p.add_argument(
+    "overrides",
+    nargs="*",
+    metavar="decode.KEY=VALUE",
+    help="decoding settings on top of the checkpoint's, e.g. decode.candidate_pool=fairseq "
+    "decode.max_len=201 (named in the report's file name)",
+  )
   p.set_defaults(func=run)
 
 
@@ -47,6 +54,7 @@ def run(args) -> None:
 
   if args.hypotheses:
     given = [f"--{name}" for name in DECODE_FLAGS if getattr(args, name) is not None]
+    given += args.overrides
     if given:
       raise errors.BadValue(
         f"--hypotheses scores the given translations, so {', '.join(given)} (which choose "
@@ -79,6 +87,7 @@ def run(args) -> None:
       args.src_lang,
       args.tgt_lang,
       args.bleu,
+      args.overrides,
     )
     print(
       f"{report['split']}: {report['num_sentences']} sentences, step {report['step']}, "

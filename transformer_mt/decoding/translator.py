@@ -29,6 +29,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from transformer_mt.config import registry
 from transformer_mt.data import tokenizer as tokenizers
 from transformer_mt.data.input_pipeline import bucket_length
 from transformer_mt.data.tokenizer import AnyTokenizer
@@ -315,6 +316,7 @@ def load_translator(
   alpha: float | None = None,
   source_lang: str | None = None,
   target_lang: str | None = None,
+  decode_overrides: Sequence[str] = (),
 ) -> Translator:
   """A Translator from checkpoint directories alone (config and tokenizer are inside); only
   the checkpoint's `params` item is read, and no optimizer is built.
@@ -328,9 +330,13 @@ def load_translator(
       training mesh, so a model trained with FSDP on 8 devices translates on 1.
     beam_size, alpha: default to the experiment's `decode` section.
     source_lang, target_lang: a multilingual import's language codes (default: its `data`).
+    decode_overrides: "decode.KEY=VALUE" settings on top of the checkpoint's `decode`
+      section (e.g. decode.candidate_pool=fairseq: a model trained before a rule existed,
+      decoded with it); beam_size and alpha, when given, win over them.
 
   Raises:
-    ValueError: no workdir, members whose tokenizers or ids differ, or refused languages.
+    ValueError: no workdir, members whose tokenizers or ids differ, refused languages, or an
+      override of anything but `decode`.
     FileNotFoundError: a workdir without checkpoints.
   """
   workdirs = [workdir] if isinstance(workdir, str) else list(workdir)
@@ -338,7 +344,8 @@ def load_translator(
     raise errors.BadValue("No --workdir given.")
   mesh = mesh or sharding.make_mesh(sharding.inference_mesh_config())
   # Every member's config and tokenizer are read and checked before any parameters are.
-  prepared = [_prepare(w, step, mesh, beam_size, alpha, source_lang, target_lang) for w in workdirs]
+  decoding = (beam_size, alpha, decode_overrides)
+  prepared = [_prepare(w, step, mesh, *decoding, source_lang, target_lang) for w in workdirs]
   first = prepared[0][0]
   for (other, _), other_dir in zip(prepared[1:], workdirs[1:]):
     _check_same_vocabulary(first, workdirs[0], other, other_dir)
@@ -381,12 +388,20 @@ def _prepare(
   mesh: Mesh,
   beam_size: int | None,
   alpha: float | None,
+  decode_overrides: Sequence[str],
   source_lang: str | None,
   target_lang: str | None,
 ) -> tuple[Translator, int]:
   """(one model's Translator holding its abstract parameters, the checkpoint step): all of
   `load_translator` but reading the parameters."""
   config, tokenizer, step = checkpointing.read_config(workdir, step)
+  not_decode = [o for o in decode_overrides if not o.startswith("decode.")]
+  if not_decode:
+    raise errors.BadValue(
+      f"{not_decode[0]}: only decode.KEY=VALUE settings apply to a trained model's decoding "
+      "(e.g. decode.candidate_pool=fairseq)."
+    )
+  registry.apply_overrides(config, decode_overrides)
   tokenizer, model_config, forced_first_id = with_languages(
     tokenizer, config, source_lang, target_lang, workdir
   )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -48,6 +49,7 @@ def evaluate(
   source_lang: str | None = None,
   target_lang: str | None = None,
   bleu: str | None = None,
+  decode_overrides: Sequence[str] = (),
 ) -> dict[str, Any]:
   """Translates the experiment's `split` (or the given files) and writes the BLEU and chrF
   report (the keys of `evaluation.bleu_report`, then the run's settings and speed).
@@ -61,6 +63,8 @@ def evaluate(
     mesh: the devices to decode on (default: every device on the data axis).
     source_lang, target_lang: language codes of a multilingual import (default: its config's).
     bleu: "sacrebleu" or "tokenized" (default: the checkpoint's `evaluate.bleu`).
+    decode_overrides: "decode.KEY=VALUE" settings on top of the checkpoint's decode section
+      (`translator.load_translator`); named in the report and its file name.
 
   Returns:
     The report as written to WORKDIR/eval/SPLIT-stepN-beamB-alphaA[-firstL].json (the
@@ -102,6 +106,7 @@ def evaluate(
     alpha=alpha,
     source_lang=source_lang,
     target_lang=target_lang,
+    decode_overrides=decode_overrides,
   )
   start = time.perf_counter()
   hypotheses = translator.translate([source for source, _ in pairs], progress=True)
@@ -123,11 +128,14 @@ def evaluate(
       "alpha": translator.alpha,
       "seconds": seconds,
       "sentences_per_second": len(pairs) / seconds,
+      "decode_overrides": list(decode_overrides),
     }
   )
   # The beam, the length penalty and --limit are in the name, so a second evaluation with
   # another --alpha or --limit writes beside the first instead of over it.
   stem = f"{name}-step{step}-beam{translator.beam_size}-alpha{translator.alpha:g}"
+  for override in decode_overrides:  # decode.candidate_pool=fairseq -> -candidate_pool_fairseq
+    stem += "-" + re.sub(r"[^A-Za-z0-9._-]", "_", override.removeprefix("decode."))
   if limit:
     stem += f"-first{limit}"
   if len(workdirs) > 1:
