@@ -13,6 +13,7 @@ Hardware: 2 CPU cores (see the README's results table for what N minutes give).
 
 from transformer_mt.config import defaults as _defaults
 from transformer_mt.config.search_space import Sweep, choice, uniform
+from transformer_mt.data.sources import HOW_TO_GET_NEWS
 
 TRAIN_SETS = ["news-test2008", "newssyscomb2009"] + [
   f"newstest{year}" for year in (2009, 2010, 2011, 2012, 2015, 2016, 2017, 2018, 2019, 2020)
@@ -38,6 +39,7 @@ def get_config():
     train_prefixes=[f"news/en-de/{name}" for name in TRAIN_SETS],
     validation_prefixes=["news/en-de/newstest2013"],
     test_prefixes=["news/en-de/newstest2014"],
+    how_to_get=HOW_TO_GET_NEWS,
   )
   config.tokenizer.update(vocab_size=8000, model_type="unigram", sample_size=60_000)
   config.train.update(

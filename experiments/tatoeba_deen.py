@@ -91,6 +91,7 @@ several points stand. The test split was read three times, by the three full run
 """
 
 from transformer_mt.config import defaults as _defaults
+from transformer_mt.data.sources import HOW_TO_GET_NEWS
 
 
 def get_config():
@@ -117,6 +118,7 @@ def get_config():
     test_size=1000,
     validation_size=500,
     split_seed=0,
+    how_to_get=HOW_TO_GET_NEWS,
   )
   config.tokenizer.update(vocab_size=8000, model_type="unigram", sample_size=40_000)
   config.train.update(

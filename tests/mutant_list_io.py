@@ -175,4 +175,15 @@ IO_MUTANTS = (
       "tests/test_averaging.py::test_train_then_evaluate_its_final_model_prints_the_same_bleu",
     ),
   ),
+  Mutant(
+    "orbax-loop-closed-with-reads-running",
+    "a failed Orbax read no longer waits for its other reads before Orbax closes its loop",
+    "transformer_mt/workdir/orbax_loops.py",
+    "    asyncio_utils.run_sync = _run_sync",
+    "    pass",
+    (
+      "tests/test_damaged_checkpoint.py::"
+      "test_a_failed_read_waits_for_its_other_reads_before_orbax_closes_its_loop",
+    ),
+  ),
 )

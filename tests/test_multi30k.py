@@ -83,6 +83,34 @@ def test_the_held_out_line_names_the_tokenized_bleu(capsys):
   )
 
 
+@pytest.mark.parametrize("experiment", ["transformer_tiny_multi30k_ende", "multi30k_ende"])
+def test_missing_files_name_the_path_and_where_multi30k_comes_from(
+  experiment, tmp_path, monkeypatch, capsys
+):
+  """Without the lc.norm.tok files (data.root missing, or a folder without them), the one
+  error line names the path looked for and the multi30k/dataset repository's tokenized files,
+  not the WMT news sets' sources; nothing is written (issue 41)."""
+  from transformer_mt import cli
+
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "empty").mkdir()
+  for root, looked_for in (
+    ("nowhere", f"data.root={tmp_path / 'nowhere'} does not exist"),
+    ("empty", f"No such file: {tmp_path / 'empty' / 'multi30k' / 'train.lc.norm.tok.en'}."),
+  ):
+    command = ["train", "--experiment", experiment, "--workdir", "w", f"data.root={root}"]
+    # 64 rows a step: the published 114 do not split over the tests' 8 host devices.
+    command.append("train.batch_tokens=4096")
+    assert cli.main(command) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    assert looked_for in err[0]
+    assert "multi30k/dataset" in err[0] and "data/task1/tok" in err[0]
+    assert "scripts/task1-tokenize.sh" in err[0] and "lc.norm.tok" in err[0]
+    assert "sacrebleu" not in err[0] and "newstest" not in err[0] and "WMT" not in err[0]
+  assert not (tmp_path / "w").exists()
+
+
 def _fairseq_inverse_sqrt(update, warmup=2000, peak=5e-3, init=1e-7):
   """The rate fairseq 0.9's inverse_sqrt applies at 1-based `update`: set from the number of
   updates done before it (the trainer steps the scheduler after each update)."""

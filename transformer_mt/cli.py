@@ -1,5 +1,5 @@
-"""Command line: `run.py list | prepare | train | sweep | import | translate | evaluate | score |
-average | attention | plot | reproduce | report`.
+"""Command line: `run.py list | prepare | train | sweep | import | export | translate | evaluate |
+score | average | attention | plot | reproduce | report`.
 
 Also installed as the `transformer-mt` console script.
 
@@ -23,6 +23,7 @@ from transformer_mt.commands import (
   attention,
   average,
   evaluate,
+  export,
   import_hf,
   list_experiments,
   paths,
@@ -45,6 +46,7 @@ COMMANDS = (
   train,
   sweep,
   import_hf,
+  export,
   translate,
   evaluate,
   score,
@@ -79,9 +81,6 @@ def main(argv=None) -> int:
   logging.getLogger("absl").setLevel(logging.ERROR)
   for noisy in ("jax._src", "orbax", "etils"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
-  # tensorstore's failed reads of a damaged checkpoint surface as unretrieved asyncio futures;
-  # the damage is reported once, by name, where the checkpoint is skipped.
-  logging.getLogger("asyncio").setLevel(logging.CRITICAL)
   from transformer_mt.runtime import compile_cache
 
   compile_cache.enable()  # before anything compiles

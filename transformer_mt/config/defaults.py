@@ -55,6 +55,9 @@ def base_config() -> ml_collections.ConfigDict:
   config.data.tfds_manual_dir = ""
   # Local text: the folder prefixes are relative to ("" = ../shared/data beside the repository).
   config.data.root = ""
+  # Local text: where the experiment's files come from, added to the error when they (or
+  # data.root) are missing ("" = nothing to add; e.g. data/sources.py's HOW_TO_GET_NEWS).
+  config.data.how_to_get = ""
   # Local text: file prefixes (globs allowed) of each split, read as
   # PREFIX.<source_lang>/<target_lang>.
   config.data.train_prefixes = []

@@ -21,6 +21,14 @@ from transformer_mt.config import defaults as _defaults
 # Updates per epoch of the published run: 29,000 pairs at ~6,900 target tokens an update.
 UPDATES_PER_EPOCH = 62
 PUBLISHED_BLEU = 41.02
+# Where the files come from, said when they are missing (`data.how_to_get`).
+HOW_TO_GET = (
+  "The Multi30k task 1 files come from the public multi30k/dataset repository "
+  "(https://github.com/multi30k/dataset): the lc.norm.tok files are its data/task1/tok, made "
+  "by its scripts/task1-tokenize.sh (lowercased, punctuation-normalized, Moses-tokenized) from "
+  "the raw text in data/task1/raw (gzipped): copy {train,val,test_2016_flickr}.lc.norm.tok."
+  "{en,de} into DIR/multi30k/ for data.root=DIR. See docs/multi30k.md."
+)
 PUBLISHED_SOURCE = (
   "Wu et al. (ACL 2021), text-only Transformer-tiny: fairseq-generate's BLEU (multi-bleu.perl's "
   "counts; unknown words never match) on the lowercased, tokenized test2016 "
@@ -62,6 +70,7 @@ def published_config() -> ml_collections.ConfigDict:
     train_prefixes=["multi30k/train.lc.norm.tok"],
     validation_prefixes=["multi30k/val.lc.norm.tok"],
     test_prefixes=["multi30k/test_2016_flickr.lc.norm.tok"],
+    how_to_get=HOW_TO_GET,
   )
   config.tokenizer.update(vocab_size=9712, model_type="bpe", sample_size=58_000)
   config.train.update(

@@ -15,6 +15,7 @@ so a reader knows how far ours may differ for reasons that are not bugs.
 import ml_collections
 
 from transformer_mt.config import defaults as _defaults
+from transformer_mt.data.sources import HOW_TO_GET_NEWS
 
 
 def pretrained_config(
@@ -40,6 +41,7 @@ def pretrained_config(
     source_lang=source_lang,
     target_lang=target_lang,
     test_prefixes=[f"news/{pair}/newstest2014"],
+    how_to_get=HOW_TO_GET_NEWS,
   )
   if language_codes:
     config.data.update(source_code=language_codes[0], target_code=language_codes[1])

@@ -41,7 +41,8 @@ SPLITS = ("train", "validation", "test")
 DEFAULT_LOCAL_ROOT = pathlib.Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
-# Where the WMT news test sets can be fetched; shown when data.root holds no such files.
+# Where the WMT news test sets can be fetched: the `data.how_to_get` of the experiments that
+# read news/ or tatoeba/ files.
 HOW_TO_GET_NEWS = (
   "The WMT news test sets come with sacrebleu, e.g. the full newstest2014 EN-DE (3003 lines): "
   "`sacrebleu -t wmt14/full -l en-de --echo src > DIR/news/en-de/newstest2014.en` and "
@@ -54,7 +55,8 @@ HOW_TO_GET_NEWS = (
 def local_root(data_config: ml_collections.ConfigDict) -> str:
   """The folder local prefixes are read from: `data.root`, or ../shared/data beside the
   repository when it is empty. A folder that does not exist is a one-line error saying
-  which `data.root` to pass and how to get the files, never a path the user never had."""
+  which `data.root` to pass and how to get the files (`data.how_to_get`), never a path the
+  user never had."""
   given = data_config.root
   root = os.path.abspath(os.path.expanduser(given)) if given else str(DEFAULT_LOCAL_ROOT)
   if not os.path.isdir(root):
@@ -67,7 +69,8 @@ def local_root(data_config: ml_collections.ConfigDict) -> str:
     raise errors.MissingFile(
       f"{where} does not exist. This experiment reads line-aligned text files "
       f"PREFIX.{data_config.source_lang} / PREFIX.{data_config.target_lang} under data.root "
-      f"({wanted}, ...): put them in a folder DIR and pass data.root=DIR. {HOW_TO_GET_NEWS}"
+      f"({wanted}, ...): put them in a folder DIR and pass data.root=DIR."
+      + _how_to_get(data_config)
     )
   return root
 
@@ -169,7 +172,7 @@ def prepare_local_train(data_config: ml_collections.ConfigDict):
   from transformer_mt.runtime import distributed
 
   root = local_root(data_config)
-  with _where_files_are(text_files, root):
+  with _where_files_are(text_files, root, data_config):
     files = text_files.corpus_files(
       list(data_config.train_prefixes), data_config.source_lang, data_config.target_lang, root
     )
@@ -246,7 +249,7 @@ def _read_local(
   text_files, prefixes, data_config, root, source_lang=None, target_lang=None
 ) -> list[tuple[str, str]]:
   """`text_files.read_corpus` under `root` (in the config's languages unless given)."""
-  with _where_files_are(text_files, root):
+  with _where_files_are(text_files, root, data_config):
     return text_files.read_corpus(
       prefixes,
       source_lang or data_config.source_lang,
@@ -256,7 +259,7 @@ def _read_local(
 
 
 @contextlib.contextmanager
-def _where_files_are(text_files, root: str):
+def _where_files_are(text_files, root: str, data_config: ml_collections.ConfigDict):
   """A missing file's message says where the files were looked for and how to get them."""
   try:
     yield
@@ -265,8 +268,13 @@ def _where_files_are(text_files, root: str):
       raise
     raise text_files.DataError(
       f"{e} Files are read from data.root={root}; pass another data.root if they are "
-      f"elsewhere. {HOW_TO_GET_NEWS}"
+      "elsewhere." + _how_to_get(data_config)
     ) from None
+
+
+def _how_to_get(data_config: ml_collections.ConfigDict) -> str:
+  """The experiment's own word on where its files come from, as the error's last sentences."""
+  return f" {data_config.how_to_get}" if data_config.how_to_get else ""
 
 
 def split_by_source(

@@ -37,7 +37,7 @@ from etils import epath
 from transformer_mt.config import defaults
 from transformer_mt.data.tokenizer import AnyTokenizer
 from transformer_mt.runtime import errors
-from transformer_mt.workdir import retention
+from transformer_mt.workdir import orbax_loops, retention
 from transformer_mt.workdir.tokenizer_item import TokenizerRestore, TokenizerSave, tokenizer_files
 
 
@@ -62,6 +62,9 @@ REQUIRED_FILES = {
 }
 # tensorstore status codes of a read that found a file missing, short or unreadable.
 _DAMAGE_CODES = ("DATA_LOSS", "NOT_FOUND", "OUT_OF_RANGE")
+# A missing data file of an OCDBT array store reads back as no bytes at all, which tensorstore
+# reports as FAILED_PRECONDITION, a compressed stream truncated at byte 0.
+_TRUNCATED_STREAM = re.compile(r"FAILED_PRECONDITION: .*: Truncated [\w-]+ stream")
 
 
 def find_damage(workdir: str, step: int, items: Sequence[str], error: BaseException) -> str | None:
@@ -100,7 +103,7 @@ def find_damage(workdir: str, step: int, items: Sequence[str], error: BaseExcept
     lost = isinstance(cause, FileNotFoundError) and _names_a_file_in(cause, step_dir)
     if lost or isinstance(cause, json.JSONDecodeError):
       return f"{type(cause).__name__}: {message.splitlines()[0][:200]}"
-    if message.startswith(_DAMAGE_CODES):
+    if message.startswith(_DAMAGE_CODES) or _TRUNCATED_STREAM.match(message):
       file = re.search(r'local file "([^"]+)"', message)
       return message.split(":", 1)[0] + (f" reading {file.group(1)}" if file else "")
   return None
@@ -255,7 +258,8 @@ def save(
 def shape_mismatches(workdir: str, step: int, abstract_params: Any) -> list[str]:
   """Parameters whose saved shape differs from the current model's ("name: saved vs now")."""
   path = epath.Path(checkpoint_dir(resolve_workdir(workdir))) / str(step) / "params"
-  saved = ocp.StandardCheckpointer().metadata(path)
+  with orbax_loops.remaining_tasks_awaited():
+    saved = ocp.StandardCheckpointer().metadata(path)
   saved = getattr(saved, "item_metadata", saved)
   saved_shapes = {
     jax.tree_util.keystr(k): tuple(v.shape) for k, v in jax.tree_util.tree_leaves_with_path(saved)
@@ -329,7 +333,8 @@ def restore_training(
   }
   if data_iterator is not None:
     items["data_iter"] = grain.checkpoint.CheckpointRestore(data_iterator)
-  restored = manager.restore(step, args=ocp.args.Composite(**items))
+  with orbax_loops.remaining_tasks_awaited():
+    restored = manager.restore(step, args=ocp.args.Composite(**items))
   state = abstract_state.replace(params=restored["params"], **restored["train_state"])
   return state, restored.get("data_iter")
 
@@ -399,7 +404,8 @@ def restore_params(workdir: str, step: int, abstract_params: Any) -> Any:
 def _restore_for_reading(manager, workdir: str, step: int, what: str, **items) -> Any:
   """`manager.restore` of `items` for a reader: damage is one line naming the step."""
   try:
-    return manager.restore(step, args=ocp.args.Composite(**items))
+    with orbax_loops.remaining_tasks_awaited():
+      return manager.restore(step, args=ocp.args.Composite(**items))
   except Exception as e:  # noqa: BLE001 - damage is the user's file problem, anything else a bug
     damage = find_damage(workdir, step, tuple(items), e)
     if damage is None:
