@@ -22,8 +22,9 @@ updates. The average of the last 5 checkpoints, 250 updates apart, is the final 
 
 It decodes as the row it is built on, fairseq-generate's beam search (beam 5, lenpen 1, at most
 200 tokens and EOS; transformer_tiny_multi30k_ende's docstring), since it is measured against
-that row's published figure, which this rule produced. The figures below were decoded before, with the
-"2beam" pool (the best 5 finished by score kept) and a cap of source length + 50 tokens.
+that row's published figure, which this rule produced. The figures below were decoded
+before, with the "2beam" pool (the best 5 finished by score kept) and a cap of source length
++ 50 tokens.
 
 The ablation so far (docs/multi30k.md has the commands and loads). Validation BLEU (tokenized,
 val, beam 5) at ~49 minutes of training, ~16-17M target slots: every recipe here trains at
