@@ -19,7 +19,13 @@ Prints, for the first device:
     attention custom call in the compiled program, or XLA's own dot/softmax ops);
   * whether a bfloat16 step's loss is within BF16_TOLERANCE (relative) of float32's, on the
     same parameters and batch (on a CPU at the toy size of tests/test_bf16.py, which XLA:CPU
-    compiles).
+    compiles);
+  * the Base step on packed rows (several pairs a row, padding) under each attention
+    implementation: time, fused kernels compiled, loss and gradient norm against "auto"
+    (benchmarks/_packed_attention.py; what decides whether "auto" may pick cuDNN's packed
+    kernel);
+  * on a GPU, the Base step under XLA's GPU flags (Triton GEMMs, command buffers) and with
+    model.fuse_qkv, each in its own process, as ratios (benchmarks/_xla_gpu_flags.py).
 
 Useful FLOPs are counted as benchmarks/train_step.py counts them (`useful_flops`: parameters
 x tokens x 6, the vocabulary projection, and the attention scores over the full rows).
@@ -44,7 +50,7 @@ import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import linen as nn  # noqa: E402
 
-from benchmarks import _timing  # noqa: E402
+from benchmarks import _packed_attention, _timing, _xla_gpu_flags  # noqa: E402
 from benchmarks.memory import compile_train_step, peak_bytes  # noqa: E402
 from benchmarks.train_step import full_rows_batch, useful_flops  # noqa: E402
 from transformer_mt.config import defaults as _defaults  # noqa: E402
@@ -264,6 +270,22 @@ def main():
     # The cuDNN fused attention asked for by name (model.attention_implementation="cudnn"),
     # which "auto" may not pick: CI never sees it, so a lent GPU is where it is tried.
     sections.append(lambda: train_step_figures("Base", sizes["Base"], reps, peak, "cudnn"))
+  # Packed rows under every attention implementation (issue 42, lever b): whether "auto" may
+  # pick cuDNN's packed kernel (fused_kernels.AUTO_PICKS_CUDNN_PACKED_ON_GPU).
+  sections.append(
+    lambda: print(
+      "\n".join(
+        _packed_attention.comparison_lines(
+          model_config(sizes["Base"], "auto"), *sizes["Base"][5:7], reps=min(reps, 5)
+        )
+      )
+    )
+  )
+  # XLA's GPU flags and model.fuse_qkv (lever e), each variant in its own process; off a GPU
+  # one line says they are GPU-only.
+  sections.append(
+    lambda: print("\n".join(_xla_gpu_flags.ab_lines(tiny=args.tiny and not on_cpu, reps=reps)))
+  )
   failed = 0
   for section in sections:
     # A lent accelerator's minutes are few: one figure that fails (a backend's missing kernel,

@@ -15,8 +15,14 @@ and the cross-attention keys/values may be one row per sentence for all its beam
 Teacher-forced calls describe their mask as an `AttentionMask` (valid tokens, causality,
 packing) rather than a dense [batch, 1, q, k] array, so the cuDNN kernel can be told
 `is_causal` and the sequence lengths: a dense mask reaches cuDNN only as an additive bias
-it must read in full, and a causal flag lets it skip the blocks above the diagonal.
+it must read in full, and a causal flag lets it skip the blocks above the diagonal. The
+kernels that take packed rows' sentences directly ("cudnn_packed", "pallas") are adapted
+in model/fused_kernels.py.
 Softmax statistics are float32 on every path, whatever the compute dtype.
+
+`config.fuse_qkv` computes the query, key and value projections of self-attention (the key
+and value ones of cross-attention) as one matmul against their kernels stacked at call time;
+the parameters stay three (checkpoints, imports and sharding rules see no difference).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer_mt.model import fused_kernels
 from transformer_mt.model.transformer_config import TransformerConfig
 from transformer_mt.runtime import errors
 
@@ -122,17 +129,32 @@ def fused_attention(
   mask: AttentionMask | jax.Array | None,
   implementation: str = "auto",
   use_flags: bool | None = None,
+  cross_attention: bool = False,
 ) -> jax.Array:
-  """`jax.nn.dot_product_attention` over [batch, len, heads, head_dim] arrays.
+  """Attention over [batch, len, heads, head_dim] arrays that never stores the probabilities
+  where the backend has a fused kernel: `jax.nn.dot_product_attention`, or for packed rows
+  one of model/fused_kernels.py's kernels.
 
   Args:
     mask: an `AttentionMask`, or a dense boolean mask broadcastable to [batch, heads, q, k].
-    implementation: "auto" (JAX's choice), "xla" or "cudnn".
+    implementation: "auto" (JAX's choice; see `fused_kernels.resolve`), "xla", "cudnn", or
+      "cudnn_packed" / "pallas", which take an `AttentionMask`'s sentences as such. Where
+      those kernels do not apply ("cudnn_packed": unpacked rows or a dense mask; "pallas":
+      cross-attention, a dense mask or a length no Triton block divides), the call goes on
+      as "cudnn" / "auto" would.
     use_flags: pass an `AttentionMask` as flags (`AttentionMask.flags`) rather than dense;
       default: for "cudnn" only, where flags select the causal/padding kernels. XLA builds
       the same dense mask from flags itself, so there the dense path costs nothing more and
       keeps outputs at padded queries as they were.
+    cross_attention: queries and keys are different sequences ("pallas" serves only
+      self-attention).
   """
+  implementation = fused_kernels.resolve(implementation, query.dtype)
+  if implementation in fused_kernels.FUSED_IMPLEMENTATIONS:
+    context = _packed_kernel_attention(query, key, value, mask, implementation, cross_attention)
+    if context is not None:
+      return context
+    implementation = "cudnn" if implementation == "cudnn_packed" else "auto"
   if use_flags is None:
     use_flags = implementation == "cudnn"
   if isinstance(mask, AttentionMask):
@@ -145,6 +167,25 @@ def fused_attention(
     value,
     **masking,
     implementation=None if implementation == "auto" else implementation,
+  )
+
+
+def _packed_kernel_attention(query, key, value, mask, implementation, cross_attention):
+  """`fused_attention` through "cudnn_packed" or "pallas"; None where the kernel does not
+  apply (the caller then takes JAX's "cudnn" or default path). Refuses, with one `error:`
+  line, a backend the kernel cannot run on."""
+  if implementation == "cudnn_packed":
+    fused_kernels.require_cudnn_packed()
+    if not isinstance(mask, AttentionMask) or mask.query_segments is None:
+      return None
+    return fused_kernels.cudnn_packed_attention(
+      query, key, value, mask.query_segments, mask.key_segments, mask.causal
+    )
+  interpret = fused_kernels.pallas_interpret()
+  if cross_attention or not isinstance(mask, AttentionMask):
+    return None
+  return fused_kernels.pallas_self_attention(
+    query, key, value, mask.query_valid, mask.query_segments, mask.causal, interpret
   )
 
 
@@ -174,15 +215,27 @@ class HeadsProjection(nn.Module):
   init_gain: float = 1.0  # Glorot gain of the kernel's initialization
 
   @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
+  def weights(self) -> tuple[jax.Array, jax.Array | None]:
+    """The kernel [*in_shape, *out_shape] and the bias [*out_shape] (None without one), in
+    the parameter dtype: what `__call__` applies, and what a fused Q/K/V matmul stacks."""
     cfg = self.config
     n_in = len(self.in_shape)
+    # The kernel first: it draws the module's first parameter key, as it always has.
     kernel = self.param(
       "kernel",
       nn.with_logical_partitioning(_flat_xavier_uniform(n_in, self.init_gain), self.axes),
       self.in_shape + self.out_shape,
       cfg.weight_dtype,
     )
+    bias = None
+    if self.use_bias:
+      bias = self.param("bias", bias_init(self.axes[n_in:]), self.out_shape, cfg.weight_dtype)
+    return kernel, bias
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    cfg = self.config
+    kernel, bias = self.weights()
+    n_in = len(self.in_shape)
     letters = "abcdefgh"
     x_dims, in_dims, out_dims = (
       "xyz"[: x.ndim - n_in],
@@ -194,8 +247,7 @@ class HeadsProjection(nn.Module):
       x.astype(cfg.compute_dtype),
       kernel.astype(cfg.compute_dtype),
     )
-    if self.use_bias:
-      bias = self.param("bias", bias_init(self.axes[n_in:]), self.out_shape, cfg.weight_dtype)
+    if bias is not None:
       y = y + bias.astype(cfg.compute_dtype)
     return y
 
@@ -253,13 +305,19 @@ class MultiHeadAttention(nn.Module):
     cfg = self.config
     if isinstance(mask, AttentionMask) and (cfg.decode or self._needs_weights()):
       mask = mask.dense()  # Only the fused call takes a mask by its parts.
-    query = self._projection("query")(queries)  # [batch, q, heads, head_dim]
+    # Self-attention's keys and values come from its queries' input: one matmul for all three
+    # under fuse_qkv. Each [batch, len, heads, head_dim].
+    fuse_all = cfg.fuse_qkv and key_value_inputs is queries
+    if fuse_all:
+      query, key, value = self._fused_projections(("query", "key", "value"), queries)
+    else:
+      query = self._projection("query")(queries)  # [batch, q, heads, head_dim]
 
     if cfg.decode and self.is_cross_attention:
       key, value = self._cached_cross_key_value(key_value_inputs)  # [batch, heads, k, head_dim]
     else:
-      key = self._projection("key")(key_value_inputs)  # [batch, k, heads, head_dim]
-      value = self._projection("value")(key_value_inputs)
+      if not fuse_all:
+        key, value = self._key_value(key_value_inputs)  # [batch, k, heads, head_dim]
       if cfg.decode:  # [batch, heads, cache_length, head_dim] from here on
         key, value, mask = self._append_to_self_attention_cache(key, value, mask, cache_length)
 
@@ -273,7 +331,14 @@ class MultiHeadAttention(nn.Module):
     else:
       # No probabilities are needed afterwards: the fused op may skip materializing them
       # (a flash kernel where the backend has one; the same XLA ops on CPU).
-      context = fused_attention(query, key, value, mask, cfg.attention_implementation)
+      context = fused_attention(
+        query,
+        key,
+        value,
+        mask,
+        cfg.attention_implementation,
+        cross_attention=self.is_cross_attention,
+      )
     # context: [batch, q, heads, head_dim]
 
     if cfg.attention_output_projection:
@@ -293,6 +358,28 @@ class MultiHeadAttention(nn.Module):
         )
       out = context.reshape(context.shape[:2] + (cfg.d_model,))
     return out  # [batch, q, d_model]
+
+  def _key_value(self, inputs: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Keys and values [batch, k, heads, head_dim] of `inputs` [batch, k, d_model]."""
+    if self.config.fuse_qkv:
+      return self._fused_projections(("key", "value"), inputs)
+    return self._projection("key")(inputs), self._projection("value")(inputs)
+
+  def _fused_projections(self, names: tuple[str, ...], x: jax.Array) -> tuple[jax.Array, ...]:
+    """The projections `names` of x [batch, len, d_model] as one matmul: their kernels
+    stacked at call time on a new axis (the "heads" axis keeps its sharding), the
+    parameters still one HeadsProjection each. Returns one [batch, len, heads, head_dim]
+    per name, as the separate projections give them (to float rounding)."""
+    cfg = self.config
+    weights = [self._projection(name).weights() for name in names]
+    kernel = jnp.stack([k for k, _ in weights], axis=1)  # [d_model, n, heads, head_dim]
+    y = jnp.einsum(
+      "bld,dnhk->blnhk", x.astype(cfg.compute_dtype), kernel.astype(cfg.compute_dtype)
+    )  # [batch, len, n, heads, head_dim]
+    if any(b is not None for _, b in weights):  # the key has none: a zero in its place
+      bias = jnp.stack([jnp.zeros_like(kernel[0, 0]) if b is None else b for _, b in weights])
+      y = y + bias.astype(cfg.compute_dtype)  # bias: [n, heads, head_dim]
+    return tuple(y[:, :, i] for i in range(len(names)))
 
   def _needs_weights(self) -> bool:
     """The probabilities must exist as an array: someone collects them (attention plots
@@ -323,10 +410,16 @@ class MultiHeadAttention(nn.Module):
     created and read back afterwards (head-major: `decode_attention`)."""
     if not self.has_variable("cache", "cross_key") and encoded is None:
       raise ValueError("Cross-attention cache is empty: create it with the encoder output first.")
-    key_proj, value_proj = self._projection("key"), self._projection("value")
+    projected = []
+
+    def head_major(index):  # projects both (one matmul under fuse_qkv) on the first call
+      if not projected:
+        projected.extend(self._key_value(encoded))
+      return jnp.swapaxes(projected[index], 1, 2)
+
     # Initializers run only when the variable does not exist yet, i.e. once per sentence batch.
-    key = self.variable("cache", "cross_key", lambda: jnp.swapaxes(key_proj(encoded), 1, 2))
-    value = self.variable("cache", "cross_value", lambda: jnp.swapaxes(value_proj(encoded), 1, 2))
+    key = self.variable("cache", "cross_key", lambda: head_major(0))
+    value = self.variable("cache", "cross_value", lambda: head_major(1))
     return key.value, value.value
 
   def _append_to_self_attention_cache(self, key, value, mask, cache_length):

@@ -32,6 +32,7 @@ def auto_dtype(platform: str | None = None) -> str:
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swish")
 POSITION_ENCODINGS = ("sinusoidal", "sinusoidal_halves", "sinusoidal_fairseq", "learned")
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn", "cudnn_packed", "pallas")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,13 +96,19 @@ class TransformerConfig:
   decoder_start_id: int = 2
   # Recompute each layer's activations in the backward pass (nn.remat): less memory, more compute.
   remat: bool = False
-  # jax.nn.dot_product_attention backend: "auto" (JAX's choice; XLA as of JAX 0.10), "xla",
-  # or "cudnn" (fused flash attention on NVIDIA GPUs; needs dtype bfloat16 or float16).
+  # Training attention's kernel: "auto" (JAX's choice, XLA as of JAX 0.11; see
+  # fused_kernels.resolve), "xla", "cudnn" (fused flash attention on NVIDIA GPUs; needs dtype
+  # bfloat16 or float16), "cudnn_packed" (the same, told packed rows' sentences as lengths and
+  # offsets instead of a mask; Hopper or newer) or "pallas" (Pallas' Triton flash attention
+  # with segment ids, for self-attention). See model/fused_kernels.py.
   attention_implementation: str = "auto"
   # Compute dtype of activations and matmuls: "float32", "bfloat16", "float16", or "auto"
   # (resolved here, when the config is built: bfloat16 on GPU/TPU, float32 on CPU; see
   # `auto_dtype`). Parameters keep `param_dtype`; LayerNorm statistics, attention softmax,
   # logits and the loss are float32 whatever this says.
+  # Compute the Q, K and V projections (K and V of cross-attention) as one matmul against their
+  # kernels stacked at call time; the parameters stay three kernels.
+  fuse_qkv: bool = False
   dtype: str = "float32"
   param_dtype: str = "float32"
   # Set by .replace(): no dropout.
@@ -133,13 +140,16 @@ class TransformerConfig:
         "share_embeddings=True needs one shared vocabulary; "
         f"got vocab_size={self.vocab_size}, target_vocab_size={self.target_vocab_size}"
       )
-    if self.attention_implementation not in ("auto", "xla", "cudnn"):
+    if self.attention_implementation not in ATTENTION_IMPLEMENTATIONS:
       problems.append(
-        f"attention_implementation={self.attention_implementation!r} must be 'auto', "
-        "'xla' or 'cudnn'"
+        f"attention_implementation={self.attention_implementation!r} must be one of "
+        f"{list(ATTENTION_IMPLEMENTATIONS)}"
       )
-    elif self.attention_implementation == "cudnn" and self.dtype == "float32":
-      problems.append("attention_implementation='cudnn' needs dtype='bfloat16' or 'float16'")
+    elif self.attention_implementation.startswith("cudnn") and self.dtype == "float32":
+      problems.append(
+        f"attention_implementation={self.attention_implementation!r} needs dtype='bfloat16' "
+        "or 'float16'"
+      )
     for name in ("dtype", "param_dtype"):
       if getattr(self, name) not in _DTYPES:
         allowed = sorted(_DTYPES) + (["auto"] if name == "dtype" else [])

@@ -1,0 +1,374 @@
+"""The fused kernels that take packed rows' sentences directly (model/fused_kernels.py) compute
+what the default attention computes, on packed rows with several sentences and padding.
+
+No CPU runs cuDNN, so "cudnn_packed" is checked in two independent halves: the lengths and
+offsets it builds from segment ids, against a NumPy transcription of cuDNN's packed layout;
+and everything around the kernel (padding, scale, causality, cross-attention, the bound on
+sentences per row), with the kernel replaced by `emulated_cudnn`, a transcription of what
+JAX's packed-layout API documents, which also writes NaN wherever cuDNN leaves memory
+undefined (outputs and gradients at padding). "pallas" runs JAX's Pallas kernel itself, in
+Pallas' interpreter."""
+
+import functools
+
+import helpers
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import tiny_model_config
+
+from transformer_mt.data.tokenizer import BOS_ID, PAD_ID
+from transformer_mt.model import attention, fused_kernels
+from transformer_mt.model.attention import AttentionMask, fused_attention
+from transformer_mt.model.transformer import Transformer
+from transformer_mt.runtime import errors
+
+
+def packed_segments(lengths_per_row, length):
+  """[rows, length] segment ids 1, 2, ... of consecutive sentences, 0 at trailing padding."""
+  ids = np.zeros((len(lengths_per_row), length), np.int32)
+  for row, lengths in enumerate(lengths_per_row):
+    start = 0
+    for segment, n in enumerate(lengths, start=1):
+      ids[row, start : start + n] = segment
+      start += n
+  return ids
+
+
+def numpy_layout(segments, num_segments):
+  """cuDNN's packed layout by hand: per row, slot m - 1 holds sentence m's token count and
+  first token, -1 where the row has no sentence m; offsets get one more -1 column."""
+  rows = segments.shape[0]
+  seqlens = np.full((rows, num_segments), -1, np.int32)
+  offsets = np.full((rows, num_segments + 1), -1, np.int32)
+  for row in range(rows):
+    for m in range(1, num_segments + 1):
+      where = [t for t, s in enumerate(segments[row]) if s == m]
+      if where:
+        seqlens[row, m - 1], offsets[row, m - 1] = len(where), where[0]
+  return seqlens, offsets
+
+
+def slots_of(seqlens, offsets, length):
+  """int [batch, length]: the layout slot each token belongs to (-1: none), and the token's
+  position within its slot: what the layout says, read without segment ids."""
+  positions = jnp.arange(length)
+  start = offsets[:, :-1, None]  # [batch, M, 1]
+  inside = (
+    (seqlens[:, :, None] > 0) & (positions >= start) & (positions < start + seqlens[:, :, None])
+  )
+  slot = jnp.where(inside.any(1), jnp.argmax(inside, axis=1), -1)  # [batch, length]
+  local = positions - jnp.take_along_axis(offsets, jnp.maximum(slot, 0), axis=1)
+  return slot, local
+
+
+def _attend(query, key, value, q_seqlen, kv_seqlen, q_offsets, kv_offsets, scale, causal):
+  """Slot m of the queries attends to slot m of the keys (causal within it); zeros for
+  queries outside every slot. Also returns which queries and keys lie in a slot."""
+  q_slot, q_local = slots_of(q_seqlen, q_offsets, query.shape[1])
+  k_slot, k_local = slots_of(kv_seqlen, kv_offsets, key.shape[1])
+  allowed = (q_slot[:, :, None] == k_slot[:, None, :]) & (q_slot[:, :, None] >= 0)
+  if causal:
+    allowed &= q_local[:, :, None] >= k_local[:, None, :]
+  logits = jnp.einsum("bqhd,bkhd->bhqk", query, key) * scale
+  probs = jax.nn.softmax(jnp.where(allowed[:, None], logits, -1e30), axis=-1)
+  probs = jnp.where((q_slot >= 0)[:, None, :, None], probs, 0)
+  return jnp.einsum("bhqk,bkhd->bqhd", probs, value), q_slot >= 0, k_slot >= 0
+
+
+def _rows(x, keep, fill):
+  return jnp.where(keep[:, :, None, None], x, fill)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
+def _emulated(query, key, value, q_seqlen, kv_seqlen, q_offsets, kv_offsets, scale, causal):
+  context, q_in, _ = _attend(
+    query, key, value, q_seqlen, kv_seqlen, q_offsets, kv_offsets, scale, causal
+  )
+  return _rows(context, q_in, jnp.nan)  # undefined outside every sentence
+
+
+def _emulated_forward(query, key, value, q_seqlen, kv_seqlen, q_offsets, kv_offsets, scale, causal):
+  layout = (q_seqlen, kv_seqlen, q_offsets, kv_offsets)
+  return _emulated(query, key, value, *layout, scale, causal), (query, key, value, layout)
+
+
+def _emulated_backward(scale, causal, residuals, cotangent):
+  query, key, value, layout = residuals
+  _, q_in, k_in = _attend(query, key, value, *layout, scale, causal)
+  grads = jax.vjp(lambda q, k, v: _attend(q, k, v, *layout, scale, causal)[0], query, key, value)[
+    1
+  ](_rows(cotangent, q_in, 0))
+  # cuDNN writes no gradient for tokens outside every sentence: garbage there.
+  garbage = [_rows(g, keep, jnp.nan) for g, keep in zip(grads, (q_in, k_in, k_in))]
+  return (*garbage, None, None, None, None)
+
+
+_emulated.defvjp(_emulated_forward, _emulated_backward)
+
+
+def emulated_cudnn(
+  query, key, value, *, q_seqlen, kv_seqlen, q_offsets, kv_offsets, scale, mask_type, qkv_layout
+):
+  """What `jax._src.cudnn.fused_attention_stablehlo.dot_product_attention` documents for the
+  packed layout (BTNH): sentence slot m of a row attends to key slot m, causal within it
+  for PADDING_CAUSAL; output and gradients undefined (NaN here) outside every slot."""
+  assert qkv_layout == "BTNH" and mask_type in ("PADDING", "PADDING_CAUSAL")
+  return _emulated(
+    query,
+    key,
+    value,
+    q_seqlen,
+    kv_seqlen,
+    q_offsets,
+    kv_offsets,
+    scale,
+    mask_type == "PADDING_CAUSAL",
+  )
+
+
+@pytest.fixture
+def cudnn_emulated(monkeypatch):
+  """ "cudnn_packed" runs here, on the emulated kernel."""
+  monkeypatch.setattr(fused_kernels, "cudnn_packed_problem", lambda: None)
+  monkeypatch.setattr(fused_kernels, "_cudnn_dot_product_attention", emulated_cudnn)
+
+
+@pytest.fixture
+def pallas_interpreted(monkeypatch):
+  monkeypatch.setattr(fused_kernels, "INTERPRET_PALLAS_OFF_GPU", True)
+
+
+def qkv(seed, batch, q_len, k_len, heads=2, depth=8):
+  keys = jax.random.split(jax.random.key(seed), 3)
+  shapes = [(batch, q_len, heads, depth)] + [(batch, k_len, heads, depth)] * 2
+  return [jax.random.normal(k, s, jnp.float32) for k, s in zip(keys, shapes)]
+
+
+def outputs_and_gradients(implementation, q, k, v, mask, cross=False):
+  """Attention outputs and d(q, k, v) for a fixed cotangent that is zero at padded queries
+  (what the model sends back: nothing reads those outputs); jitted afresh for each call, so
+  that what the fixtures patched is what gets traced."""
+  cotangent = jax.random.normal(jax.random.key(9), q.shape) * mask.query_valid[:, :, None, None]
+
+  def run(q, k, v, mask, cotangent):
+    attend = functools.partial(
+      fused_attention, mask=mask, implementation=implementation, cross_attention=cross
+    )
+    out, vjp = jax.vjp(lambda q, k, v: attend(q, k, v), q, k, v)
+    return out, vjp(cotangent)
+
+  out, grads = jax.jit(run)(q, k, v, mask, cotangent)
+  return np.asarray(out), [np.asarray(g) for g in grads]
+
+
+def assert_same_attention(implementation, q, k, v, mask, cross=False):
+  out, grads = outputs_and_gradients(implementation, q, k, v, mask, cross)
+  reference, reference_grads = outputs_and_gradients("auto", q, k, v, mask, cross)
+  valid = np.asarray(mask.query_valid)
+  np.testing.assert_allclose(out[valid], reference[valid], rtol=1e-5, atol=1e-5)
+  for grad, reference_grad in zip(grads, reference_grads):
+    np.testing.assert_allclose(grad, reference_grad, rtol=1e-4, atol=1e-5)
+  return out
+
+
+# Two packed rows with padding (3 and 2 sentences), one full row of one sentence.
+SOURCE = packed_segments([[4, 6, 3], [7, 5], [16]], 16)
+TARGET = packed_segments([[5, 2, 6], [3, 8], [16]], 16)
+
+
+def test_packed_layout_matches_a_numpy_transcription():
+  rng = np.random.default_rng(0)
+  rows = [[2, 5, 3, 2], [16], [], [3, 3, 3, 3, 2], [1, 1, 2]] + [
+    list(rng.integers(1, 6, size=rng.integers(1, 5))) for _ in range(20)
+  ]
+  rows = [[n for n in row if n] for row in rows if sum(row) <= 16]
+  segments = packed_segments(rows, 16)
+  seqlens, offsets = jax.jit(fused_kernels.packed_layout, static_argnums=1)(
+    jnp.asarray(segments), 8
+  )
+  expected = numpy_layout(segments, 8)
+  np.testing.assert_array_equal(np.asarray(seqlens), expected[0])
+  np.testing.assert_array_equal(np.asarray(offsets), expected[1])
+  assert fused_kernels.max_segments(16) == 8 and fused_kernels.max_segments(1) == 2
+
+
+@pytest.mark.usefixtures("cudnn_emulated")
+@pytest.mark.parametrize("causal", [False, True])
+def test_cudnn_packed_self_attention_equals_the_default(causal):
+  q, k, v = qkv(0, 3, 16, 16)
+  valid = jnp.asarray(TARGET > 0)
+  segments = jnp.asarray(TARGET)
+  out = assert_same_attention(
+    "cudnn_packed", q, k, v, AttentionMask(valid, valid, segments, segments, causal)
+  )
+  assert np.all(out[~np.asarray(valid)] == 0)  # padded queries: zeros, not cuDNN's garbage
+
+
+@pytest.mark.usefixtures("cudnn_emulated")
+def test_cudnn_packed_cross_attention_equals_the_default():
+  """Target sentence m attends to source sentence m, at other offsets and other lengths."""
+  source = packed_segments([[4, 6, 3], [7, 5], [20]], 20)
+  q, k, v = qkv(1, 3, 16, 20)
+  mask = AttentionMask(
+    jnp.asarray(TARGET > 0), jnp.asarray(source > 0), jnp.asarray(TARGET), jnp.asarray(source)
+  )
+  assert_same_attention("cudnn_packed", q, k, v, mask, cross=True)
+
+
+@pytest.mark.usefixtures("cudnn_emulated")
+def test_cudnn_packed_poisons_rows_beyond_its_bound():
+  """A row with more sentences than `max_segments` (1-token sentences, which the pipeline
+  never packs) gives NaN, the train step's non-finite signal, not a silently wrong result."""
+  segments = jnp.asarray(packed_segments([list(np.ones(10, int)), [8]], 10))  # 10 > 5 slots
+  valid = segments > 0
+  q, k, v = qkv(2, 2, 10, 10)
+  mask = AttentionMask(valid, valid, segments, segments)
+  out = jax.jit(lambda q, k, v: fused_attention(q, k, v, mask, "cudnn_packed"))(q, k, v)
+  assert np.isnan(np.asarray(out)).all()
+
+
+def model_args():
+  """The model's packed-row arguments for SOURCE and TARGET (positions restart per sentence)."""
+
+  def positions(segments):
+    pos = np.zeros_like(segments)
+    for row in range(segments.shape[0]):
+      for col in range(1, segments.shape[1]):
+        pos[row, col] = pos[row, col - 1] + 1 if segments[row, col] == segments[row, col - 1] else 0
+    return np.where(segments > 0, pos, 0)
+
+  rng = np.random.default_rng(1)
+  inputs = np.where(SOURCE > 0, rng.integers(4, 40, SOURCE.shape), PAD_ID)
+  targets = np.where(TARGET > 0, rng.integers(4, 40, TARGET.shape), PAD_ID)
+  targets_in = np.where(positions(TARGET) == 0, BOS_ID, np.roll(targets, 1, axis=1))
+  targets_in = np.where(TARGET > 0, targets_in, PAD_ID)
+  args = (inputs, targets_in, positions(SOURCE), positions(TARGET), SOURCE, TARGET)
+  return tuple(jnp.asarray(a, jnp.int32) for a in args), jnp.asarray(targets, jnp.int32)
+
+
+def model_loss_and_gradients(config, params):
+  """A training step's loss (token NLL at real targets, dropout on) and its gradients."""
+  args, targets = model_args()
+  model = Transformer(config.replace(deterministic=False, dropout_rate=0.1))
+
+  def loss(params):
+    logits = model.apply({"params": params}, *args, rngs={"dropout": jax.random.key(5)})
+    picked = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1)[..., 0]
+    return -jnp.sum(jnp.where(args[5] > 0, picked, 0))
+
+  return jax.jit(jax.value_and_grad(loss))(params)
+
+
+def assert_same_training(config, reference_config):
+  params = helpers.init_params(reference_config)
+  loss, grads = model_loss_and_gradients(config, params)
+  reference_loss, reference_grads = model_loss_and_gradients(reference_config, params)
+  np.testing.assert_allclose(loss, reference_loss, rtol=1e-5)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), grads, reference_grads
+  )
+
+
+@pytest.mark.usefixtures("cudnn_emulated")
+@pytest.mark.parametrize("decoder_start_id", [BOS_ID, PAD_ID])
+def test_cudnn_packed_model_loss_and_gradients_equal_the_default(monkeypatch, decoder_start_id):
+  """All 3 attention kinds of the model on the emulated kernel (its NaN at padding
+  included): the default's loss and gradients. The config stays float32 (cuDNN wants
+  bf16, the emulation does not): "auto" is made to stand for "cudnn_packed". A decoder
+  that starts with PAD (Marian) counts padding at position 0 as valid: still padding here."""
+  config = tiny_model_config(
+    num_encoder_layers=1, num_decoder_layers=1, decoder_start_id=decoder_start_id
+  )
+  params = helpers.init_params(config)
+  reference = model_loss_and_gradients(config, params)
+  calls = []
+
+  def packed(implementation, dtype):
+    calls.append(implementation)
+    return "cudnn_packed"
+
+  monkeypatch.setattr(fused_kernels, "resolve", packed)
+  loss_and_grads = model_loss_and_gradients(config, params)
+  assert len(calls) == 3  # encoder self, decoder self, cross
+  np.testing.assert_allclose(loss_and_grads[0], reference[0], rtol=1e-5)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+    loss_and_grads[1],
+    reference[1],
+  )
+
+
+def test_fused_kernels_refuse_a_backend_that_cannot_run_them():
+  """On this CPU: one `error:` line each (errors.BadValue, exit status 2 in run.py)."""
+  dummy = jnp.ones((1, 16), jnp.int32)
+  for implementation, dtype, words in (
+    ("cudnn_packed", "bfloat16", "needs an NVIDIA GPU with cuDNN, and this process runs on cpu"),
+    ("pallas", "float32", "runs Triton kernels on an NVIDIA GPU, and this process runs on cpu"),
+  ):
+    config = tiny_model_config(attention_implementation=implementation, dtype=dtype)
+    with pytest.raises(errors.BadValue, match=words) as raised:
+      Transformer(config).init(jax.random.key(0), dummy, dummy)
+    assert "\n" not in str(raised.value)
+
+
+def test_auto_stays_xla_until_the_constant_says_otherwise(monkeypatch):
+  monkeypatch.setattr(fused_kernels, "cudnn_packed_problem", lambda: None)  # a Hopper GPU
+  assert not fused_kernels.AUTO_PICKS_CUDNN_PACKED_ON_GPU
+  assert fused_kernels.resolve("auto", jnp.bfloat16) == "auto"
+  monkeypatch.setattr(fused_kernels, "AUTO_PICKS_CUDNN_PACKED_ON_GPU", True)
+  assert fused_kernels.resolve("auto", jnp.bfloat16) == "cudnn_packed"
+  assert fused_kernels.resolve("auto", jnp.float32) == "auto"  # cuDNN takes no float32
+  assert fused_kernels.resolve("xla", jnp.bfloat16) == "xla"
+  monkeypatch.setattr(fused_kernels, "cudnn_packed_problem", lambda: "needs a Hopper GPU")
+  assert fused_kernels.resolve("auto", jnp.bfloat16) == "auto"
+
+
+@pytest.mark.usefixtures("pallas_interpreted")
+@pytest.mark.parametrize("causal", [False, True])
+def test_pallas_self_attention_equals_the_default(causal):
+  q, k, v = qkv(3, 3, 16, 16)
+  valid, segments = jnp.asarray(SOURCE > 0), jnp.asarray(SOURCE)
+  assert_same_attention("pallas", q, k, v, AttentionMask(valid, valid, segments, segments, causal))
+
+
+@pytest.mark.usefixtures("pallas_interpreted")
+def test_pallas_leaves_cross_attention_and_odd_lengths_to_the_default(monkeypatch):
+  """Pallas' kernel takes one segment array for queries and keys, and Triton blocks of 16+
+  tokens: cross-attention, and rows of 12 tokens, go the default way (bit for bit)."""
+  q, k, v = qkv(4, 3, 16, 12)
+  source = jnp.asarray(packed_segments([[4, 6], [12], [3, 3]], 12))
+  mask = AttentionMask(jnp.asarray(TARGET > 0), source > 0, jnp.asarray(TARGET), source)
+  reference = fused_attention(q, k, v, mask, "auto")
+  np.testing.assert_array_equal(
+    fused_attention(q, k, v, mask, "pallas", cross_attention=True), reference
+  )
+  self_mask = AttentionMask(source > 0, source > 0, source, source)
+  np.testing.assert_array_equal(
+    fused_attention(k, k, v, self_mask, "pallas"), fused_attention(k, k, v, self_mask, "auto")
+  )
+  assert fused_kernels.pallas_block(12) is None and fused_kernels.pallas_block(48) == 16
+
+
+@pytest.mark.usefixtures("pallas_interpreted")
+def test_pallas_model_loss_and_gradients_equal_the_default():
+  config = tiny_model_config(num_encoder_layers=1, num_decoder_layers=1, num_heads=2)
+  assert_same_training(config.replace(attention_implementation="pallas"), config)
+
+
+def test_the_model_reaches_the_kernels_through_fused_attention(monkeypatch):
+  """MultiHeadAttention tells fused_attention which attentions are cross-attention."""
+  config = tiny_model_config(num_encoder_layers=1, num_decoder_layers=1)
+  params = helpers.init_params(config)
+  seen = []
+  real = attention.fused_attention
+
+  def spy(*args, cross_attention=False, **kwargs):
+    seen.append(cross_attention)
+    return real(*args, cross_attention=cross_attention, **kwargs)
+
+  monkeypatch.setattr(attention, "fused_attention", spy)
+  args, _ = model_args()
+  Transformer(config).apply({"params": params}, *args)
+  assert seen == [False, False, True]
