@@ -22,6 +22,9 @@ def get_config():
   config.model.update(
     d_model=128, num_heads=4, d_ff=512, num_encoder_layers=2, num_decoder_layers=2, dropout_rate=0.0
   )
+  # PyTorch's LayerNorm epsilon, which transformers' Marian fixes: `run.py export --to hf`
+  # computes the model exactly only with it (docs/exporting.md).
+  config.model.layer_norm_epsilon = 1e-5
   config.data.update(
     source="synthetic", num_train=50_000, num_eval=500, num_validation=200, seed=0, max_len=32
   )

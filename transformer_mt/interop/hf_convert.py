@@ -24,6 +24,7 @@ import flax
 import numpy as np
 
 from transformer_mt.data import text_files
+from transformer_mt.interop import hf_names
 from transformer_mt.model.attention import sinusoidal_encoding
 from transformer_mt.model.transformer import parameter_shapes
 from transformer_mt.model.transformer_config import TransformerConfig
@@ -165,37 +166,6 @@ def config_from_hf(hf_config: Any) -> TransformerConfig:
   )
 
 
-def _linear_to_heads(weight: np.ndarray, num_heads: int) -> np.ndarray:
-  """torch Linear weight [heads * head_dim, d_model] -> Q/K/V kernel [d_model, heads, head_dim]."""
-  return weight.T.reshape(weight.shape[1], num_heads, -1)
-
-
-def _attention(sd: dict, prefix: str, num_heads: int) -> dict:
-  params = {}
-  for ours, theirs in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj")):
-    params[ours] = {"kernel": _linear_to_heads(sd.pop(f"{prefix}.{theirs}.weight"), num_heads)}
-    bias = sd.pop(f"{prefix}.{theirs}.bias")
-    if ours != "key":  # softmax cancels a key bias exactly (see the module docstring)
-      params[ours]["bias"] = bias.reshape(num_heads, -1)  # [heads, head_dim]
-  out = sd.pop(f"{prefix}.out_proj.weight")  # [d_model, heads * head_dim]
-  params["out"] = {
-    "kernel": out.T.reshape(num_heads, -1, out.shape[0]),  # [heads, head_dim, d_model]
-    "bias": sd.pop(f"{prefix}.out_proj.bias"),
-  }
-  return params
-
-
-def _layer_norm(sd: dict, prefix: str) -> dict:
-  return {"scale": sd.pop(f"{prefix}.weight"), "bias": sd.pop(f"{prefix}.bias")}
-
-
-def _ffn(sd: dict, prefix: str) -> dict:
-  return {
-    "wi": {"kernel": sd.pop(f"{prefix}.fc1.weight").T, "bias": sd.pop(f"{prefix}.fc1.bias")},
-    "wo": {"kernel": sd.pop(f"{prefix}.fc2.weight").T, "bias": sd.pop(f"{prefix}.fc2.bias")},
-  }
-
-
 def _pop_first(sd: dict, *names: str) -> np.ndarray:
   """The first of `names` present (tied weights are saved under one of their names only)."""
   for name in names:
@@ -226,31 +196,14 @@ def params_from_hf(state_dict: Mapping[str, Any], hf_config: Any) -> dict:
   """
   model_type = _model_type(hf_config)
   config = config_from_hf(hf_config)
-  heads = config.num_heads
   sd = {name.removeprefix("model."): _to_numpy(x) for name, x in state_dict.items()}
-  params: dict[str, Any] = {}
-
-  for i in range(config.num_encoder_layers):
-    prefix = f"encoder.layers.{i}"
-    params[f"encoder_layers_{i}"] = {
-      "self_attention": _attention(sd, f"{prefix}.self_attn", heads),
-      "attention_block": {"norm": _layer_norm(sd, f"{prefix}.self_attn_layer_norm")},
-      "ffn": _ffn(sd, prefix),
-      "ffn_block": {"norm": _layer_norm(sd, f"{prefix}.final_layer_norm")},
-    }
-  for i in range(config.num_decoder_layers):
-    prefix = f"decoder.layers.{i}"
-    params[f"decoder_layers_{i}"] = {
-      "self_attention": _attention(sd, f"{prefix}.self_attn", heads),
-      "self_attention_block": {"norm": _layer_norm(sd, f"{prefix}.self_attn_layer_norm")},
-      "cross_attention": _attention(sd, f"{prefix}.encoder_attn", heads),
-      "cross_attention_block": {"norm": _layer_norm(sd, f"{prefix}.encoder_attn_layer_norm")},
-      "ffn": _ffn(sd, prefix),
-      "ffn_block": {"norm": _layer_norm(sd, f"{prefix}.final_layer_norm")},
-    }
-  if config.layer_norm_position == "pre":
-    params["encoder_norm"] = _layer_norm(sd, "encoder.layer_norm")
-    params["decoder_norm"] = _layer_norm(sd, "decoder.layer_norm")
+  flat: dict[str, np.ndarray] = {}  # our "/"-joined path -> array
+  for row in hf_names.shared_rows(config):
+    if row.theirs not in sd:
+      raise errors.BadValue(f"Hugging Face checkpoint lacks {row.theirs!r}.")
+    value = sd.pop(row.theirs)
+    if row.ours is not None:  # None: the key bias, which softmax cancels
+      flat[row.ours] = hf_names.to_ours(row, value, config.num_heads)
 
   final_logits_bias = sd.pop("final_logits_bias", None)
   if config.share_embeddings:
@@ -260,9 +213,9 @@ def params_from_hf(state_dict: Mapping[str, Any], hf_config: Any) -> dict:
     lm_head = sd.pop("lm_head.weight", None)
     if lm_head is not None and not np.array_equal(lm_head, embedding):
       raise errors.BadValue("Unsupported: an lm_head that is not tied to the shared embeddings.")
-    params["source_embedder"] = {"embedding": {"embedding": embedding}}
+    flat[hf_names.TIED_EMBEDDING.ours] = embedding
     if config.logits_bias:
-      params["logits_bias"] = final_logits_bias.reshape(-1)
+      flat[hf_names.LOGITS_BIAS.ours] = hf_names.to_ours(hf_names.LOGITS_BIAS, final_logits_bias, 0)
   else:
     source = _pop_first(sd, "encoder.embed_tokens.weight")
     target = _pop_first(sd, "decoder.embed_tokens.weight")
@@ -272,26 +225,20 @@ def params_from_hf(state_dict: Mapping[str, Any], hf_config: Any) -> dict:
     bias = np.zeros(output.shape[0], output.dtype)  # FSMT's projection has none
     if final_logits_bias is not None:
       bias = final_logits_bias.reshape(-1)
-    params["source_embedder"] = {"embedding": {"embedding": source}}
-    params["target_embedder"] = {"embedding": {"embedding": target}}
-    params["output_projection"] = {"kernel": output.T, "bias": bias}  # [d_model, vocab]
+    flat["source_embedder/embedding/embedding"] = source
+    flat["target_embedder/embedding/embedding"] = target
+    flat["output_projection/kernel"] = output.T  # [d_model, vocab]
+    flat["output_projection/bias"] = bias
 
-  for side, embedder in (("encoder", "source_embedder"), ("decoder", "target_embedder")):
-    if config.position_encoding == "learned":
-      params.setdefault(embedder, {})["position_embedding"] = {
-        "embedding": sd.pop(f"{side}.embed_positions.weight")
-      }
-    else:  # a fixed sinusoid (saved by FSMT): we compute it, so it must be the one we compute
+  if config.position_encoding != "learned":
+    # A fixed sinusoid (saved by FSMT): we compute it, so it must be the one we compute.
+    for side in ("encoder", "decoder"):
       _check_sinusoid(sd.pop(f"{side}.embed_positions.weight", None), config, side)
-    if config.embedding_layer_norm:
-      params.setdefault(embedder, {})["embedding_norm"] = _layer_norm(
-        sd, f"{side}.layernorm_embedding"
-      )
   if sd:
     raise errors.BadValue(
       f"Unsupported {model_type} checkpoint: weights our model has no place for: {sorted(sd)[:8]}"
     )
-  return _checked_against_model(params, config)
+  return _checked_against_model(flat, config)
 
 
 def _check_sinusoid(table: np.ndarray | None, config: TransformerConfig, side: str) -> None:
@@ -308,10 +255,10 @@ def _check_sinusoid(table: np.ndarray | None, config: TransformerConfig, side: s
     )
 
 
-def _checked_against_model(params: dict, config: TransformerConfig) -> dict:
-  """Casts to `param_dtype` and checks every name and shape against the model's own tree."""
+def _checked_against_model(flat: dict, config: TransformerConfig) -> dict:
+  """Our param tree of `flat` ("/"-joined path -> array), cast to `param_dtype` once every
+  name and shape is checked against the model's own tree."""
   expected = flax.traverse_util.flatten_dict(parameter_shapes(config), sep="/")
-  flat = flax.traverse_util.flatten_dict(params, sep="/")
   problems = [f"missing {name}" for name in sorted(set(expected) - set(flat))]
   problems += [f"unexpected {name}" for name in sorted(set(flat) - set(expected))]
   problems += [

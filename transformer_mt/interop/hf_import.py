@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import ml_collections
 
-from transformer_mt.config import registry
+from transformer_mt.config import defaults, registry
 from transformer_mt.data import fsmt_tokenizer, text_files
 from transformer_mt.data import multilingual_tokenizers as hf_tokenizers
 from transformer_mt.data.tokenizer import (
@@ -273,8 +273,11 @@ def run_config(
   # Its default early_stopping=False stops on a heuristic bound, and forced_eos_token_id
   # forces EOS at max_length; neither is reproduced.
   length_penalty = generation.get("length_penalty")
+  # The other decode keys (how beam search runs, not what it returns) keep their defaults, so
+  # that `run.py import ... decode.KEY=VALUE` takes any of them.
   config.decode = ml_collections.ConfigDict(
     dict(
+      defaults.base_config().decode.to_dict(),
       beam_size=int(generation.get("num_beams") or 1),
       alpha=1.0 if length_penalty is None else float(length_penalty),
       length_penalty="power",

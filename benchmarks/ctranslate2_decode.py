@@ -1,0 +1,210 @@
+"""Our beam search against CTranslate2 (float32 and int8) on the same weights and sentences.
+
+    python benchmarks/ctranslate2_decode.py --model base=WORKDIR --model tiny=WORKDIR
+                                            [--batch_sizes 1,32,128] [--sentences 16,128,256]
+                                            [--rounds 2] [--threads 2] [--data_root D]
+
+Each --model NAME=WORKDIR is a trained (or imported) workdir whose model `run.py export --to
+ctranslate2` converts: it is exported once, float32, into a temporary folder (not timed) and
+loaded by CTranslate2 twice, with compute_type "float32" and "int8" (weights quantized at
+load, activations float32). The three engines decode the same source lines at each batch size:
+  ours      Translator (what `run.py translate` runs) at beam 4, length penalty len ** 1.0
+            ("power", alpha 1), candidate pool "beam" (the project's default for its own models),
+            at most MAX_LEN (64) target tokens, for every sentence;
+  ct2 f32   ctranslate2.Translator.translate_batch at beam 4, length_penalty 1.0 (its default:
+            the score divided by the length), PAD and BOS suppressed as ours never emits them,
+            max_batch_size = the batch size (it sorts by length, as ours does), at most 64 tokens;
+  ct2 int8  the same with int8 weights.
+Both tokenize with the model's SentencePiece vocabulary and decode to text inside the timed call.
+
+Sources: the first N lines of Multi30k's test2016 (lowercased, tokenized: what the Multi30k
+experiments train on) under --data_root (default ../shared/data), N per batch size from
+--sentences (fewer at batch 1, where every engine is slowest). The engines run in alternating
+rounds (ours, f32, int8, ours, ...) in this one process, each round timing every engine once on
+the same lines; the table gives each engine's best round, so a burst of load from the other
+processes of a shared machine hits the engines alike. CTranslate2 runs on --threads intra-op
+threads (one translator); XLA on the cores this process may use. A warm-up round first (ours
+compiles each batch shape and source-length bucket there), not timed.
+
+Printed per model and batch size: sentences/s and target tokens/s (tokens of each best
+hypothesis, EOS excluded, the same count on both sides) of each engine, ours as a ratio of each
+CTranslate2 row (> 1: ours faster), the BLEU of each engine's translations against the
+references (the same search and weights: f32 should match ours closely, int8 differs) and how
+many translations equal ours. The load average before and after, and the CPU, are printed:
+the machine may be shared, which stretches wall times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import platform
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import jax  # noqa: E402
+
+from transformer_mt.decoding import translator as translate  # noqa: E402
+from transformer_mt.evaluation import corpus_scores  # noqa: E402
+from transformer_mt.interop import ct2_export  # noqa: E402
+from transformer_mt.runtime import compile_cache, sharding  # noqa: E402
+from transformer_mt.workdir import checkpointing  # noqa: E402
+
+SOURCES = "multi30k/test_2016_flickr.lc.norm.tok"
+BEAM = 4
+ALPHA = 1.0
+# Target tokens at most, EOS included, on both sides (a sentence of a briefly trained model may
+# repeat itself to the limit).
+MAX_LEN = 64
+ENGINES = ("ours", "ct2 f32", "ct2 int8")
+
+
+def cpu_name() -> str:
+  try:
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("model name"):
+        return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or "unknown CPU"
+
+
+def read_lines(data_root: str, language: str, count: int) -> list[str]:
+  path = pathlib.Path(data_root) / f"{SOURCES}.{language}"
+  return path.read_text(encoding="utf-8").splitlines()[:count]
+
+
+class Engines:
+  """The three engines of one model, each a callable lines -> translations."""
+
+  def __init__(self, workdir: str, directory: str, threads: int):
+    import ctranslate2
+    import sentencepiece
+
+    self.tokenizer = checkpointing.read_config(workdir)[1]
+    mesh = sharding.make_mesh(sharding.inference_mesh_config("data=1"), jax.devices()[:1])
+    self.workdir, self.mesh = workdir, mesh
+    self.ours = {}
+    self.ct2 = {
+      name: ctranslate2.Translator(
+        directory, device="cpu", compute_type=kind, intra_threads=threads, inter_threads=1
+      )
+      for name, kind in (("ct2 f32", "float32"), ("ct2 int8", "int8"))
+    }
+    spm = lambda name: sentencepiece.SentencePieceProcessor(model_file=f"{directory}/{name}")  # noqa: E731
+    self.source_spm, self.target_spm = spm("source.spm"), spm("target.spm")
+
+  def translator(self, batch_size: int):
+    if batch_size not in self.ours:
+      settings = [
+        "decode.length_penalty='power'",
+        "decode.candidate_pool='beam'",
+        f"decode.batch_size={batch_size}",
+        # One length limit for both engines: CTranslate2 has no per-sentence one.
+        f"decode.max_len={MAX_LEN}",
+        f"decode.extra_len={MAX_LEN}",
+      ]
+      self.ours[batch_size] = translate.load_translator(
+        self.workdir, mesh=self.mesh, beam_size=BEAM, alpha=ALPHA, decode_overrides=settings
+      )
+    return self.ours[batch_size]
+
+  def run(self, engine: str, lines: list[str], batch_size: int) -> list[str]:
+    """Each line's best translation."""
+    if engine == "ours":
+      return self.translator(batch_size).translate(lines)
+    pieces = [self.source_spm.encode(line, out_type=str) + ["</s>"] for line in lines]
+    results = self.ct2[engine].translate_batch(
+      pieces,
+      max_batch_size=batch_size,
+      beam_size=BEAM,
+      length_penalty=ALPHA,
+      max_decoding_length=MAX_LEN,
+      suppress_sequences=[["<pad>"], ["<s>"]],
+    )
+    return [self.target_spm.decode(r.hypotheses[0]) for r in results]
+
+
+def measure(engines: Engines, lines, references, batch_size: int, rounds: int) -> dict:
+  """engine -> (best seconds, translations, target tokens, BLEU) after a warm-up round.
+
+  Target tokens: the SentencePiece pieces of each translation, EOS excluded, counted alike
+  for every engine (the text encoded again)."""
+  outputs, best = {}, dict.fromkeys(ENGINES, float("inf"))
+  for round_ in range(rounds + 1):
+    for engine in ENGINES:
+      start = time.perf_counter()
+      outputs[engine] = engines.run(engine, lines, batch_size)
+      seconds = time.perf_counter() - start
+      if round_:  # round 0 is the warm-up (our compilation)
+        best[engine] = min(best[engine], seconds)
+  result = {}
+  for engine in ENGINES:
+    tokens = sum(len(engines.target_spm.encode(t)) for t in outputs[engine])
+    bleu = corpus_scores.corpus_bleu(outputs[engine], references, tokenized=True)[0]
+    result[engine] = (best[engine], outputs[engine], tokens, bleu)
+  return result
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--model", action="append", required=True, metavar="NAME=WORKDIR")
+  parser.add_argument("--batch_sizes", default="1,32,128")
+  parser.add_argument("--sentences", default="16,128,256", help="lines per batch size")
+  parser.add_argument("--rounds", type=int, default=2)
+  parser.add_argument("--threads", type=int, default=2, help="CTranslate2 intra-op threads")
+  parser.add_argument("--data_root", default=str(ROOT.parent / "shared" / "data"))
+  args = parser.parse_args()
+  compile_cache.enable()
+  batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+  counts = [int(n) for n in args.sentences.split(",")]
+  print(
+    f"CPU: {cpu_name()}, {os.cpu_count()} cores visible; load average before "
+    f"{os.getloadavg()[0]:.2f} (1 min); beam {BEAM}, length penalty len ** {ALPHA}"
+  )
+  start = time.perf_counter()
+  header = (
+    "| model | batch | sentences | engine | sentences/s | target tokens/s | ours / this "
+    "(tokens/s, sentences/s) | BLEU | equal to ours |"
+  )
+  rows = [header, "|" + "---|" * 9]
+  with tempfile.TemporaryDirectory() as scratch:
+    for spec in args.model:
+      name, _, workdir = spec.partition("=")
+      directory = os.path.join(scratch, name)
+      ct2_export.export_ctranslate2(workdir, directory)
+      engines = Engines(workdir, directory, args.threads)
+      for batch_size, count in zip(batch_sizes, counts):
+        lines = read_lines(args.data_root, "en", count)
+        references = read_lines(args.data_root, "de", count)
+        result = measure(engines, lines, references, batch_size, args.rounds)
+        ours_seconds, ours_texts, ours_tokens, _ = result["ours"]
+        for engine in ENGINES:
+          seconds, texts, tokens, bleu = result[engine]
+          ratio = (
+            "–"
+            if engine == "ours"
+            else (
+              f"{(ours_tokens / ours_seconds) / (tokens / seconds):.2f}x, "
+              f"{seconds / ours_seconds:.2f}x"
+            )
+          )
+          same = sum(a == b for a, b in zip(texts, ours_texts))
+          rows.append(
+            f"| {name} | {batch_size} | {len(lines)} | {engine} | {len(lines) / seconds:.1f} | "
+            f"{tokens / seconds:.0f} | {ratio} | {bleu:.2f} | {same}/{len(lines)} |"
+          )
+  print("\n".join(rows))
+  print(
+    f"load average after {os.getloadavg()[0]:.2f} (1 min); "
+    f"{time.perf_counter() - start:.0f} s in all"
+  )
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,208 @@
+"""The model card (README.md) of an exported model, as the Hugging Face hub reads one.
+
+YAML front matter first (the hub's model-card metadata: languages, `translation` tag, license,
+metrics, and a model-index of the recorded scores), then what a reader of the hub page wants:
+the experiment, its training data and steps, the architecture, the scores the workdir's own
+evaluations recorded (WORKDIR/eval/*.json, written by `run.py evaluate`) and how to use it.
+
+The license is "unknown" unless the config names one: a model trained here is under whatever
+its training data allows, which only the person exporting it knows.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import ml_collections
+
+from transformer_mt.model.transformer_config import TransformerConfig
+
+FILENAME = "README.md"
+
+
+def eval_reports(workdir: str) -> list[dict]:
+  """The reports of `run.py evaluate` in WORKDIR/eval/ (file names sorted), each with its
+  "file"; reports that are not JSON objects are skipped."""
+  reports = []
+  for path in sorted(glob.glob(os.path.join(workdir, "eval", "*.json"))):
+    try:
+      with open(path, encoding="utf-8") as f:
+        report = json.load(f)
+    except (OSError, ValueError):
+      continue
+    if isinstance(report, dict) and "sacrebleu" in report:
+      reports.append(dict(report, file=os.path.basename(path)))
+  return reports
+
+
+def training_data(data: ml_collections.ConfigDict) -> str:
+  """One line naming where the training pairs came from."""
+  if data.source == "synthetic":
+    return (
+      f"{data.num_train:,} pairs of the offline synthetic language pair "
+      f"(transformer_mt/data/synthetic.py, seed {data.seed})"
+    )
+  if data.source == "tfds":
+    return f"TFDS `{data.tfds_name}` ({data.source_lang}-{data.target_lang})"
+  if data.source == "local":
+    files = list(data.train_prefixes) or list(data.split_prefixes)
+    files += list(data.extra_train_prefixes)
+    names = ", ".join(f"`{os.path.basename(f)}`" for f in files) or "local text files"
+    return f"local text files {names} ({data.source_lang}-{data.target_lang})"
+  return f"data source {data.source!r}"
+
+
+def _experiment(config: ml_collections.ConfigDict, otherwise: str) -> str:
+  """The registry's experiment name (an import's config has none), or `otherwise`."""
+  return config.experiment if "experiment" in config else otherwise
+
+
+def _training_rows(config: ml_collections.ConfigDict, step: int) -> list[str]:
+  """The table rows saying where the weights came from: a run's data and steps, or an import."""
+  # run.py import (whose config alone has init.source): step 0 holds the published weights
+  if "source" in config.init and config.init.source == "hf":
+    return [f"| weights | imported from Hugging Face: `{config.init.name}` |"]
+  return [
+    f"| training data | {training_data(config.data)} |",
+    f"| steps | {step:,} (of {int(config.train.num_steps):,} configured) |",
+  ]
+
+
+def _front_matter(config: ml_collections.ConfigDict, reports: list[dict]) -> list[str]:
+  languages = sorted({config.data.source_lang, config.data.target_lang})
+  lines = ["---", "language:", *(f"- {code}" for code in languages)]
+  lines += ["tags:", "- translation", "- transformer_mt", "license: unknown"]
+  lines += ["library_name: transformers", "pipeline_tag: translation", "metrics:", "- bleu"]
+  if any("chrf" in r for r in reports):
+    lines.append("- chrf")
+  if reports:
+    name = _experiment(config, "model")
+    lines += ["model-index:", f"- name: {name}", "  results:"]
+    pair = f"{config.data.source_lang}-{config.data.target_lang}"
+    for report in reports:
+      lines += [
+        "  - task:",
+        "      type: translation",
+        f"      name: Translation {pair}",
+        "    dataset:",
+        f"      name: {report.get('split', 'test')}",
+        f"      type: {report.get('split', 'test')}",
+        "    metrics:",
+        "    - type: bleu",
+        f"      value: {report['sacrebleu']:.2f}",
+        f"      name: sacreBLEU (beam {report.get('beam_size')}, step {report.get('step')})",
+      ]
+      if "chrf" in report:
+        lines += ["    - type: chrf", f"      value: {report['chrf']:.2f}", "      name: chrF"]
+  return lines + ["---"]
+
+
+def model_card(
+  config: ml_collections.ConfigDict,
+  model_config: TransformerConfig,
+  step: int,
+  reports: list[dict],
+  target: str = "hf",
+) -> str:
+  """README.md of an export of checkpoint `step` of a run with `config`, to `target` ("hf":
+  a MarianMTModel directory; "ctranslate2": a CTranslate2 model converted from one)."""
+  name = _experiment(config, "(an imported model)")
+  source, target = config.data.source_lang, config.data.target_lang
+  lines = _front_matter(config, reports)
+  lines += [
+    "",
+    f"# {name}: {source}→{target} Transformer",
+    "",
+    config.description or "",
+    "",
+    f"Trained with transformer_mt (JAX/Flax) and exported with `run.py export --to {target}`"
+    + (
+      ": a CTranslate2 model converted by CTranslate2's TransformersConverter from a "
+      "MarianMTModel export"
+      if target == "ctranslate2"
+      else " as a MarianMTModel"
+    )
+    + ", which computes what the original model computes (log-probabilities equal to float32 "
+    "rounding).",
+    "",
+    "| | |",
+    "|---|---|",
+    f"| experiment | `{name}` |",
+    *_training_rows(config, step),
+    f"| architecture | {model_config.num_encoder_layers}+{model_config.num_decoder_layers} "
+    f"layers, d_model {model_config.d_model}, {model_config.num_heads} heads, FFN "
+    f"{model_config.d_ff}, {model_config.activation}, post-LN, tied embeddings |",
+    f"| vocabulary | {model_config.vocab_size:,} SentencePiece pieces, shared by both sides |",
+    "",
+    "## Evaluation",
+    "",
+  ]
+  if reports:
+    lines += [
+      "Recorded by `run.py evaluate` in the workdir's eval/ folder:",
+      "",
+      "| split | step | beam | alpha | sentences | sacreBLEU | chrF | signature |",
+      "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in reports:
+      chrf = f"{r['chrf']:.2f}" if "chrf" in r else "–"
+      lines.append(
+        f"| {r.get('split')} | {r.get('step')} | {r.get('beam_size')} | {r.get('alpha')} | "
+        f"{r.get('num_sentences')} | {r['sacrebleu']:.2f} | {chrf} | "
+        f"`{r.get('sacrebleu_signature', '')}` |"
+      )
+  else:
+    lines.append("No evaluation was recorded (`run.py evaluate` writes WORKDIR/eval/*.json).")
+  lines += ["", "## Use", ""] + (_use_ctranslate2 if target == "ctranslate2" else _use_hf)(config)
+  return "\n".join(lines)
+
+
+def _decoding(decode: ml_collections.ConfigDict) -> str:
+  """What the run's own decoding was, and how close `generate` and CTranslate2 come to it."""
+  same = (decode.length_penalty, decode.candidate_pool) == ("power", "hf")
+  return (
+    f"The run decoded with beam {decode.beam_size} and length penalty alpha {decode.alpha} "
+    f"({decode.length_penalty!r}, candidate pool {decode.candidate_pool!r}). transformers' "
+    "`generate` reproduces our beam search token for token with our "
+    'decode.length_penalty="power" (len ** alpha) and decode.candidate_pool="hf"'
+    + ("." if same else "; with this run's settings a few translations may differ.")
+  )
+
+
+def _use_hf(config: ml_collections.ConfigDict) -> list[str]:
+  return [
+    "```python",
+    "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer",
+    "",
+    'tokenizer = AutoTokenizer.from_pretrained("PATH")',
+    'model = AutoModelForSeq2SeqLM.from_pretrained("PATH")',
+    'batch = tokenizer(["..."], return_tensors="pt", padding=True)',
+    "print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))",
+    "```",
+    "",
+    f"generation_config.json holds beam {config.decode.beam_size} and length_penalty "
+    f"{config.decode.alpha}, with EOS never forced and PAD and the decoder start token "
+    "suppressed, as ours never emits them. " + _decoding(config.decode),
+    "",
+  ]
+
+
+def _use_ctranslate2(config: ml_collections.ConfigDict) -> list[str]:
+  decode = config.decode
+  return [
+    "```python",
+    "import ctranslate2, sentencepiece",
+    "",
+    'sp = sentencepiece.SentencePieceProcessor(model_file="PATH/source.spm")',
+    'translator = ctranslate2.Translator("PATH", device="cpu")',
+    'pieces = [sp.encode(line, out_type=str) + ["</s>"] for line in ["..."]]',
+    f"results = translator.translate_batch(pieces, beam_size={decode.beam_size}, "
+    f"length_penalty={decode.alpha})",
+    "print([sp.decode(r.hypotheses[0]) for r in results])",
+    "```",
+    "",
+    "Sources end with EOS (`</s>`), as the model was trained. " + _decoding(decode),
+    "",
+  ]
