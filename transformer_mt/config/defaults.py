@@ -74,9 +74,10 @@ def base_config() -> ml_collections.ConfigDict:
   # PREFIX.<a> / PREFIX.<b> of extra_train_langs="a,b" ("" = source_lang,target_lang).
   config.data.extra_train_prefixes = []
   config.data.extra_train_langs = ""
-  # Local text: the cache folder of the train split's line indexes, made once per file version
-  # ("" = $XDG_CACHE_HOME/transformer_mt/prepared, else ~/.cache/transformer_mt/prepared); see
-  # docs/data.md and `run.py prepare`.
+  # Local text: the cache folder of the train split's line indexes, made once per file content
+  # (keyed by its digest; hosts sharing the folder share them, and nothing is deleted but by
+  # `run.py prepare --remove_unused_days`) ("" = $XDG_CACHE_HOME/transformer_mt/prepared, else
+  # ~/.cache/transformer_mt/prepared); see docs/data.md.
   config.data.prepared_dir = ""
   config.data.test_size = 1000
   config.data.validation_size = 1000
