@@ -109,18 +109,21 @@ def peak_bytes(stats) -> int:
   )
 
 
-def compile_train_step(setup, mesh, batch, label_smoothing: float):
+def compile_train_step(setup, mesh, batch, label_smoothing: float, loss_chunk_tokens: int = 0):
   """One train step compiled ahead of time as train_step.jit_train_step compiles it (sharded
   in/out, the state donated); `batch` may be abstract (ShapeDtypeStruct). Its
   `memory_analysis()` is the program's own figure, where a backend's `peak_bytes_in_use` is
   the whole process's peak so far; call it under `jax.set_mesh(mesh)` and the logical axis
-  rules."""
+  rules. `loss_chunk_tokens`: train.loss_chunk_tokens (0: the loss from the full logits)."""
   step = functools.partial(
     train_step.train_step,
     model=setup.model,
     tx=setup.tx,
     schedule=setup.schedule,
     label_smoothing=label_smoothing,
+    loss_chunk_tokens=loss_chunk_tokens,
+    # The dropout key's PRNG the setup's state was made for (train.prng_impl).
+    prng_impl=setup.prng_impl,
   )
   jitted = jax.jit(
     step,

@@ -174,9 +174,54 @@ def test_transformer_lazy_reordering_equals_always_gather():
     np.testing.assert_array_equal(getattr(out, name), getattr(reference, name), err_msg=name)
 
 
+@pytest.mark.parametrize("candidate_pool", ["beam", "2beam", "hf", "fairseq"])
+def test_accelerator_options_give_the_default_outputs(candidate_pool):
+  """cache_reorder="gather" (every self-attention leaf taken whole at every step, no cond, no
+  chunk loop) with stop_check_every=3 (the stopping condition read every 3 steps, the last
+  iteration running past the end) returns what the default (chunked copy, a check per step)
+  returns, bit for bit, for every pool; the searches run past the first 16-position chunk.
+  (One program for both options: each is also checked alone on the toy models of
+  test_beam_search.py, which compile in a fraction of the time.)"""
+  params, inputs, max_len = transformer_params(), transformer_inputs(), 20
+  max_lengths = jnp.array([20, 17, 20, 19], jnp.int32)
+
+  def search(**options):
+    return bs.beam_decode(
+      params,
+      inputs,
+      CONFIG,
+      beam_size=3,
+      max_len=max_len,
+      max_lengths=max_lengths,
+      candidate_pool=candidate_pool,
+      **options,
+    )
+
+  reference = jax.tree.map(np.asarray, search())
+  assert reference.num_steps > 16 and reference.num_steps % 3 != 0
+  out = jax.tree.map(np.asarray, search(cache_reorder="gather", stop_check_every=3))
+  for name in ("sequences", "scores", "all_sequences", "all_scores", "all_log_probs"):
+    np.testing.assert_array_equal(getattr(out, name), getattr(reference, name), err_msg=name)
+  # The same steps, each one with a copy.
+  assert out.num_steps == out.num_reorders == reference.num_steps
+
+
+def test_auto_cache_reorder_is_the_default_program_on_cpu():
+  """decode.cache_reorder="auto" on this CPU: the chunked copy, the very program of the
+  default (the other platforms' "gather" is checked by `beam_search.resolve_cache_reorder`)."""
+  params, inputs = transformer_params(), transformer_inputs()
+  lowered = functools.partial(bs.beam_decode.lower, params, inputs, CONFIG, beam_size=3, max_len=8)
+  assert lowered(cache_reorder="auto").as_text() == lowered().as_text()
+  assert lowered(cache_reorder="gather").as_text() != lowered().as_text()
+  assert bs.resolve_cache_reorder("auto", "gpu") == bs.resolve_cache_reorder("auto", "tpu")
+  assert bs.resolve_cache_reorder("auto", "tpu") == "gather"
+  assert bs.resolve_cache_reorder("auto", "cpu") == "chunked"
+
+
 def test_decode_options_reach_beam_decode(monkeypatch):
-  """An experiment's decode.length_penalty / decode.candidate_pool go through
-  `settings.decode_settings` and the Translator to beam_decode's static arguments; configs
+  """An experiment's decode.length_penalty / candidate_pool / cache_reorder /
+  stop_check_every go through `settings.decode_settings` and the Translator to beam_decode's
+  static arguments ("auto" resolved by the mesh's platform: this CPU's "chunked"); configs
   without them keep the defaults, and an unknown value is refused when settings are read."""
   import ml_collections
 
@@ -188,16 +233,19 @@ def test_decode_options_reach_beam_decode(monkeypatch):
   section = dict(batch_size=2, max_len=8, beam_size=3, alpha=1.0)
   old = decode_settings(defaults.complete(ml_collections.ConfigDict({"decode": section})))
   assert (old["length_penalty"], old["candidate_pool"]) == ("gnmt", "beam")
+  assert (old["cache_reorder"], old["stop_check_every"]) == ("chunked", 1)
+  chosen = dict(length_penalty="power", candidate_pool="hf", cache_reorder="auto")
   config = defaults.complete(
-    ml_collections.ConfigDict(
-      {"decode": dict(section, length_penalty="power", candidate_pool="hf")}
-    )
+    ml_collections.ConfigDict({"decode": dict(section, **chosen, stop_check_every=4)})
   )
   settings = decode_settings(config)
-  with pytest.raises(ValueError, match=r"decode.candidate_pool='top'.*beam, 2beam, hf, fairseq"):
-    decode_settings(
-      defaults.complete(ml_collections.ConfigDict({"decode": dict(section, candidate_pool="top")}))
-    )
+  for bad, message in (
+    (dict(candidate_pool="top"), r"decode.candidate_pool='top'.*beam, 2beam, hf, fairseq"),
+    (dict(cache_reorder="fast"), r"decode.cache_reorder='fast'.*chunked, gather, auto"),
+    (dict(stop_check_every=0), r"decode.stop_check_every=0: expected"),
+  ):
+    with pytest.raises(ValueError, match=message):
+      decode_settings(defaults.complete(ml_collections.ConfigDict({"decode": {**section, **bad}})))
 
   calls = []
 
@@ -212,7 +260,14 @@ def test_decode_options_reach_beam_decode(monkeypatch):
   )
   translator._decode_batch([[5, 9, EOS_ID]])
   assert calls == [
-    dict(beam_size=3, forced_first_id=None, length_penalty="power", candidate_pool="hf")
+    dict(
+      beam_size=3,
+      forced_first_id=None,
+      length_penalty="power",
+      candidate_pool="hf",
+      cache_reorder="chunked",
+      stop_check_every=4,
+    )
   ]
 
 

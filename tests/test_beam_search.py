@@ -414,6 +414,57 @@ def test_skipping_unneeded_reorders_changes_nothing(alpha):
       np.testing.assert_array_equal(getattr(out, name), getattr(reference, name), err_msg=name)
 
 
+# What beam_search returns, all of it but the cache reorder count.
+OUTPUT_FIELDS = ("sequences", "scores", "all_sequences", "all_scores", "all_log_probs", "num_steps")
+
+
+@pytest.mark.parametrize(
+  "candidate_pool, length_penalty, alpha, early_stopping",
+  [
+    ("beam", "gnmt", 0.6, True),
+    ("2beam", "power", 0.6, True),
+    ("hf", "power", 1.0, True),
+    ("fairseq", "power", 1.0, True),
+    ("beam", "gnmt", 0.6, False),
+    ("fairseq", "power", 1.0, False),
+  ],
+)
+def test_accelerator_loop_options_change_nothing(
+  candidate_pool, length_penalty, alpha, early_stopping
+):
+  """Reordering at every step without a cond (conditional_reorder=False), and reading the
+  stopping condition every 4 or 5 steps (stop_check_every; 5 together with the first): the
+  default loop's hypotheses, scores, log-probs and step count, for every pool. The
+  second-order tables read the previous token back from the cache, so a reorder that went
+  wrong shows. max_len 7 is no multiple of 4 or 5: without early stopping the last
+  iteration runs past it (those steps must be discarded); with it the searches end within 7
+  steps, a count that 4 and 5 do not both divide, so steps taken after the end must be
+  discarded too."""
+  tables = markov_tables(seeds=[3, 7, 11, 19], order=2, eos_bias=None)
+  max_len, max_lengths = 7, [7, 5, 6, 7]
+  options = dict(
+    alpha=alpha,
+    max_lengths=max_lengths,
+    early_stopping=early_stopping,
+    candidate_pool=candidate_pool,
+    length_penalty=length_penalty,
+  )
+  reference = run_toy(tables, beam=3, max_len=max_len, **options)
+  assert 0 < reference.num_steps <= max_len  # so 4 or 5 leaves a remainder
+  for variant in (
+    dict(conditional_reorder=False),
+    dict(stop_check_every=4),
+    dict(conditional_reorder=False, stop_check_every=5),
+  ):
+    out = run_toy(tables, beam=3, max_len=max_len, **options, **variant)
+    for name in OUTPUT_FIELDS:
+      np.testing.assert_array_equal(getattr(out, name), getattr(reference, name), err_msg=name)
+    if variant.get("conditional_reorder") is False:  # a copy at every step
+      assert out.num_reorders == out.num_steps
+    else:
+      assert out.num_reorders == reference.num_reorders
+
+
 def fairseq_reference(table, beam, max_length, lenpen):
   """fairseq 0.9's SequenceGenerator with search.BeamSearch, as fairseq-generate runs it by
   default (min_len 1, max_len_a 0, normalize_scores, unk_penalty 0), transcribed in plain

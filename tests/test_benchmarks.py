@@ -47,3 +47,21 @@ def test_the_accelerator_check_runs_at_tiny_sizes_on_cpu():
   assert any(line.startswith("attention: ") for line in lines)
   (check,) = [line for line in lines if line.startswith("bf16 loss ")]
   assert "within the tolerance" in check, check
+
+
+@pytest.mark.slow
+def test_the_input_bound_check_runs_at_tiny_size(monkeypatch):
+  """benchmarks/_input_bound.py, as accelerator.py would call it: the tiny row trains from its
+  generated corpus through the real pipeline and reports both step rates and the waiting share
+  ("auto" workers: none on this CPU)."""
+  monkeypatch.syspath_prepend(str(ROOT))
+  from benchmarks import _input_bound
+
+  lines = []
+  (figures,) = _input_bound.input_bound_figures(
+    tiny=True, workers=("auto", 0), print_line=lines.append
+  )
+  assert figures["workers"] == 0 and figures["target_slots_per_step"] == 512
+  assert figures["fed_step_ms"] > 0 and figures["fixed_step_ms"] > 0
+  assert 0.0 <= figures["waiting_share"] <= 1.0
+  assert lines == [_input_bound.format_line(figures)] and "fed/fixed" in lines[0]

@@ -87,8 +87,10 @@ def base_config() -> ml_collections.ConfigDict:
   config.data.max_len = 64
   # Worker processes that tokenize, filter and pack (0: in the training process). 1 gives the
   # same batches as 0; 2 or more a different (still deterministic) order, so a run resumes
-  # only with the number it started with.
-  config.data.num_workers = 0
+  # only with the number it started with. "auto": 0 on CPU, on GPU/TPU a count from the host's
+  # cores (data/worker_count.py), recorded in the run's checkpoints and kept by a resume
+  # (training/auto_settings.py). A field of any type: an int or "auto".
+  config.data.num_workers = ml_collections.FieldReference("auto", field_type=object)
   # Resume over training data that changed since the checkpoint (other files, pair count or
   # tokenizer): False stops with one error naming the change; True warns and goes on, the
   # saved position now in a different shuffle.
@@ -129,12 +131,22 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.grad_clip_norm = 0.0
   # Label smoothing epsilon: q(k) = (1 - eps) 1[k = y] + eps / |V|.
   config.train.label_smoothing = 0.1
+  # The loss from the full float32 logits [tokens, vocab] (0), or from the decoder's states a
+  # chunk of about this many target tokens at a time (e.g. 8192), the logits recomputed in the
+  # backward pass: the same loss, gradients and metrics without the step's largest buffers,
+  # for one more vocabulary matmul (training/chunked_loss.py). Validation follows it too.
+  config.train.loss_chunk_tokens = 0
   # On a NaN/Inf loss or gradient: "stop" (exit naming the step) or "skip" (drop the update,
   # count it). Either way the update is never applied and the checkpoints stay clean. A
   # skipped step is optax.apply_if_finite's: params, Adam state and the schedule's count
   # stay as they were (the logged learning_rate is the schedule at that count); only the
   # step number, the data and the dropout key move on.
   config.train.nonfinite = "stop"
+  # The PRNG of the dropout masks: "threefry2x32" (JAX's default), "rbg" or "unsafe_rbg" (XLA's
+  # RngBitGenerator, MaxText's choice on accelerators; other masks at the same rate), or "auto"
+  # (unsafe_rbg on GPU/TPU, threefry2x32 on CPU: the proposed GPU default, not yet measured).
+  # Recorded in the checkpoints; a resume with another one stops (training/dropout_rng.py).
+  config.train.prng_impl = "threefry2x32"
   # Fault injection for tests and drills: poison this step's loss with NaN (0: never).
   config.train.inject_nonfinite_at = 0
   # Steps between metric log lines.
@@ -196,6 +208,16 @@ def base_config() -> ml_collections.ConfigDict:
   config.decode.max_len = 128
   # Sentences translated per decode batch.
   config.decode.batch_size = 64
+  # How beam search reorders the beams' KV cache: "chunked" (only the positions written, and
+  # only at steps where a beam changed parent: the CPU path), "gather" (every position at every
+  # step, no lax.cond or inner loop: for GPUs, where each may be a host round trip) or "auto"
+  # (chunked on CPU, gather on GPU/TPU: the proposed GPU default, not yet measured). The same
+  # translations either way (decoding/beam_search.py).
+  config.decode.cache_reorder = "chunked"
+  # Beam search reads its stopping condition once every this many decoder steps (1: after
+  # each); more means fewer host round trips on a GPU, at most this - 1 wasted steps per
+  # batch, the same translations.
+  config.decode.stop_check_every = 1
   return config
 
 

@@ -80,6 +80,18 @@ tests/test_beam_decode.py):
   block of queries, `attention.decode_attention`). None of this changes a value, so
   results are bit-identical to gathering the whole self-attention cache after every step
   (`always_gather=True`, the reference path).
+* On an accelerator. Every step of the loop above holds three data-dependent control
+  decisions: the while_loop's condition, the lax.cond of the reorder and the chunked copy's
+  fori_loop, whose trip count is the positions written; on a GPU each may cost a round trip
+  to the host. `beam_decode(cache_reorder=...)` picks the copy: "chunked" (the CPU path
+  above, the default), "gather" (every self-attention leaf taken whole at every step,
+  `decode.gather_all_rows`: no cond, no inner loop, more bytes moved) or "auto" (chunked on
+  CPU, gather on GPU/TPU). `stop_check_every` = k > 1 runs k steps per while_loop iteration,
+  so the stopping condition is read once every k steps; a step taken after the search is
+  done (or at the maximum length) leaves the result as it was (`_steps_while_searching`).
+  All choices give bit-identical hypotheses, scores and step counts
+  (tests/test_beam_search.py, tests/test_beam_decode.py); which is faster on a GPU is for
+  the device run (benchmarks/accelerator.py) to measure.
 """
 
 from __future__ import annotations
@@ -106,6 +118,20 @@ NEG_INF = -jnp.inf
 
 LENGTH_PENALTIES = ("gnmt", "power")
 CANDIDATE_POOLS = ("beam", "2beam", "hf", "fairseq")
+# How beam_decode reorders the self-attention cache (module docstring, "On an accelerator").
+CACHE_REORDERS = ("chunked", "gather", "auto")
+# Platforms where "auto" gathers whole leaves; elsewhere (CPU) it copies the written chunks.
+GATHER_PLATFORMS = ("gpu", "tpu")
+
+
+def resolve_cache_reorder(cache_reorder: str, platform: str | None = None) -> str:
+  """The reorder `cache_reorder` stands for, "chunked" or "gather": itself, or for "auto" the
+  one for `platform` (default: JAX's default backend)."""
+  if cache_reorder not in CACHE_REORDERS:
+    raise errors.BadValue(f"cache_reorder {cache_reorder!r}: expected one of {CACHE_REORDERS}.")
+  if cache_reorder != "auto":
+    return cache_reorder
+  return "gather" if (platform or jax.default_backend()) in GATHER_PLATFORMS else "chunked"
 
 
 def penalty(length: jax.Array, alpha: float, kind: str = "gnmt") -> jax.Array:
@@ -220,6 +246,47 @@ def sorted_by_score(state: BeamState) -> BeamState:
   )
 
 
+def check_stop_check_every(every) -> None:
+  """Raises BadValue unless `every` (decode.stop_check_every) is an int >= 1."""
+  if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+    raise errors.BadValue(
+      f"stop_check_every={every!r}: expected a number of decoder steps, 1 or more (1: the "
+      "stopping condition after every step)."
+    )
+
+
+def _steps_while_searching(
+  step: Callable[[BeamState], BeamState], searching: Callable[[BeamState], jax.Array], k: int
+) -> Callable[[BeamState], BeamState]:
+  """A while_loop body running `step` k times, for a loop that reads `searching` only once
+  every k steps.
+
+  The loop's condition holds for the first of the k steps. Each later one is taken whatever
+  `searching` says, then kept only if it held (a select on one scalar, not a lax.cond: no
+  predicate leaves the device). A step not kept leaves every field as it was, so the state
+  stays not-searching and the loop ends with exactly the state, step count and reorder count
+  of a check after every step, up to k - 1 steps of wasted work. Only the cache is not
+  restored, to spare a copy of it per step: no kept step reads it again, and it is not part
+  of the result. (Such a step may write past the last position; those writes are clamped or
+  dropped, and discarded with the rest of it.)
+  """
+
+  def body(state: BeamState) -> BeamState:
+    state = step(state)
+    for _ in range(k - 1):
+      keep = searching(state)  # bool []
+      stepped = step(state)
+      kept = jax.tree.map(
+        lambda new, old, keep=keep: jnp.where(keep, new, old),
+        stepped.replace(cache=None),
+        state.replace(cache=None),
+      )
+      state = kept.replace(cache=stepped.cache)
+    return state
+
+  return body
+
+
 def beam_search(
   tokens_to_logits: TokensToLogits,
   initial_cache: Any,
@@ -237,6 +304,8 @@ def beam_search(
   length_penalty: str = "gnmt",
   candidate_pool: str = "beam",
   normalize: bool = True,
+  conditional_reorder: bool = True,
+  stop_check_every: int = 1,
 ) -> BeamSearchOutput:
   """Beam search over `tokens_to_logits`; call it inside `jax.jit` (it traces one loop).
 
@@ -265,6 +334,11 @@ def beam_search(
     normalize: the step returns logits, turned into log-probabilities here (log-softmax).
       False: it returns the per-token scores to add up as they are (an ensemble's mean of
       its members' log-probabilities, `decode.model_step`), which need not sum to one.
+    conditional_reorder: True skips the reorder (a lax.cond) at steps where every beam
+      extends itself; False calls `gather_cache` at every step, with no cond (for GPUs, where
+      the cond's predicate may cost a host round trip). Same results.
+    stop_check_every: k >= 1 steps per while_loop iteration: the stopping condition is read
+      once every k steps (module docstring). Same results, the step count included.
 
   Returns:
     BeamSearchOutput: the best hypothesis per sentence and all `beam_size` of them.
@@ -273,6 +347,7 @@ def beam_search(
     raise errors.BadValue(f"length_penalty {length_penalty!r}: expected one of {LENGTH_PENALTIES}.")
   if candidate_pool not in CANDIDATE_POOLS:
     raise errors.BadValue(f"candidate_pool {candidate_pool!r}: expected one of {CANDIDATE_POOLS}.")
+  check_stop_check_every(stop_check_every)
   lp = functools.partial(penalty, alpha=alpha, kind=length_penalty)
   # Extensions ranked per step: beam_size for "beam", 2 * beam_size for the others.
   num_candidates = beam_size if candidate_pool == "beam" else 2 * beam_size
@@ -330,6 +405,8 @@ def beam_search(
     """
     if beam_size == 1:  # the single beam always extends itself
       return jnp.array(False), cache
+    if not conditional_reorder:  # a copy at every step, no predicate
+      return jnp.array(True), gather_cache(cache, _parent_rows(parents))
     # Any beam that changed parent means a gather; only when every beam of every sentence
     # extends itself is there nothing to copy.
     reorder = jnp.any(parents != jnp.arange(beam_size, dtype=jnp.int32))
@@ -409,6 +486,8 @@ def beam_search(
       num_reorders=state.num_reorders + reordered.astype(jnp.int32),
     )
 
+  if stop_check_every > 1:
+    body = _steps_while_searching(body, not_done, stop_check_every)
   final = jax.lax.while_loop(not_done, body, initial)
   if candidate_pool == "fairseq":
     final = sorted_by_score(final)
@@ -443,6 +522,8 @@ def beam_search(
     "length_penalty",
     "candidate_pool",
     "forced_first_id",
+    "cache_reorder",
+    "stop_check_every",
   ),
 )
 def beam_decode(
@@ -457,6 +538,8 @@ def beam_decode(
   forced_first_id: int | None = None,
   length_penalty: str = "gnmt",
   candidate_pool: str = "beam",
+  cache_reorder: str = "chunked",
+  stop_check_every: int = 1,
 ) -> BeamSearchOutput:
   """Beam search with the Transformer for `inputs` int [batch, src_len] (0 = pad).
 
@@ -479,6 +562,11 @@ def beam_decode(
       transformers' `generate(num_beams=..., length_penalty=alpha, early_stopping="never")`,
       "power" and "fairseq" fairseq-generate's `--beam ... --lenpen alpha --max-len-a 0
       --max-len-b max_len - 1`.
+    cache_reorder: "chunked" (the written positions, when some beam changed parent: the CPU
+      path), "gather" (every leaf whole at every step: no cond, no inner loop) or "auto"
+      (chunked on CPU, gather on GPU/TPU, by JAX's default backend); module docstring.
+    stop_check_every: read the stopping condition once every this many steps (module
+      docstring). Neither changes a result.
 
   An ensemble (`params` a tuple of parameter trees, `config` the tuple of their configs;
   `incremental`'s module docstring) searches over the mean of its members' log-probabilities.
@@ -501,6 +589,7 @@ def beam_decode(
     logits, cache = step(tokens, position, decode.merge_cache(cache, cross_cache))
     return logits, decode.split_cache(cache)[0]
 
+  gather_whole = resolve_cache_reorder(cache_reorder) == "gather"
   return beam_search(
     tokens_to_logits,
     cache,
@@ -517,5 +606,7 @@ def beam_decode(
     # An ensemble's step gives mean log-probabilities, to be searched over as they are.
     normalize=not decode.is_ensemble(config),
     always_gather=always_gather,
-    gather_cache=decode.gather_written_rows,
+    gather_cache=decode.gather_all_rows if gather_whole else decode.gather_written_rows,
+    conditional_reorder=not gather_whole,
+    stop_check_every=stop_check_every,
   )

@@ -183,6 +183,21 @@ def gather_written_rows(cache: Any, rows: jax.Array, chunk: int = 16) -> Any:
   return flax.traverse_util.unflatten_dict(gathered)
 
 
+def gather_all_rows(cache: Any, rows: jax.Array) -> Any:
+  """`cache` with row i replaced by row rows[i], every leaf taken whole: one gather per leaf,
+  no loop and no data-dependent trip count (beam_search's "gather" reorder, for GPUs), at the
+  price of copying all max_len positions where `gather_written_rows` copies those written.
+
+  Args:
+    cache: a self-attention cache, leaves [batch, ...] and the scalar write index.
+    rows: int32 [batch], in [0, batch).
+  """
+  # Rows are in range: no bounds checks. The scalar index is shared by every row.
+  return jax.tree.map(
+    lambda x: x if x.ndim == 0 else x.at[rows].get(mode="promise_in_bounds"), cache
+  )
+
+
 def never_generated(logits: jax.Array, ids: tuple[int, ...] = (PAD_ID, BOS_ID)) -> jax.Array:
   """Masks `ids` (PAD and BOS; `TransformerConfig.suppressed_ids`): the decoder must never emit
   them (a PAD mid-sentence would be read as padding by the teacher-forced model but attended

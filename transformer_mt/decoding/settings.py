@@ -17,8 +17,9 @@ def decode_settings(
 ) -> dict:
   """Translator keyword arguments from an experiment's `decode` section (with overrides).
 
-  A config saved before `length_penalty` or `candidate_pool` existed reads back with their
-  defaults ("gnmt", "beam"; `checkpointing.read_config` completes it), so it decodes as it did.
+  A config saved before `length_penalty`, `candidate_pool`, `cache_reorder` or
+  `stop_check_every` existed reads back with their defaults ("gnmt", "beam", "chunked", 1;
+  `checkpointing.read_config` completes it), so it decodes as it did.
 
   Raises:
     ValueError: one of them names no option of beam_search.
@@ -32,14 +33,21 @@ def decode_settings(
     "alpha": decode_config.alpha if alpha is None else alpha,
     "length_penalty": decode_config.length_penalty,
     "candidate_pool": decode_config.candidate_pool,
+    "cache_reorder": decode_config.cache_reorder,
+    "stop_check_every": decode_config.stop_check_every,
   }
   for key, allowed in (
     ("length_penalty", beam_search.LENGTH_PENALTIES),
     ("candidate_pool", beam_search.CANDIDATE_POOLS),
+    ("cache_reorder", beam_search.CACHE_REORDERS),
   ):
     if settings[key] not in allowed:
       raise errors.BadValue(
         f"decode.{key}={settings[key]!r} in the experiment config: expected one of "
         f"{', '.join(allowed)}; fix the config (or the override that set it)."
       )
+  try:
+    beam_search.check_stop_check_every(settings["stop_check_every"])
+  except errors.BadValue as e:
+    raise errors.BadValue(f"decode.{e} Fix the config (or the override that set it).") from None
   return settings

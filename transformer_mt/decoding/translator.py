@@ -76,6 +76,11 @@ class Translator:
   # "beam" for our models; "power" / "hf" reproduce transformers' generate for imports.
   length_penalty: str = "gnmt"
   candidate_pool: str = "beam"
+  # How beam search reorders the KV cache ("chunked", "gather", or "auto": by the mesh's
+  # platform) and every how many steps it checks whether to stop; neither changes a result
+  # (beam_search's module docstring, "On an accelerator").
+  cache_reorder: str = "chunked"
+  stop_check_every: int = 1
   # An ensemble (several workdirs, `load_translator`): the members' configs, with `params`
   # the tuple of their parameter trees; `model_config` is then the first member's, whose
   # ids (PAD, EOS, decoder start) and tokenizer every member shares. None: one model.
@@ -287,6 +292,10 @@ class Translator:
       forced_first_id=self.forced_first_id,
       length_penalty=self.length_penalty,
       candidate_pool=self.candidate_pool,
+      cache_reorder=beam_search.resolve_cache_reorder(
+        self.cache_reorder, self.mesh.devices.flat[0].platform
+      ),
+      stop_check_every=self.stop_check_every,
     )
 
   def _decode_batch(self, sources: list[list[int]]) -> list[np.ndarray]:

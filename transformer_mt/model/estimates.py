@@ -104,8 +104,9 @@ class Estimate:
 
 def parameter_parts(config: ml_collections.ConfigDict) -> dict[str, int]:
   """Parameters of the row's model by part: encoder, decoder, output (the softmax matrix),
-  lookup (everything else: token and position tables only looked up)."""
-  model_config = model_config_for(config)
+  lookup (everything else: token and position tables only looked up). A padded vocabulary
+  (model.vocab_pad_multiple) counts its real ids only, as `count_parameters` does."""
+  model_config = model_config_for(config).replace(vocab_pad_multiple=1)
   params = parameter_shapes(model_config)
   parts = dict(encoder=0, decoder=0, output=0, lookup=0)
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:

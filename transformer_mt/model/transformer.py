@@ -133,7 +133,7 @@ class Embedder(nn.Module):
   """
 
   config: TransformerConfig
-  vocab_size: int
+  vocab_size: int  # rows of the table: the vocabulary padded to config.vocab_pad_multiple
   tokens_from: Embedder | None = None
 
   def setup(self):
@@ -193,6 +193,10 @@ class Embedder(nn.Module):
     dtype = self.config.compute_dtype
     return tied_logits(x.astype(dtype), self.embedding.embedding.astype(dtype))
 
+  def table(self) -> jax.Array:
+    """The token embedding matrix [vocab rows, d_model] in the parameter dtype."""
+    return self.embedding.embedding
+
 
 @jax.custom_vjp
 def tied_logits(x: jax.Array, embedding: jax.Array) -> jax.Array:
@@ -239,13 +243,13 @@ class Transformer(nn.Module):
 
   def setup(self):
     cfg = self.config
-    self.source_embedder = Embedder(cfg, cfg.vocab_size)
+    self.source_embedder = Embedder(cfg, cfg.padded_vocab_size)
     if cfg.share_embeddings and not cfg.share_position_embeddings:
-      self.target_embedder = Embedder(cfg, cfg.vocab_size, tokens_from=self.source_embedder)
+      self.target_embedder = Embedder(cfg, cfg.padded_vocab_size, tokens_from=self.source_embedder)
     if not cfg.share_embeddings:
-      self.target_embedder = Embedder(cfg, cfg.output_vocab_size)
+      self.target_embedder = Embedder(cfg, cfg.padded_output_vocab_size)
       self.output_projection = nn.Dense(
-        cfg.output_vocab_size,
+        cfg.padded_output_vocab_size,
         use_bias=cfg.use_bias,
         dtype=cfg.compute_dtype,
         param_dtype=cfg.weight_dtype,
@@ -254,7 +258,7 @@ class Transformer(nn.Module):
       )
     elif cfg.logits_bias:
       self.logits_bias = self.param(
-        "logits_bias", bias_init(("vocab",)), (cfg.output_vocab_size,), cfg.weight_dtype
+        "logits_bias", bias_init(("vocab",)), (cfg.padded_output_vocab_size,), cfg.weight_dtype
       )
     # Remat only matters under jax.grad; decoding with the KV cache never needs it.
     remat = nn.remat if cfg.remat and not cfg.decode else lambda layer: layer
@@ -296,7 +300,33 @@ class Transformer(nn.Module):
     targets_segmentation=None,
     cache_length=None,
   ):
-    """Decoder logits.
+    """Decoder logits: `output_logits` of `decode_hidden`'s states (same arguments).
+
+    Returns:
+      float32 logits [batch, tgt_len, output_vocab_size].
+    """
+    y = self.decode_hidden(
+      encoded,
+      inputs_valid,
+      targets_in,
+      targets_positions,
+      inputs_segmentation,
+      targets_segmentation,
+      cache_length,
+    )
+    return self.output_logits(y)
+
+  def decode_hidden(
+    self,
+    encoded,
+    inputs_valid,
+    targets_in,
+    targets_positions=None,
+    inputs_segmentation=None,
+    targets_segmentation=None,
+    cache_length=None,
+  ):
+    """The decoder's final states, the input of the output projection.
 
     Args:
       encoded: [batch, src_len, d_model]; may be None while decoding once the cache
@@ -308,7 +338,7 @@ class Transformer(nn.Module):
       cache_length: target positions the decode cache holds (only when creating it).
 
     Returns:
-      float32 logits [batch, tgt_len, target_vocab].
+      [batch, tgt_len, d_model] in the compute dtype.
     """
     cfg = self.config
     if targets_positions is None:
@@ -339,13 +369,34 @@ class Transformer(nn.Module):
       y = layer(y, encoded, self_mask, cross_mask, cache_length)
     if cfg.use_layer_norm and cfg.layer_norm_position == "pre":
       y = self.decoder_norm(y)
+    return y  # [batch, tgt_len, d_model]
+
+  def output_logits(self, y: jax.Array) -> jax.Array:
+    """float32 logits [..., output_vocab_size] of decoder states y [..., d_model].
+
+    With a padded vocabulary (`vocab_pad_multiple`) the product runs over every row of the
+    table and the padded ids' logits are then cut off: nothing downstream (the loss, its
+    softmax and label smoothing, greedy, beam and sampled decoding, scoring) ever sees them, so
+    they are never produced, and their rows never receive a gradient.
+    """
+    cfg = self.config
     if cfg.share_embeddings:
       logits = self.source_embedder.attend(y)
       if cfg.logits_bias:
         logits = logits + self.logits_bias.astype(logits.dtype)
     else:
       logits = self.output_projection(y)
-    return logits.astype(jnp.float32)  # [batch, tgt_len, vocab]
+    return logits[..., : cfg.output_vocab_size].astype(jnp.float32)  # [..., vocab]
+
+  def output_layer(self) -> tuple[jax.Array, jax.Array | None]:
+    """(W [padded output vocab, d_model], bias [padded output vocab] or None), in the parameter
+    dtype: `output_logits(y)` is y W^T + bias cut to the real vocabulary. The chunked loss
+    (training/chunked_loss.py) multiplies by them itself, a chunk of tokens at a time."""
+    cfg = self.config
+    if cfg.share_embeddings:
+      return self.source_embedder.table(), self.logits_bias if cfg.logits_bias else None
+    projection = self.output_projection.variables["params"]
+    return projection["kernel"].T, projection.get("bias")
 
   def __call__(
     self,
@@ -359,8 +410,30 @@ class Transformer(nn.Module):
     """Teacher-forced float32 logits [batch, tgt_len, vocab] for source `inputs` and shifted
     targets `targets_in`, as `encode` then `decode` (which say what the positions and
     segmentations of packed rows are)."""
+    return self.output_logits(
+      self.hidden_states(
+        inputs,
+        targets_in,
+        inputs_positions,
+        targets_positions,
+        inputs_segmentation,
+        targets_segmentation,
+      )
+    )
+
+  def hidden_states(
+    self,
+    inputs,
+    targets_in,
+    inputs_positions=None,
+    targets_positions=None,
+    inputs_segmentation=None,
+    targets_segmentation=None,
+  ):
+    """Teacher-forced decoder states [batch, tgt_len, d_model] (the arguments of `__call__`):
+    what the logits are computed from, for a loss that computes them itself."""
     encoded = self.encode(inputs, inputs_positions, inputs_segmentation)
-    return self.decode(
+    return self.decode_hidden(
       encoded,
       inputs != self.config.pad_id,
       targets_in,
@@ -379,5 +452,7 @@ def parameter_shapes(config: TransformerConfig) -> dict:
 
 
 def count_parameters(config: TransformerConfig) -> int:
-  """Number of parameters; a tied embedding matrix is counted once (it is one array)."""
-  return sum(math.prod(x.shape) for x in jax.tree.leaves(parameter_shapes(config)))
+  """Number of parameters; a tied embedding matrix is counted once (it is one array). The
+  rows of a padded vocabulary (`vocab_pad_multiple`) are not counted: they are never used."""
+  unpadded = parameter_shapes(config.replace(vocab_pad_multiple=1))
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(unpadded))

@@ -42,6 +42,10 @@ class TransformerConfig:
   vocab_size: int = 37000
   # Separate target vocabulary size; None means source and target share one vocabulary.
   target_vocab_size: int | None = None
+  # Embedding tables and the output projection get each vocabulary rounded up to a multiple of
+  # this (1: none; 128 fills GPU matmul tiles). The extra ids are never trained, produced or
+  # decoded: the model's logits stop at the real vocabulary (see `padded_vocab_size`).
+  vocab_pad_multiple: int = 1
   d_model: int = 512
   num_heads: int = 8
   # Per-head width; None means d_model // num_heads as in the paper.
@@ -102,13 +106,13 @@ class TransformerConfig:
   # offsets instead of a mask; Hopper or newer) or "pallas" (Pallas' Triton flash attention
   # with segment ids, for self-attention). See model/fused_kernels.py.
   attention_implementation: str = "auto"
+  # Compute the Q, K and V projections (K and V of cross-attention) as one matmul against their
+  # kernels stacked at call time; the parameters stay three kernels.
+  fuse_qkv: bool = False
   # Compute dtype of activations and matmuls: "float32", "bfloat16", "float16", or "auto"
   # (resolved here, when the config is built: bfloat16 on GPU/TPU, float32 on CPU; see
   # `auto_dtype`). Parameters keep `param_dtype`; LayerNorm statistics, attention softmax,
   # logits and the loss are float32 whatever this says.
-  # Compute the Q, K and V projections (K and V of cross-attention) as one matmul against their
-  # kernels stacked at call time; the parameters stay three kernels.
-  fuse_qkv: bool = False
   dtype: str = "float32"
   param_dtype: str = "float32"
   # Set by .replace(): no dropout.
@@ -133,6 +137,8 @@ class TransformerConfig:
       )
     if self.activation not in ACTIVATIONS:
       problems.append(f"activation={self.activation!r} must be one of {list(ACTIVATIONS)}")
+    if not isinstance(self.vocab_pad_multiple, int) or self.vocab_pad_multiple < 1:
+      problems.append(f"vocab_pad_multiple={self.vocab_pad_multiple!r} must be an integer >= 1")
     if self.position_offset < 0:
       problems.append(f"position_offset={self.position_offset} must be >= 0")
     if self.share_embeddings and self.target_vocab_size not in (None, self.vocab_size):
@@ -170,6 +176,18 @@ class TransformerConfig:
   @property
   def output_vocab_size(self) -> int:
     return self.target_vocab_size or self.vocab_size
+
+  @property
+  def padded_vocab_size(self) -> int:
+    """Rows of the (source) embedding table: `vocab_size` rounded up to `vocab_pad_multiple`."""
+    return -(-self.vocab_size // self.vocab_pad_multiple) * self.vocab_pad_multiple
+
+  @property
+  def padded_output_vocab_size(self) -> int:
+    """Rows of the output projection (and target embedding): `output_vocab_size` rounded up to
+    `vocab_pad_multiple`; the logits keep only the first `output_vocab_size`."""
+    multiple = self.vocab_pad_multiple
+    return -(-self.output_vocab_size // multiple) * multiple
 
   @property
   def suppressed_ids(self) -> tuple[int, ...]:

@@ -37,7 +37,17 @@ from transformer_mt.model.setup import (
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.model.transformer_config import TransformerConfig
 from transformer_mt.runtime import distributed, errors, sharding
-from transformer_mt.training import actions, finetune, optimizer, resume, train_step, validation
+from transformer_mt.training import (
+  actions,
+  auto_settings,
+  chunked_loss,
+  dropout_rng,
+  finetune,
+  optimizer,
+  resume,
+  train_step,
+  validation,
+)
 from transformer_mt.workdir import checkpointing
 from transformer_mt.workdir import metrics_log as metrics
 
@@ -50,6 +60,8 @@ class TrainingSetup(ModelSetup):
   schedule: optax.Schedule
   state_shardings: Any  # a TrainState of NamedShardings.
   abstract_state: Any  # a TrainState of sharded ShapeDtypeStructs.
+  # The dropout key's PRNG (train.prng_impl resolved, dropout_rng.py): the rng leaf's shape.
+  prng_impl: str = dropout_rng.THREEFRY
 
 
 def training_setup(
@@ -67,8 +79,9 @@ def training_setup(
   model = Transformer(model_config)
   check_parameter_layout(config, model, mesh)
   tx, schedule = optimizer.make_optimizer(config.train, model_config.d_model)
-  abstract_state = train_step.abstract_state(model, tx, mesh)
-  state_shardings = train_step.state_shardings(model, tx, mesh)
+  prng_impl = dropout_rng.resolve(config.train.prng_impl)
+  abstract_state = train_step.abstract_state(model, tx, mesh, prng_impl)
+  state_shardings = train_step.state_shardings(model, tx, mesh, prng_impl)
   return TrainingSetup(
     model_config=model_config,
     model=model,
@@ -79,6 +92,7 @@ def training_setup(
     schedule=schedule,
     state_shardings=state_shardings,
     abstract_state=abstract_state,
+    prng_impl=prng_impl,
   )
 
 
@@ -122,6 +136,8 @@ def setup_run(config: ml_collections.ConfigDict, workdir: str) -> RunSetup:
     errors.UserError: a bad config, missing data, or checkpoints that do not match the config.
   """
   finetune.check_resume_source(workdir, config)
+  # "auto" settings resolved for this host, or as the workdir's checkpoints recorded them.
+  config = auto_settings.resolved(config, workdir)
   imported, forced_first_id = None, None
   if finetune.source(config):
     imported = finetune.read_import(finetune.import_into_workdir(config, workdir))
@@ -169,6 +185,8 @@ def setup_run(config: ml_collections.ConfigDict, workdir: str) -> RunSetup:
     mesh,
     layout.state_shardings,
     config.train.inject_nonfinite_at,
+    loss_chunk_tokens=config.train.loss_chunk_tokens,
+    prng_impl=layout.prng_impl,
   )
   validate = validation.validation_fn(
     pairs.get("validation"), tokenizer, layout.model, mesh, layout.state_shardings, config
@@ -206,6 +224,7 @@ def _check_before_writing(config: ml_collections.ConfigDict) -> int:
   input_pipeline.check_num_workers(config.data.num_workers)
   optimizer.optimizer_name(config.train)
   actions.nonfinite_policy(config.train.nonfinite)
+  chunked_loss.check_chunk_tokens(config.train.loss_chunk_tokens)
   actions.patience_of(config.train)
   for key in ("checkpoint_every", "keep_checkpoints"):
     if config.train[key] < 1:
@@ -267,5 +286,8 @@ def _initial_state(config, imported, layout: TrainingSetup, mesh):
       layout.model,
       layout.tx,
       mesh,
+      layout.prng_impl,
     )
-  return train_step.create_sharded_state(config.train.seed, layout.model, layout.tx, mesh)
+  return train_step.create_sharded_state(
+    config.train.seed, layout.model, layout.tx, mesh, layout.prng_impl
+  )

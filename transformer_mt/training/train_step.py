@@ -28,7 +28,7 @@ from transformer_mt.model.layout import (  # noqa: F401
 )
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.runtime import errors, sharding
-from transformer_mt.training import losses, optimizer
+from transformer_mt.training import chunked_loss, dropout_rng, losses, optimizer
 
 
 class NonFiniteError(errors.UserError, RuntimeError):
@@ -40,61 +40,96 @@ class TrainState:
   step: jax.Array  # int32 []: steps taken, skipped non-finite ones included (see train_step).
   params: Any  # the model's parameters (unboxed).
   opt_state: Any  # optax state, sharded like the params.
-  rng: jax.Array  # uint32 [2]: raw key data; step k's dropout key is fold_in(rng, k).
+  # uint32 [2] (threefry2x32) or [4] (rbg, unsafe_rbg): the dropout key's data under
+  # train.prng_impl (dropout_rng.py); step k's dropout key is fold_in(key, k).
+  rng: jax.Array
 
 
 def _create_state(
-  key: jax.Array, model: Transformer, tx: optax.GradientTransformation, boxed: bool
+  key: jax.Array,
+  model: Transformer,
+  tx: optax.GradientTransformation,
+  boxed: bool,
+  prng_impl: str = dropout_rng.THREEFRY,
 ) -> TrainState:
+  """Step 0 from the seed's threefry `key`: the parameters from its first half whatever
+  `prng_impl` is, the dropout key (of `prng_impl`) from its second."""
   param_key, dropout_key = jax.random.split(key)
-  state = _state_around(init_params(param_key, model), dropout_key, tx)
+  state = _state_around(init_params(param_key, model), dropout_key, tx, prng_impl)
   return state if boxed else nn.unbox(state)
 
 
-def _state_around(params: Any, dropout_key: jax.Array, tx: optax.GradientTransformation):
+def _state_around(
+  params: Any,
+  dropout_key: jax.Array,
+  tx: optax.GradientTransformation,
+  prng_impl: str = dropout_rng.THREEFRY,
+):
   """Step 0 of training `params`: a fresh optimizer state and the dropout RNG."""
   return TrainState(
     step=jnp.array(0, jnp.int32),
     params=params,
     opt_state=tx.init(params),
-    rng=jax.random.key_data(dropout_key),
+    rng=dropout_rng.initial_key_data(dropout_key, prng_impl),
   )
 
 
-def state_shardings(model: Transformer, tx: optax.GradientTransformation, mesh: Mesh) -> Any:
+def state_shardings(
+  model: Transformer,
+  tx: optax.GradientTransformation,
+  mesh: Mesh,
+  prng_impl: str = dropout_rng.THREEFRY,
+) -> Any:
   """NamedShardings for every leaf of the train state, from its logical axis names."""
   abstract = jax.eval_shape(
-    functools.partial(_create_state, model=model, tx=tx, boxed=True), jax.random.key(0)
+    functools.partial(_create_state, model=model, tx=tx, boxed=True, prng_impl=prng_impl),
+    jax.random.key(0),
   )
   return sharding.logical_shardings(abstract, mesh)
 
 
-def abstract_state(model: Transformer, tx: optax.GradientTransformation, mesh: Mesh) -> Any:
+def abstract_state(
+  model: Transformer,
+  tx: optax.GradientTransformation,
+  mesh: Mesh,
+  prng_impl: str = dropout_rng.THREEFRY,
+) -> Any:
   """ShapeDtypeStructs with shardings: the target for restoring a checkpoint."""
   shapes = jax.eval_shape(
-    functools.partial(_create_state, model=model, tx=tx, boxed=False), jax.random.key(0)
+    functools.partial(_create_state, model=model, tx=tx, boxed=False, prng_impl=prng_impl),
+    jax.random.key(0),
   )
   return jax.tree.map(
     lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
     shapes,
-    state_shardings(model, tx, mesh),
+    state_shardings(model, tx, mesh, prng_impl),
   )
 
 
 def create_sharded_state(
-  seed: int, model: Transformer, tx: optax.GradientTransformation, mesh: Mesh
+  seed: int,
+  model: Transformer,
+  tx: optax.GradientTransformation,
+  mesh: Mesh,
+  prng_impl: str = dropout_rng.THREEFRY,
 ) -> TrainState:
-  """Initializes the train state directly in its sharded layout."""
+  """Initializes the train state directly in its sharded layout; `prng_impl` (a resolved
+  train.prng_impl, dropout_rng.py) is the dropout key's implementation."""
   init = jax.jit(
-    functools.partial(_create_state, model=model, tx=tx, boxed=False),
-    out_shardings=state_shardings(model, tx, mesh),
+    functools.partial(_create_state, model=model, tx=tx, boxed=False, prng_impl=prng_impl),
+    out_shardings=state_shardings(model, tx, mesh, prng_impl),
   )
   with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
     return init(jax.random.key(seed))
 
 
 def sharded_state_from_params(
-  params: Any, seed: int, model: Transformer, tx: optax.GradientTransformation, mesh: Mesh
+  params: Any,
+  seed: int,
+  model: Transformer,
+  tx: optax.GradientTransformation,
+  mesh: Mesh,
+  prng_impl: str = dropout_rng.THREEFRY,
 ) -> TrainState:
   """Step 0 of training given (already sharded) parameters, e.g. an imported model's.
 
@@ -104,14 +139,24 @@ def sharded_state_from_params(
   """
   _, dropout_key = jax.random.split(jax.random.key(seed))
   init = jax.jit(
-    functools.partial(_state_around, tx=tx), out_shardings=state_shardings(model, tx, mesh)
+    functools.partial(_state_around, tx=tx, prng_impl=prng_impl),
+    out_shardings=state_shardings(model, tx, mesh, prng_impl),
   )
   with jax.set_mesh(mesh):
     return init(params, dropout_key)
 
 
-def _micro_batch_sums(params, micro_batch, dropout_key, model, label_smoothing):
-  logits = model.apply(
+def _hidden_and_output_layer(module: Transformer, *args, **kwargs):
+  """The decoder's final states and the output layer (W, bias): the chunked loss's inputs."""
+  return module.hidden_states(*args, **kwargs), module.output_layer()
+
+
+def _micro_batch_sums(
+  params, micro_batch, dropout_key, model, label_smoothing, loss_chunk_tokens=0
+):
+  """(summed loss, all sums) of one micro-batch: from the model's full float32 logits, or with
+  `loss_chunk_tokens` > 0 from its final states, chunk by chunk (training/chunked_loss.py)."""
+  outputs = model.apply(
     {"params": params},
     micro_batch["inputs"],
     micro_batch["targets_in"],
@@ -120,10 +165,25 @@ def _micro_batch_sums(params, micro_batch, dropout_key, model, label_smoothing):
     inputs_segmentation=micro_batch.get("inputs_segment_ids"),
     targets_segmentation=micro_batch.get("targets_segment_ids"),
     rngs=None if dropout_key is None else {"dropout": dropout_key},
+    method=_hidden_and_output_layer if loss_chunk_tokens else None,
   )
   # Not `> 0`: an imported Marian vocabulary numbers EOS 0 and pads with its last id.
   weights = (micro_batch["targets"] != model.config.pad_id).astype(jnp.float32)
-  sums = losses.cross_entropy_sums(logits, micro_batch["targets"], weights, label_smoothing)
+  if loss_chunk_tokens:
+    hidden, (weight, bias) = outputs
+    sums = chunked_loss.cross_entropy_sums(
+      hidden,
+      weight,
+      bias,
+      micro_batch["targets"],
+      weights,
+      label_smoothing=label_smoothing,
+      vocab_size=model.config.output_vocab_size,
+      chunk_tokens=loss_chunk_tokens,
+      compute_dtype=model.config.compute_dtype,
+    )
+  else:
+    sums = losses.cross_entropy_sums(outputs, micro_batch["targets"], weights, label_smoothing)
   return sums["loss"], sums
 
 
@@ -136,6 +196,8 @@ def train_step(
   schedule: optax.Schedule,
   label_smoothing: float,
   inject_nonfinite_at: int = 0,
+  loss_chunk_tokens: int = 0,
+  prng_impl: str = dropout_rng.THREEFRY,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer update from a batch of [accum_steps, micro_batch, len] arrays.
 
@@ -152,16 +214,23 @@ def train_step(
   optimizer has applied `state.step - k` updates, and the learning rate, both applied and
   logged, is the schedule at that count (`optimizer.updates_applied`), not at `state.step`.
   `inject_nonfinite_at` (> 0) poisons that step's loss with NaN: a fault-injection hook
-  for tests and drills.
+  for tests and drills. `loss_chunk_tokens` > 0 computes the loss without the full float32
+  logits (`train.loss_chunk_tokens`, training/chunked_loss.py); 0 from them. `prng_impl` is
+  the implementation `state.rng` was made for (`train.prng_impl`, training/dropout_rng.py).
   """
-  step_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+  step_key = dropout_rng.step_key(state.rng, state.step, prng_impl)
   grad_fn = jax.grad(_micro_batch_sums, has_aux=True)
 
   def accumulate(carry, micro):
     grads_sum, sums_total = carry
     micro_batch, index = micro
     grads, sums = grad_fn(
-      state.params, micro_batch, jax.random.fold_in(step_key, index), model, label_smoothing
+      state.params,
+      micro_batch,
+      jax.random.fold_in(step_key, index),
+      model,
+      label_smoothing,
+      loss_chunk_tokens,
     )
     return (jax.tree.map(jnp.add, grads_sum, grads), jax.tree.map(jnp.add, sums_total, sums)), None
 
@@ -209,6 +278,8 @@ def jit_train_step(
   mesh: Mesh,
   shardings: Any,
   inject_nonfinite_at: int = 0,
+  loss_chunk_tokens: int = 0,
+  prng_impl: str = dropout_rng.THREEFRY,
 ) -> Callable:
   """`train_step` compiled with sharded inputs/outputs and the state buffers donated."""
   step = functools.partial(
@@ -218,6 +289,8 @@ def jit_train_step(
     schedule=schedule,
     label_smoothing=label_smoothing,
     inject_nonfinite_at=inject_nonfinite_at,
+    loss_chunk_tokens=loss_chunk_tokens,
+    prng_impl=prng_impl,
   )
   batch_sharding = sharding.batch_sharding(mesh, ndim=3, batch_dim=1)
   compiled = jax.jit(
@@ -234,17 +307,19 @@ def jit_train_step(
   return run
 
 
-def jit_eval_step(model: Transformer, mesh: Mesh, shardings: Any) -> Callable:
+def jit_eval_step(
+  model: Transformer, mesh: Mesh, shardings: Any, loss_chunk_tokens: int = 0
+) -> Callable:
   """Summed loss/accuracy of a padded [1, batch, len] batch, dropout off.
 
   Sums (not means) so that batches of different fill add up exactly; the caller
-  divides by the total token count.
+  divides by the total token count. `loss_chunk_tokens` as in `train_step`.
   """
   eval_model = model.clone(config=model.config.replace(deterministic=True))
 
   def eval_step(params, batch):
     micro = jax.tree.map(lambda x: x[0], batch)
-    _, sums = _micro_batch_sums(params, micro, None, eval_model, 0.0)
+    _, sums = _micro_batch_sums(params, micro, None, eval_model, 0.0, loss_chunk_tokens)
     return sums
 
   compiled = jax.jit(

@@ -28,7 +28,7 @@ def validation_fn(pairs, tokenizer, model, mesh, shardings, config):
   """A function params -> validation metrics (loss, nll, accuracy), or None without pairs."""
   if not pairs:
     return None
-  eval_step = train_step.jit_eval_step(model, mesh, shardings)
+  eval_step = train_step.jit_eval_step(model, mesh, shardings, config.train.loss_chunk_tokens)
   rows = input_pipeline.bucket_length(config.decode.batch_size, mesh.devices.size)
   batches = list(
     input_pipeline.evaluation_batches(
