@@ -2,6 +2,7 @@
 
     python benchmarks/accelerator.py            # Base and Big, ~5-8 minutes on one H100/H200
     python benchmarks/accelerator.py --tiny     # the same program at toy sizes (CI, on CPU)
+    python benchmarks/accelerator.py --sections big,levers   # only these (a rerun of failures)
 
 Prints, for the first device:
   * its kind;
@@ -25,7 +26,10 @@ Prints, for the first device:
     (benchmarks/_packed_attention.py; what decides whether "auto" may pick cuDNN's packed
     kernel);
   * on a GPU, the Base step under XLA's GPU flags (Triton GEMMs, command buffers) and with
-    model.fuse_qkv, each in its own process, as ratios (benchmarks/_xla_gpu_flags.py).
+    model.fuse_qkv, each in its own process, as ratios (benchmarks/_xla_gpu_flags.py);
+  * the Base step with each of issue 42's levers on alone (LEVERS: unsafe_rbg dropout, the
+    chunked loss, the vocabulary padded to 128, fused Q/K/V), beside the plain Base line.
+Each is a named section (--sections), run in this order.
 
 Useful FLOPs are counted as benchmarks/train_step.py counts them (`useful_flops`: parameters
 x tokens x 6, the vocabulary projection, and the attention scores over the full rows).
@@ -91,6 +95,17 @@ TINY = {
   "Base": (64, 128, 4, 2, 1000, 8, 32),
   "Big": (128, 256, 4, 2, 1000, 4, 32),
 }
+# Issue 42's levers of the train step, each on alone: name -> (TransformerConfig changes,
+# config.train changes). Off is the plain Base line.
+LEVERS = {
+  "": ({}, {}),
+  "unsafe_rbg dropout": ({}, {"prng_impl": "unsafe_rbg"}),
+  "chunked loss 8192": ({}, {"loss_chunk_tokens": 8192}),
+  "vocabulary padded to 128": ({"vocab_pad_multiple": 128}, {}),
+  "fused Q/K/V": ({"fuse_qkv": True}, {}),
+}
+# The printed sections, in their order (--sections picks some).
+SECTIONS = ("base", "big", "decode", "attention", "bf16", "cudnn", "packed", "xla_flags", "levers")
 # The bf16 check's model on a CPU: test_bf16.py's size.
 CPU_BF16_CHECK = (32, 64, 4, 2, 64, 8, 12)
 
@@ -128,17 +143,23 @@ def peak_memory() -> str:
   return f"{peak / 2**30:.2f} GiB" if peak else "n/a (not reported by this backend)"
 
 
-def train_step_figures(name, size, reps, peak, attention_implementation="auto"):
-  """One model's train step in "auto" precision: tokens/s, MFU and peak memory, one line."""
-  config = model_config(size, "auto", attention_implementation)
+def train_step_figures(name, size, reps, peak, attention_implementation="auto", lever=""):
+  """One model's train step in "auto" precision: tokens/s, MFU and peak memory, one line.
+  `lever`: a key of LEVERS, the step with that switch on (issue 42)."""
+  model_changes, train_changes = LEVERS[lever]
+  config = model_config(size, "auto", attention_implementation).replace(**model_changes)
   rows, max_len = size[5], size[6]
   mesh = one_device_mesh()
-  setup = training_setup(_defaults.base_config(), None, mesh, model_config=config)
-  holder = {"state": train_step.create_sharded_state(0, setup.model, setup.tx, mesh)}
+  base = _defaults.base_config()
+  base.train.update(train_changes)
+  setup = training_setup(base, None, mesh, model_config=config)
+  holder = {
+    "state": train_step.create_sharded_state(0, setup.model, setup.tx, mesh, setup.prng_impl)
+  }
   batch = full_rows_batch(rows, max_len, config.vocab_size, seed=0)
   device_batch = sharding.global_batch_from_local(batch, mesh, batch_dim=1)
   # Compiled once: the program timed is the one whose memory XLA reports.
-  step = compile_train_step(setup, mesh, device_batch, 0.1)
+  step = compile_train_step(setup, mesh, device_batch, 0.1, base.train.loss_chunk_tokens)
   stats = step.memory_analysis()
 
   def call():
@@ -152,7 +173,8 @@ def train_step_figures(name, size, reps, peak, attention_implementation="auto"):
   flops = useful_flops(config, lengths, lengths)["total"]
   mfu = f"{flops / timing.best / peak:.1%}" if peak else "n/a (no published peak)"
   print(
-    f"{name} train step, {config.dtype}, attention {attention_implementation}, "
+    f"{name} train step{f' ({lever})' if lever else ''}, {config.dtype}, "
+    f"attention {attention_implementation}, "
     f"{rows} x {max_len} target tokens: "
     f"{timing.best * 1e3:.1f} ms "
     f"(median {timing.median * 1e3:.1f}), {tokens / timing.best:,.0f} tokens/s, "
@@ -243,7 +265,17 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--tiny", action="store_true", help="toy sizes: the CI run on CPU")
   parser.add_argument("--reps", type=int, default=None, help="timed steps (default 10, tiny 2)")
+  parser.add_argument(
+    "--sections",
+    default="",
+    help=f"comma-separated sections to run, in their order (default: all): "
+    f"{', '.join(SECTIONS)}; a rerun takes only what failed",
+  )
   args = parser.parse_args()
+  chosen = args.sections.split(",") if args.sections else list(SECTIONS)
+  unknown = [name for name in chosen if name not in SECTIONS]
+  if unknown:
+    parser.error(f"--sections: no section {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
   sizes = TINY if args.tiny else SIZES
   reps = args.reps or (2 if args.tiny else 10)
   start = time.perf_counter()
@@ -253,41 +285,47 @@ def main():
   print(f"device: {device.device_kind} ({device.platform}, {peak_text}), jax {jax.__version__}")
   print(f"sizes ({'tiny, for CI' if args.tiny else 'the paper'}): {sizes}")
   on_cpu = jax.default_backend() == "cpu"
-  sections = [
-    *(
-      lambda name=name: train_step_figures(name, sizes[name], reps, peak)
-      for name in ("Base", "Big")
-    ),
-    lambda: decode_figures(sizes["Base"], reps, source_len=8 if args.tiny else 32),
-    lambda: print(f"attention: {attention_choice(sizes['Base'])}"),
-    lambda: print(
+  sections = {
+    "base": lambda: train_step_figures("Base", sizes["Base"], reps, peak),
+    "big": lambda: train_step_figures("Big", sizes["Big"], reps, peak),
+    "decode": lambda: decode_figures(sizes["Base"], reps, source_len=8 if args.tiny else 32),
+    "attention": lambda: print(f"attention: {attention_choice(sizes['Base'])}"),
+    "bf16": lambda: print(
       bf16_loss_check(CPU_BF16_CHECK, ("auto",))
       if on_cpu
       else bf16_loss_check(sizes["Base"], ("auto", "cudnn"))
     ),
-  ]
-  if not on_cpu:
     # The cuDNN fused attention asked for by name (model.attention_implementation="cudnn"),
     # which "auto" may not pick: CI never sees it, so a lent GPU is where it is tried.
-    sections.append(lambda: train_step_figures("Base", sizes["Base"], reps, peak, "cudnn"))
-  # Packed rows under every attention implementation (issue 42, lever b): whether "auto" may
-  # pick cuDNN's packed kernel (fused_kernels.AUTO_PICKS_CUDNN_PACKED_ON_GPU).
-  sections.append(
-    lambda: print(
+    "cudnn": lambda: (
+      print("cudnn: GPU only")
+      if on_cpu
+      else train_step_figures("Base", sizes["Base"], reps, peak, "cudnn")
+    ),
+    # Packed rows under every attention implementation (lever b): whether "auto" may pick
+    # cuDNN's packed kernel (fused_kernels.AUTO_PICKS_CUDNN_PACKED_ON_GPU).
+    "packed": lambda: print(
       "\n".join(
         _packed_attention.comparison_lines(
           model_config(sizes["Base"], "auto"), *sizes["Base"][5:7], reps=min(reps, 5)
         )
       )
-    )
-  )
-  # XLA's GPU flags and model.fuse_qkv (lever e), each variant in its own process; off a GPU
-  # one line says they are GPU-only.
-  sections.append(
-    lambda: print("\n".join(_xla_gpu_flags.ab_lines(tiny=args.tiny and not on_cpu, reps=reps)))
-  )
+    ),
+    # XLA's GPU flags and model.fuse_qkv (lever e), each variant in its own process; off a GPU
+    # one line says they are GPU-only.
+    "xla_flags": lambda: print(
+      "\n".join(_xla_gpu_flags.ab_lines(tiny=args.tiny and not on_cpu, reps=reps))
+    ),
+    # Levers c, d and e of the Base step, each on alone, beside the "base" line.
+    "levers": lambda: [
+      train_step_figures("Base", sizes["Base"], reps, peak, lever=lever)
+      for lever in LEVERS
+      if lever
+    ],
+  }
+  assert tuple(sections) == SECTIONS
   failed = 0
-  for section in sections:
+  for section in (sections[name] for name in chosen):
     # A lent accelerator's minutes are few: one figure that fails (a backend's missing kernel,
     # say) prints its traceback and the others still come; the exit status says it failed.
     try:

@@ -23,7 +23,7 @@ def test_benchmark_imports_and_has_a_main(name, monkeypatch):
   assert name.startswith("_") or callable(getattr(module, "main", None)), name
 
 
-def test_the_accelerator_check_runs_at_tiny_sizes_on_cpu():
+def test_the_accelerator_check_runs_at_tiny_sizes_on_cpu(monkeypatch):
   """benchmarks/accelerator.py is kept ready for the minutes a GPU is lent: its --tiny run
   prints every figure it promises (docs/performance.md says where the real ones go)."""
   import subprocess
@@ -45,8 +45,31 @@ def test_the_accelerator_check_runs_at_tiny_sizes_on_cpu():
     assert "tokens/s" in line and "MFU" in line and "XLA's peak for the step" in line
   assert any(line.startswith("Base beam-4 decode") and "sentences/s" in line for line in lines)
   assert any(line.startswith("attention: ") for line in lines)
+  monkeypatch.syspath_prepend(str(ROOT))
+  from benchmarks import accelerator
+
+  levers = [line for line in lines if line.startswith("Base train step (")]
+  assert [line.split("(")[1].split(")")[0] for line in levers] == [
+    lever for lever in accelerator.LEVERS if lever
+  ]
   (check,) = [line for line in lines if line.startswith("bf16 loss ")]
   assert "within the tolerance" in check, check
+
+
+def test_an_unknown_accelerator_section_is_one_usage_error_before_anything_runs():
+  import subprocess
+  import sys
+
+  result = subprocess.run(
+    [sys.executable, "benchmarks/accelerator.py", "--tiny", "--sections", "base,nope"],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+  )
+  assert result.returncode == 2 and result.stdout == "", result
+  assert result.stderr.splitlines()[-1].startswith(
+    "accelerator.py: error: --sections: no section nope"
+  )
 
 
 @pytest.mark.slow
