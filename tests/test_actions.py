@@ -71,6 +71,21 @@ def rows(events):
   return [(event[1], event[2]) for event in events if event[0] == "write"]
 
 
+def test_log_metrics_writes_the_share_of_time_spent_waiting_for_input(monkeypatch):
+  """input_wait_share: the pending steps' waits for their batches over the interval's wall
+  time (a fake clock: 10 s since the last fetch, 1 + 3 s of them waiting)."""
+  clock = iter([100.0, 110.0, 110.0])
+  monkeypatch.setattr(actions.time, "perf_counter", lambda: next(clock))
+  events = []
+  action = log_metrics(events)
+  for number, wait in ((1, 1.0), (2, 3.0)):
+    step = make_step(number, log=number == 2)
+    step.input_wait_s = wait
+    action.after(step)
+  shares = [row["input_wait_share"] for _, row in rows(events) if "loss" in row]
+  assert shares == [0.4, 0.4]
+
+
 def test_log_metrics_fetches_before_a_save_step():
   """Steps 1 and 2 stay pending; step 3, neither a log step nor the last but a checkpoint step,
   has all three written (with the data counters) before anything else may save it."""

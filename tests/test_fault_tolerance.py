@@ -176,9 +176,10 @@ def write_corpus_with_bad_pairs(folder):
 
 
 def logged_rows(workdir):
-  """metrics.jsonl's rows in file order, without the timing column (the one that may differ)."""
+  """metrics.jsonl's rows in file order, without the timing columns (the ones that may differ)."""
   return [
-    {k: v for k, v in r.items() if k != "tokens_per_second"} for r in metrics.read_metrics(workdir)
+    {k: v for k, v in r.items() if k not in ("tokens_per_second", "input_wait_share")}
+    for r in metrics.read_metrics(workdir)
   ]
 
 

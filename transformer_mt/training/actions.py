@@ -40,6 +40,9 @@ class Step:
   stop: bool = False  # set by Preemption or EarlyStopping: checkpoint this step, then leave
   preempted: bool = False  # set by Preemption: a signal, not the recipe, ends the run here
   validation_loss: float | None = None  # set by ValidationLoss on the steps it evaluates
+  # Seconds the loop waited for this step's batch (next(batches)): the input pipeline's share
+  # of the wall time, logged as input_wait_share (the device is busy with earlier steps then).
+  input_wait_s: float = 0.0
 
   @property
   def last(self) -> bool:
@@ -164,9 +167,11 @@ class LogMetrics(Action):
     self.skipped = skipped  # non-finite steps so far, this run's and those before a resume
     self.max_len = max_len  # data.max_len, named in the data-filter summary
     self.pending, self.interval_start = [], time.perf_counter()
+    self.input_wait_s = 0.0  # of the pending steps
 
   def after(self, step: Step) -> None:
     self.pending.append((step.number, step.metrics))
+    self.input_wait_s += step.input_wait_s
     if step.log or step.last or self.manager.should_save(step.number):
       self._fetch(step.number)
 
@@ -175,8 +180,14 @@ class LogMetrics(Action):
     fetched = jax.device_get([m for _, m in pending])
     elapsed = time.perf_counter() - self.interval_start
     tokens_per_second = sum(float(m["num_tokens"]) for m in fetched) / max(elapsed, 1e-9)
+    # The share of the interval's wall time spent waiting for batches: near 0 when the input
+    # keeps up, near 1 when it binds (timing, like tokens_per_second).
+    input_wait_share = min(self.input_wait_s / max(elapsed, 1e-9), 1.0)
     for (logged_step, _), values in zip(pending, fetched):
-      self.writer.write(logged_step, dict(values, tokens_per_second=tokens_per_second))
+      self.writer.write(
+        logged_step,
+        dict(values, tokens_per_second=tokens_per_second, input_wait_share=input_wait_share),
+      )
     bad_steps = [s for (s, _), m in zip(pending, fetched) if m["nonfinite"]]
     self.skipped += len(bad_steps)
     self.writer.write(
@@ -208,6 +219,7 @@ class LogMetrics(Action):
     )
     self.bar.update(len(pending))
     self.pending, self.interval_start = [], time.perf_counter()
+    self.input_wait_s = 0.0
 
   def close(self) -> None:
     self.bar.update(len(self.pending))

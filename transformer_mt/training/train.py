@@ -17,6 +17,7 @@ This module is the loop that runs them, and the final held-out evaluation.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -97,7 +98,9 @@ def run_loop(run: RunSetup, loop_actions: Sequence[actions.Action]):
   for number in range(run.start + 1, num_steps + 1):
     if any(action.ended_run for action in loop_actions):
       break  # stopped early before a resume: nothing left to run
+    waited = time.perf_counter()
     batch = next(run.batches)  # already on the mesh (DevicePrefetch)
+    waited = time.perf_counter() - waited
     for action in loop_actions:
       action.before(number)
     state, step_metrics = run.step_fn(state, batch)
@@ -107,6 +110,7 @@ def run_loop(run: RunSetup, loop_actions: Sequence[actions.Action]):
       step_metrics,
       log=number % run.config.train.log_every == 0,
       final=number == num_steps,
+      input_wait_s=waited,
     )
     for action in loop_actions:
       action.after(step)
