@@ -184,6 +184,13 @@ def train_step_figures(name, size, reps, peak, attention_implementation="auto", 
   )
 
 
+def lever_figures(size, reps, peak):
+  """The Base step with each lever of LEVERS on alone, a line each (the plain step is "base")."""
+  for lever in LEVERS:
+    if lever:
+      train_step_figures("Base", size, reps, peak, lever=lever)
+
+
 def decode_figures(size, reps, beam=4, sentences=64, source_len=32):
   """Base beam-4 decoding with random weights: sentences/s, as a printed line."""
   config = model_config(size, "auto").replace(deterministic=True)
@@ -317,11 +324,7 @@ def main():
       "\n".join(_xla_gpu_flags.ab_lines(tiny=args.tiny and not on_cpu, reps=reps))
     ),
     # Levers c, d and e of the Base step, each on alone, beside the "base" line.
-    "levers": lambda: [
-      train_step_figures("Base", sizes["Base"], reps, peak, lever=lever)
-      for lever in LEVERS
-      if lever
-    ],
+    "levers": lambda: lever_figures(sizes["Base"], reps, peak),
   }
   assert tuple(sections) == SECTIONS
   failed = 0
