@@ -51,20 +51,22 @@ MARIAN = dict(
 NO_EOS = MARIAN["vocab_size"]
 
 
-def build_model(seed: int = 0):
+def build_model(seed: int = 0, **marian_changes):
   """(transformers model or None, our config, our params): the same random weights on both
-  sides when transformers and torch are importable. Weights are N(0, 1) (sinusoidal position
+  sides when transformers and torch are importable; `marian_changes` override MARIAN (the
+  accelerator's Base shape: 6 + 6 layers). Weights are N(0, 1) (sinusoidal position
   tables aside), as in tests/test_hf_models.py, so that the next-token distributions are
   peaked and both sides pick the same beams."""
+  marian = {**MARIAN, **marian_changes}
   try:
     import torch
     import transformers
   except ImportError:
-    config = hf_convert.config_from_hf(MARIAN).replace(deterministic=True)
+    config = hf_convert.config_from_hf(marian).replace(deterministic=True)
     dummy = jnp.ones((1, 2), jnp.int32)
     params = Transformer(config).init(jax.random.key(seed), dummy, dummy)["params"]
     return None, config, nn.unbox(params)
-  hf_config = transformers.MarianConfig(**{k: v for k, v in MARIAN.items() if k != "model_type"})
+  hf_config = transformers.MarianConfig(**{k: v for k, v in marian.items() if k != "model_type"})
   torch.manual_seed(seed)
   model = transformers.MarianMTModel(hf_config).eval()
   with torch.no_grad():
@@ -77,10 +79,10 @@ def build_model(seed: int = 0):
   return model, config.replace(deterministic=True), params
 
 
-def random_sources(config, seed: int = 0) -> np.ndarray:
-  """int32 [SENTENCES, SOURCE_TOKENS]: ordinary tokens, EOS last, no padding."""
+def random_sources(config, seed: int = 0, sentences: int = SENTENCES) -> np.ndarray:
+  """int32 [sentences, SOURCE_TOKENS]: ordinary tokens, EOS last, no padding."""
   rng = np.random.default_rng(seed)
-  sources = rng.integers(1, config.vocab_size - 1, (SENTENCES, SOURCE_TOKENS))
+  sources = rng.integers(1, config.vocab_size - 1, (sentences, SOURCE_TOKENS))
   sources[:, -1] = config.eos_id
   return sources.astype(np.int32)
 

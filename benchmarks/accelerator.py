@@ -16,6 +16,8 @@ Prints, for the first device:
     it, is cumulative: Big's line includes what Base took);
   * beam-4 decoding of the Base model, sentences/s: random weights seldom emit EOS, so every
     sentence runs to its length limit (source + 50 at most), an upper bound on the work;
+  * our beam 4 against transformers' `generate` on a Base-shaped Marian model, same weights,
+    256 sentences, bf16 on both sides (benchmarks/_beam_vs_generate.py);
   * which attention implementation XLA chose for the training attention (a cuDNN fused
     attention custom call in the compiled program, or XLA's own dot/softmax ops);
   * whether a bfloat16 step's loss is within BF16_TOLERANCE (relative) of float32's, on the
@@ -54,7 +56,7 @@ import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import linen as nn  # noqa: E402
 
-from benchmarks import _packed_attention, _timing, _xla_gpu_flags  # noqa: E402
+from benchmarks import _beam_vs_generate, _packed_attention, _timing, _xla_gpu_flags  # noqa: E402
 from benchmarks.memory import compile_train_step, peak_bytes  # noqa: E402
 from benchmarks.train_step import full_rows_batch, useful_flops  # noqa: E402
 from transformer_mt.config import defaults as _defaults  # noqa: E402
@@ -105,7 +107,18 @@ LEVERS = {
   "fused Q/K/V": ({"fuse_qkv": True}, {}),
 }
 # The printed sections, in their order (--sections picks some).
-SECTIONS = ("base", "big", "decode", "attention", "bf16", "cudnn", "packed", "xla_flags", "levers")
+SECTIONS = (
+  "base",
+  "big",
+  "decode",
+  "generate",
+  "attention",
+  "bf16",
+  "cudnn",
+  "packed",
+  "xla_flags",
+  "levers",
+)
 # The bf16 check's model on a CPU: test_bf16.py's size.
 CPU_BF16_CHECK = (32, 64, 4, 2, 64, 8, 12)
 
@@ -296,6 +309,12 @@ def main():
     "base": lambda: train_step_figures("Base", sizes["Base"], reps, peak),
     "big": lambda: train_step_figures("Big", sizes["Big"], reps, peak),
     "decode": lambda: decode_figures(sizes["Base"], reps, source_len=8 if args.tiny else 32),
+    # Issue 42's decoding anchor: our beam 4 against transformers' generate, same weights.
+    "generate": lambda: print(
+      "\n".join(
+        _beam_vs_generate.comparison_lines(8 if args.tiny else 256, min(reps, 3), args.tiny)
+      )
+    ),
     "attention": lambda: print(f"attention: {attention_choice(sizes['Base'])}"),
     "bf16": lambda: print(
       bf16_loss_check(CPU_BF16_CHECK, ("auto",))
