@@ -30,7 +30,9 @@ Prints, for the first device:
   * on a GPU, the Base step under XLA's GPU flags (Triton GEMMs, command buffers) and with
     model.fuse_qkv, each in its own process, as ratios (benchmarks/_xla_gpu_flags.py);
   * the Base step with each of issue 42's levers on alone (LEVERS: unsafe_rbg dropout, the
-    chunked loss, the vocabulary padded to 128, fused Q/K/V), beside the plain Base line.
+    chunked loss, the vocabulary padded to 128, fused Q/K/V), beside the plain Base line;
+  * Base and Big with all of them on and cuDNN attention (on a GPU), at the paper's 3.1k target
+    tokens per GPU (12 rows of 256), at SIZES' rows and at twice them.
 Each is a named section (--sections), run in this order.
 
 Useful FLOPs are counted as benchmarks/train_step.py counts them (`useful_flops`: parameters
@@ -106,6 +108,14 @@ LEVERS = {
   "vocabulary padded to 128": ({"vocab_pad_multiple": 128}, {}),
   "fused Q/K/V": ({"fuse_qkv": True}, {}),
 }
+# Every lever of LEVERS on at once (the "combined" section).
+LEVERS["all levers"] = tuple(
+  {key: value for changes in LEVERS.values() for key, value in changes[side].items()}
+  for side in (0, 1)
+)
+# Target tokens per GPU of the paper's batch (25k over 8 GPUs): rows of 256 at the "combined"
+# section's smallest batch.
+PAPER_ROWS = 12
 # The printed sections, in their order (--sections picks some).
 SECTIONS = (
   "base",
@@ -118,6 +128,7 @@ SECTIONS = (
   "packed",
   "xla_flags",
   "levers",
+  "combined",
 )
 # The bf16 check's model on a CPU: test_bf16.py's size.
 CPU_BF16_CHECK = (32, 64, 4, 2, 64, 8, 12)
@@ -200,8 +211,18 @@ def train_step_figures(name, size, reps, peak, attention_implementation="auto", 
 def lever_figures(size, reps, peak):
   """The Base step with each lever of LEVERS on alone, a line each (the plain step is "base")."""
   for lever in LEVERS:
-    if lever:
+    if lever and lever != "all levers":
       train_step_figures("Base", size, reps, peak, lever=lever)
+
+
+def combined_figures(sizes, reps, peak, attention_implementation):
+  """Base and Big with every lever on and `attention_implementation` (cuDNN on a GPU), at the
+  paper's 3.1k target tokens per GPU, at SIZES' rows and at twice them: a line each."""
+  for name in ("Base", "Big"):
+    size = sizes[name]
+    for rows in sorted({min(PAPER_ROWS, size[5]), size[5], 2 * size[5]}):
+      shape = (*size[:5], rows, size[6])
+      train_step_figures(name, shape, reps, peak, attention_implementation, lever="all levers")
 
 
 def decode_figures(size, reps, beam=4, sentences=64, source_len=32):
@@ -344,6 +365,8 @@ def main():
     ),
     # Levers c, d and e of the Base step, each on alone, beside the "base" line.
     "levers": lambda: lever_figures(sizes["Base"], reps, peak),
+    # Every lever at once with cuDNN attention (on a GPU), Base and Big, three batch sizes.
+    "combined": lambda: combined_figures(sizes, reps, peak, "auto" if on_cpu else "cudnn"),
   }
   assert tuple(sections) == SECTIONS
   failed = 0

@@ -25,7 +25,7 @@ export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
   python3 -c "import jax, flax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())"
 } 2>&1 | tee "$OUT/machine.txt"
 first="${ACCELERATOR_SECTIONS:-base,big,decode,generate}"
-later="${ACCELERATOR_LATER:-attention,bf16,cudnn,packed,xla_flags,levers}"
+later="${ACCELERATOR_LATER:-combined,attention,bf16,cudnn,packed,xla_flags,levers}"
 if [ "$first" != none ]; then
   python3 benchmarks/accelerator.py --sections "$first" 2>&1 | tee "$OUT/accelerator.txt"
 fi
@@ -34,9 +34,14 @@ if [ "${SKIP_TORCH:-0}" != 1 ]; then
 fi
 if [ "${SKIP_REPRODUCE:-0}" != 1 ]; then
   start=$(date +%s)
-  timeout "${REPRODUCE_LIMIT:-330}" python3 run.py reproduce \
+  # JAX_LOG_COMPILES: each compilation and its seconds in the log (on the first GPU run, 2026-11-28,
+  # training paused for over a minute after the first epoch's step: compiles were suspected).
+  JAX_LOG_COMPILES=1 timeout "${REPRODUCE_LIMIT:-330}" python3 run.py reproduce \
     --experiment transformer_tiny_multi30k_ende --workdir /tmp/m30k data.root=device_data 2>&1 | tee "$OUT/reproduce.txt"
   echo "reproduce: $(( $(date +%s) - start )) s for the whole command" | tee -a "$OUT/reproduce.txt"
+  grep -o "Finished XLA compilation of .* in [0-9.]* sec" "$OUT/reproduce.txt" \
+    | awk '{n++; s+=$(NF-1)} END {printf "compilations: %d, %.1f s in all\n", n, s}' \
+    | tee -a "$OUT/reproduce.txt"
   cp /tmp/m30k/results.json /tmp/m30k/metrics.jsonl "$OUT/" 2>/dev/null
   # The input pipeline's share of the training wall time (metrics.jsonl's input_wait_share,
   # weighted by steps) and the step rate.

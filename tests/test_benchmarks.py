@@ -50,8 +50,13 @@ def test_the_accelerator_check_runs_at_tiny_sizes_on_cpu(monkeypatch):
 
   levers = [line for line in lines if line.startswith("Base train step (")]
   assert [line.split("(")[1].split(")")[0] for line in levers] == [
-    lever for lever in accelerator.LEVERS if lever
-  ]
+    lever for lever in accelerator.LEVERS if lever and lever != "all levers"
+  ] + ["all levers"] * 2  # the combined section: SIZES' rows and twice them (tiny: 8 = 12 capped)
+  assert len([line for line in lines if line.startswith("Big train step (all levers)")]) == 2
+  (ours, theirs) = [line for line in lines if "generate" in line and "sentences/s" in line]
+  assert ours.startswith("beam-4 vs generate") and "ours / generate" in theirs
+  # The same weights on both sides, float32 on a CPU: the same best hypotheses.
+  assert "same best hypothesis for 100% of sentences" in theirs, theirs
   (check,) = [line for line in lines if line.startswith("bf16 loss ")]
   assert "within the tolerance" in check, check
 
