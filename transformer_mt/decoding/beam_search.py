@@ -425,20 +425,33 @@ def beam_search(
     else:
       reordered, cache = reorder_cache(state.cache, state.parents)
     logits, cache = tokens_to_logits(tokens, step, cache)
-    log_probs = logits.astype(jnp.float32)
-    if normalize:
-      log_probs = jax.nn.log_softmax(log_probs, axis=-1)
-    vocab = log_probs.shape[-1]
-    log_probs = log_probs.reshape(batch_size, beam_size, vocab)  # [batch, beam, vocab]
-    if candidate_pool == "fairseq":
-      log_probs = fairseq_length_rules(log_probs, step, max_lengths, eos_id)
+    logits = logits.astype(jnp.float32).reshape(batch_size, beam_size, -1)  # [batch, beam, V]
+    vocab = logits.shape[-1]
+    if candidate_pool == "fairseq":  # -inf entries, as after the log-softmax (it is a shift)
+      masked = fairseq_length_rules(logits, step, max_lengths, eos_id)
+    else:
+      masked = logits
 
     # The num_candidates (K) best extensions over all (beam, token) pairs of each sentence,
-    # best first (top_k puts the lower index first on ties).
-    candidates = state.live_log_probs[:, :, None] + log_probs  # [batch, beam, vocab]
+    # best first, in two stages: the K best tokens of each beam, then the K best of those
+    # beam x K. The log-softmax is a shift per beam, so the first stage ranks the logits
+    # themselves and only the chosen K are normalized, as jax.nn.log_softmax computes them:
+    # no [batch, beam, vocab] array is written, and no top-k runs over beam x vocab (at batch
+    # 128, beam 4 and 9,712 pieces, 23 + 15 ms a step on 2 CPU cores for the flat top-k and
+    # the log-softmax, against 14 for the per-beam top-k). Ties go to the lower beam, then the
+    # lower token, as a top-k over the flat [beam * vocab] puts them.
+    per_beam = min(num_candidates, vocab)
+    beam_top, beam_tokens = jax.lax.top_k(masked, per_beam)  # [batch, beam, per_beam]
+    if normalize:
+      row_max = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+      log_sum = jnp.log(jnp.sum(jnp.exp(logits - row_max), axis=-1, keepdims=True))
+      beam_top = (beam_top - row_max) - log_sum  # [batch, beam, per_beam] log-probabilities
+    candidates = state.live_log_probs[:, :, None] + beam_top  # [batch, beam, per_beam]
     top_log_probs, top_index = jax.lax.top_k(candidates.reshape(batch_size, -1), num_candidates)
-    parents = (top_index // vocab).astype(jnp.int32)  # [batch, K]
-    top_tokens = (top_index % vocab).astype(jnp.int32)  # [batch, K]
+    parents = (top_index // per_beam).astype(jnp.int32)  # [batch, K]
+    top_tokens = jnp.take_along_axis(beam_tokens.reshape(batch_size, -1), top_index, axis=1).astype(
+      jnp.int32
+    )  # [batch, K]
     top_seqs = state.live_seqs[batch_index, parents]  # [batch, K, max_len]
     top_seqs = top_seqs.at[:, :, step].set(top_tokens)
 
