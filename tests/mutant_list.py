@@ -367,6 +367,25 @@ MUTANTS = (
     ),
   ),
   Mutant(
+    "beam-top-k-not-normalized",
+    "the two-stage top-k ranks each beam's logits but forgets the log-softmax's log-sum term",
+    "transformer_mt/decoding/beam_search.py",
+    "      beam_top = (beam_top - row_max) - log_sum  # [batch, beam, per_beam] log-probabilities",
+    "      beam_top = beam_top - row_max",
+    ("tests/test_beam_search.py::test_small_beam_scores_are_exact",),
+  ),
+  Mutant(
+    "beam-top-k-parent-by-vocabulary",
+    "the second top-k's index is split by the vocabulary size, not the candidates per beam",
+    "transformer_mt/decoding/beam_search.py",
+    "    parents = (top_index // per_beam).astype(jnp.int32)  # [batch, K]",
+    "    parents = (top_index // vocab).astype(jnp.int32)  # [batch, K]",
+    (
+      "tests/test_beam_search.py::test_small_beam_follows_a_plain_transcription",
+      "tests/test_beam_search.py::test_large_beam_equals_brute_force",
+    ),
+  ),
+  Mutant(
     "beam-length-penalty-twice",
     "a finishing hypothesis' log-prob is divided by the length penalty twice",
     "transformer_mt/decoding/beam_search.py",
