@@ -74,17 +74,7 @@ def time_generate(model, config, sources, reps, on_gpu) -> tuple[np.ndarray, flo
 
   device = torch.device("cuda" if on_gpu else "cpu")
   model = model.to(device, torch.bfloat16 if on_gpu else torch.float32)
-  settings = dict(
-    num_beams=_decode_regime.BEAM,
-    max_new_tokens=_decode_regime.NEW_TOKENS,
-    early_stopping="never",
-    do_sample=False,
-    length_penalty=1.0,
-    use_cache=True,
-    eos_token_id=_decode_regime.NO_EOS,
-    forced_eos_token_id=None,
-    suppress_tokens=list(config.suppressed_ids),
-  )
+  settings = _decode_regime.generate_settings(config)
   inputs = torch.tensor(sources, dtype=torch.long, device=device)
   mask = torch.ones_like(inputs)
   best = np.inf

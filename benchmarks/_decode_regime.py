@@ -134,6 +134,23 @@ def time_ours(params, config, sources, reps):
   return outputs[0], timing
 
 
+def generate_settings(config) -> dict:
+  """transformers' `generate` arguments for this regime: beam BEAM, exactly NEW_TOKENS new
+  tokens (EOS set outside the vocabulary), transformers' length penalty 1.0, PAD suppressed
+  as ours never emits it."""
+  return dict(
+    num_beams=BEAM,
+    max_new_tokens=NEW_TOKENS,
+    early_stopping="never",
+    do_sample=False,
+    length_penalty=1.0,
+    use_cache=True,
+    eos_token_id=NO_EOS,
+    forced_eos_token_id=None,  # MarianConfig's default would force EOS as the last token
+    suppress_tokens=list(config.suppressed_ids),
+  )
+
+
 def time_generate(model, config, sources, reps):
   """(sequences [SENTENCES, NEW_TOKENS], {torch threads: (best seconds, CPU seconds)}) of
   transformers' beam search, after one small warm-up call per thread count.
@@ -145,17 +162,7 @@ def time_generate(model, config, sources, reps):
   """
   import torch
 
-  settings = dict(
-    num_beams=BEAM,
-    max_new_tokens=NEW_TOKENS,
-    early_stopping="never",
-    do_sample=False,
-    length_penalty=1.0,
-    use_cache=True,
-    eos_token_id=NO_EOS,
-    forced_eos_token_id=None,  # MarianConfig's default would force EOS as the last token
-    suppress_tokens=list(config.suppressed_ids),
-  )
+  settings = generate_settings(config)
   inputs = torch.tensor(sources, dtype=torch.long)
   mask = torch.ones_like(inputs)
   timings = {}

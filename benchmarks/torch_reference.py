@@ -128,7 +128,8 @@ def loss_fn(model, batch):
   )
 
 
-def step_figures(name, size, device, reps, compile_model, peak) -> dict:
+def step_figures(name, size, device, reps, compile_model, peak) -> None:
+  """Times one size's step and prints its line."""
   d_model, d_ff, heads, layers, vocab, rows, max_len = size
   torch.manual_seed(0)
   model = TransformerReference(d_model, d_ff, heads, layers, vocab, max_len).to(device)
@@ -182,7 +183,6 @@ def step_figures(name, size, device, reps, compile_model, peak) -> dict:
     f"warm-up (3 steps, compiling) {warmup_s:.0f} s, torch peak memory {memory}",
     flush=True,
   )
-  return {"tokens_per_s": tokens / best, "best_s": best, "parameters": parameter_count(model)}
 
 
 def parameter_count(model: nn.Module) -> int:
