@@ -14,7 +14,7 @@ import numpy as np
 
 from benchmarks import _timing
 from transformer_mt.data.tokenizer import EOS_ID, PAD_ID
-from transformer_mt.decoding import beam_search
+from transformer_mt.decoding import beam_rows
 from transformer_mt.decoding import incremental as decode
 
 STEPS_PER_LOOP = 10
@@ -28,17 +28,17 @@ def reorder_table(decoder, translator, batch, beam, reps):
   rows_per_batch = inputs.shape[0] * beam
   # Each beam swaps with its neighbour, so every row moves (the cost does not depend on which).
   parents = np.tile(np.arange(beam) ^ 1, (inputs.shape[0], 1)).astype(np.int32)
-  rows = beam_search._parent_rows(jnp.asarray(parents))  # [batch * beam]
+  rows = beam_rows.parent_rows(jnp.asarray(parents))  # [batch * beam]
   tokens = jnp.full((rows_per_batch,), EOS_ID + 3, jnp.int32)
   valid = jnp.repeat(inputs != PAD_ID, beam, axis=0)  # [batch * beam, src_len]
   with jax.set_mesh(t.mesh):
-    cache = beam_search._expand_to_beams(
+    cache = beam_rows.expand_to_beams(
       decode.init_cache(t.params, inputs, t.model_config, max_len), inputs.shape[0], beam
     )
 
   def old(cache, position, reorder):  # before: step, then gather the whole cache
     cache = decode.decode_step(t.params, cache, valid, tokens, position, t.model_config)[1]
-    return beam_search.gather_rows(cache, rows)
+    return beam_rows.gather_rows(cache, rows)
 
   def gather_new(cache):
     self_cache, cross_cache = decode.split_cache(cache)
@@ -54,7 +54,7 @@ def reorder_table(decoder, translator, batch, beam, reps):
     )[1],
     "old": old,
     "new": new,
-    "old_copy": lambda cache, position, reorder: beam_search.gather_rows(cache, rows),
+    "old_copy": lambda cache, position, reorder: beam_rows.gather_rows(cache, rows),
     "new_copy": lambda cache, position, reorder: gather_new(cache),
   }
 

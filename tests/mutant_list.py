@@ -431,7 +431,7 @@ MUTANTS = (
   Mutant(
     "fairseq-eos-first",
     '"fairseq" lets EOS end a hypothesis at the first step (min_len 0 instead of 1)',
-    "transformer_mt/decoding/beam_search.py",
+    "transformer_mt/decoding/fairseq_rules.py",
     "  allowed = jnp.where(at_max, is_eos, ~is_eos | (step > 0))  # [batch, 1, vocab]",
     "  allowed = jnp.where(at_max, is_eos, True)  # [batch, 1, vocab]",
     (
@@ -442,7 +442,7 @@ MUTANTS = (
   Mutant(
     "fairseq-forced-finish-without-eos",
     '"fairseq" finishes a hypothesis at the length limit without EOS, as the other pools do',
-    "transformer_mt/decoding/beam_search.py",
+    "transformer_mt/decoding/fairseq_rules.py",
     "  at_max = (step + 1 >= max_lengths)[:, None, None]  # [batch, 1, 1]",
     "  at_max = (step + 1 >= max_lengths + 1)[:, None, None]  # [batch, 1, 1]",
     (
@@ -481,9 +481,9 @@ MUTANTS = (
     "beam-search-follows-the-best-beam-only",
     "beam search extends only its best live beam each step: greedy decoding in effect",
     "transformer_mt/decoding/beam_search.py",
-    "    candidates = state.live_log_probs[:, :, None] + log_probs  # [batch, beam, vocab]",
-    "    candidates = jnp.where(jnp.arange(log_probs.shape[1])[None, :, None] == 0,"
-    " state.live_log_probs[:, :, None], NEG_INF) + log_probs",
+    "    candidates = state.live_log_probs[:, :, None] + beam_top  # [batch, beam, per_beam]",
+    "    candidates = jnp.where(jnp.arange(beam_top.shape[1])[None, :, None] == 0,"
+    " state.live_log_probs[:, :, None], NEG_INF) + beam_top",
     ("tests/test_hf_beam.py::test_beam_search_matches_generate",),
   ),
   Mutant(
@@ -655,11 +655,27 @@ MUTANTS = (
     "unconditional-reorder-skipped",
     "conditional_reorder=False counts a reorder at every step but copies nothing",
     "transformer_mt/decoding/beam_search.py",
-    "      return jnp.array(True), gather_cache(cache, _parent_rows(parents))",
+    "      return jnp.array(True), gather_cache(cache, beam_rows.parent_rows(parents))",
     "      return jnp.array(True), cache",
     (
       "tests/test_beam_search.py::test_accelerator_loop_options_change_nothing[beam-gnmt-0.6-True]",
     ),
+  ),
+  Mutant(
+    "shrink-moves-the-wrong-cache-rows",
+    "a shrinking batch moves cache rows by sentence index, not by sentence x beam",
+    "transformer_mt/decoding/beam_rows.py",
+    "  return (sentences[:, None] * beam_size + beams[None, :]).reshape(-1)",
+    "  return (sentences[:, None] + beams[None, :]).reshape(-1)",
+    ("tests/test_beam_search.py::test_shrinking_batch_changes_nothing[1-beam]",),
+  ),
+  Mutant(
+    "shrink-keeps-the-done-sentences",
+    "a shrinking batch keeps the sentences that are done and drops those still searching",
+    "transformer_mt/decoding/beam_rows.py",
+    "  return jax.lax.top_k(searching.astype(jnp.int32), size)[1].astype(jnp.int32)",
+    "  return jax.lax.top_k((~searching).astype(jnp.int32), size)[1].astype(jnp.int32)",
+    ("tests/test_beam_search.py::test_shrinking_batch_changes_nothing[1-beam]",),
   ),
   Mutant(
     "steps-after-the-end-kept",

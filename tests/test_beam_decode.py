@@ -15,6 +15,7 @@ import pytest
 from helpers import init_params, tiny_model_config
 
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.decoding import beam_rows
 from transformer_mt.decoding import beam_search as bs
 from transformer_mt.decoding import incremental as decode
 
@@ -206,6 +207,38 @@ def test_accelerator_options_give_the_default_outputs(candidate_pool):
   assert out.num_steps == out.num_reorders == reference.num_steps
 
 
+@pytest.mark.parametrize("candidate_pool", ["beam", "fairseq"])
+def test_shrinking_batch_gives_the_whole_batch_outputs(candidate_pool):
+  """beam_decode's shrinking batch (the default: 8 -> 2 -> 1 sentences here, the
+  cross-attention keys/values and source masks moved with their sentences) returns what the
+  whole batch run to the end returns, bit for bit: the Transformer's rows are computed
+  independently, whatever the batch. The empty rows are done at once and the maximum lengths
+  differ, so the batch does shrink."""
+  params, max_len = transformer_params(), 20
+  inputs = jnp.concatenate([transformer_inputs(), transformer_inputs()[::-1]])  # 8 rows
+  max_lengths = jnp.array([20, 2, 20, 5, 9, 20, 3, 17], jnp.int32)
+
+  def search(**options):
+    return jax.tree.map(
+      np.asarray,
+      bs.beam_decode(
+        params,
+        inputs,
+        CONFIG,
+        beam_size=3,
+        max_len=max_len,
+        max_lengths=max_lengths,
+        candidate_pool=candidate_pool,
+        **options,
+      ),
+    )
+
+  whole, shrunk = search(shrink_batch=False), search()
+  for name in ("sequences", "scores", "all_sequences", "all_scores", "all_log_probs", "num_steps"):
+    np.testing.assert_array_equal(getattr(shrunk, name), getattr(whole, name), err_msg=name)
+  assert whole.sentence_steps == 8 * whole.num_steps > shrunk.sentence_steps
+
+
 def test_auto_cache_reorder_is_the_default_program_on_cpu():
   """decode.cache_reorder="auto" on this CPU: the chunked copy, the very program of the
   default (the other platforms' "gather" is checked by `beam_search.resolve_cache_reorder`)."""
@@ -213,16 +246,19 @@ def test_auto_cache_reorder_is_the_default_program_on_cpu():
   lowered = functools.partial(bs.beam_decode.lower, params, inputs, CONFIG, beam_size=3, max_len=8)
   assert lowered(cache_reorder="auto").as_text() == lowered().as_text()
   assert lowered(cache_reorder="gather").as_text() != lowered().as_text()
-  assert bs.resolve_cache_reorder("auto", "gpu") == bs.resolve_cache_reorder("auto", "tpu")
-  assert bs.resolve_cache_reorder("auto", "tpu") == "gather"
-  assert bs.resolve_cache_reorder("auto", "cpu") == "chunked"
+  assert beam_rows.resolve_cache_reorder("auto", "gpu") == beam_rows.resolve_cache_reorder(
+    "auto", "tpu"
+  )
+  assert beam_rows.resolve_cache_reorder("auto", "tpu") == "gather"
+  assert beam_rows.resolve_cache_reorder("auto", "cpu") == "chunked"
 
 
 def test_decode_options_reach_beam_decode(monkeypatch):
   """An experiment's decode.length_penalty / candidate_pool / cache_reorder /
-  stop_check_every go through `settings.decode_settings` and the Translator to beam_decode's
-  static arguments ("auto" resolved by the mesh's platform: this CPU's "chunked"); configs
-  without them keep the defaults, and an unknown value is refused when settings are read."""
+  stop_check_every / shrink_batch go through `settings.decode_settings` and the Translator to
+  beam_decode's static arguments ("auto" resolved by the mesh's platform: this CPU's
+  "chunked"; min_batch the mesh's device count); configs without them keep the defaults, and
+  an unknown value is refused when settings are read."""
   import ml_collections
 
   from transformer_mt.config import defaults
@@ -233,10 +269,16 @@ def test_decode_options_reach_beam_decode(monkeypatch):
   section = dict(batch_size=2, max_len=8, beam_size=3, alpha=1.0)
   old = decode_settings(defaults.complete(ml_collections.ConfigDict({"decode": section})))
   assert (old["length_penalty"], old["candidate_pool"]) == ("gnmt", "beam")
-  assert (old["cache_reorder"], old["stop_check_every"]) == ("chunked", 1)
+  assert (old["cache_reorder"], old["stop_check_every"], old["shrink_batch"]) == (
+    "chunked",
+    1,
+    True,
+  )
   chosen = dict(length_penalty="power", candidate_pool="hf", cache_reorder="auto")
   config = defaults.complete(
-    ml_collections.ConfigDict({"decode": dict(section, **chosen, stop_check_every=4)})
+    ml_collections.ConfigDict(
+      {"decode": dict(section, **chosen, stop_check_every=4, shrink_batch=False)}
+    )
   )
   settings = decode_settings(config)
   for bad, message in (
@@ -267,6 +309,8 @@ def test_decode_options_reach_beam_decode(monkeypatch):
       candidate_pool="hf",
       cache_reorder="chunked",
       stop_check_every=4,
+      shrink_batch=False,
+      min_batch=1,
     )
   ]
 
@@ -300,7 +344,7 @@ def test_cross_attention_once_per_sentence_equals_a_copy_per_beam():
   batch = inputs.shape[0]
   out = bs.beam_decode(params, inputs, CONFIG, beam_size=beam, max_len=max_len)
   cache, cross = decode.split_cache(decode.init_cache(params, inputs, CONFIG, max_len))
-  cross = bs._expand_to_beams(cross, batch, beam)  # [batch * beam, heads, src_len, head_dim]
+  cross = beam_rows.expand_to_beams(cross, batch, beam)  # [batch * beam, heads, src_len, head_dim]
   valid = jnp.repeat(inputs != PAD_ID, beam, axis=0)
 
   def tokens_to_logits(tokens, position, cache):

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.decoding import beam_rows
 from transformer_mt.decoding import beam_search as bs
 
 VOCAB = 5
@@ -463,6 +464,59 @@ def test_accelerator_loop_options_change_nothing(
       assert out.num_reorders == out.num_steps
     else:
       assert out.num_reorders == reference.num_reorders
+
+
+@pytest.mark.parametrize("candidate_pool", bs.CANDIDATE_POOLS)
+@pytest.mark.parametrize("stop_check_every", [1, 3])
+def test_shrinking_batch_changes_nothing(candidate_pool, stop_check_every):
+  """A batch that shrinks as its sentences finish (16 -> 4 -> 1 sentences, their
+  cache rows, pending reorders and maximum lengths moved down with them) gives every
+  sentence, at its own place, the hypotheses, scores and log-probs of the whole batch run to
+  the end, in as many steps, for every pool. The second-order tables read the previous token
+  back from the cache rows, so a sentence that moved with another's rows shows. Sentences
+  end at different steps (maximum lengths 0 to 16, EOS unlikely before them), so the batch
+  does shrink: fewer sentence-steps are decoded."""
+  tables = markov_tables(seeds=range(100, 116), order=2, eos_bias=-2.0)
+  max_lengths = [16, 1, 4, 16, 2, 12, 6, 3, 16, 5, 7, 0, 14, 8, 2, 10]
+  options = dict(
+    alpha=0.6,
+    max_lengths=max_lengths,
+    candidate_pool=candidate_pool,
+    length_penalty="power",
+    stop_check_every=stop_check_every,
+  )
+  whole = run_toy(tables, beam=3, max_len=16, **options)
+  shrunk = run_toy(tables, beam=3, max_len=16, shrink_batch=True, **options)
+  for name in OUTPUT_FIELDS:
+    np.testing.assert_array_equal(getattr(shrunk, name), getattr(whole, name), err_msg=name)
+  assert whole.sentence_steps == len(tables) * whole.num_steps
+  assert shrunk.sentence_steps < whole.sentence_steps
+  # The rows of the sentences that finished stay in the batch until it shrinks, so a smaller
+  # batch reorders at no more steps than the whole one.
+  assert shrunk.num_reorders <= whole.num_reorders
+
+
+def test_shrinking_stops_at_the_device_multiple():
+  """min_batch (the data-parallel device count) bounds the shrinking: each batch size a
+  multiple of it, so every stage splits evenly over the devices."""
+  assert beam_rows.shrink_sizes(32) == (32, 8, 2)
+  assert beam_rows.shrink_sizes(128, min_batch=8) == (128, 32, 8)
+  assert beam_rows.shrink_sizes(64, min_batch=8) == (64, 16)
+  assert beam_rows.shrink_sizes(24, min_batch=8) == (24,)
+  assert beam_rows.shrink_sizes(48, min_batch=3) == (48, 12, 3)
+  assert beam_rows.shrink_sizes(1) == (1,)
+  with pytest.raises(ValueError, match="does not split"):
+    beam_rows.shrink_sizes(12, min_batch=8)
+  tables = markov_tables(seeds=range(200, 216), order=2, eos_bias=-2.0)
+  options = dict(alpha=0.6, max_lengths=[9, 1, 2, 1, 3, 2, 1, 2, 1, 1, 2, 3, 1, 2, 1, 2])
+  whole = run_toy(tables, beam=2, max_len=9, **options)
+  # On 2 devices: 16 -> 4 sentences (a batch of 1 would not split over them).
+  floor = run_toy(tables, beam=2, max_len=9, shrink_batch=True, min_batch=2, **options)
+  for name in OUTPUT_FIELDS:
+    np.testing.assert_array_equal(getattr(floor, name), getattr(whole, name), err_msg=name)
+  # Never fewer than 4 sentences a step: at least 4 * the steps, fewer than 16 * them.
+  assert whole.num_steps > 3
+  assert 4 * whole.num_steps <= floor.sentence_steps < whole.sentence_steps
 
 
 def fairseq_reference(table, beam, max_length, lenpen):

@@ -92,6 +92,21 @@ tests/test_beam_decode.py):
   All choices give bit-identical hypotheses, scores and step counts
   (tests/test_beam_search.py, tests/test_beam_decode.py); which is faster on a GPU is for
   the device run (benchmarks/accelerator.py) to measure.
+* Shrinking batch (`shrink_batch`, beam_decode's default). A batch's sentences end at
+  different steps, and a compiled loop of fixed shapes would decode every one of them until
+  the last ends. CTranslate2 drops a finished sentence from its batch at once (its shapes
+  change every step); here the loop is traced once for each of a few batch sizes
+  (`beam_rows.shrink_sizes`: a quarter of the size before, down to the data-parallel device
+  count), and runs in each until at most the next size's sentences are still searching; then
+  the rows of those (done ones fill the rest) move to the front of the smaller batch, with
+  their cache rows, pending reorder, maximum lengths and per-sentence `context` (the source
+  mask and cross-attention keys/values), and the others' results are written at their places
+  in the caller's batch (`beam_rows.shrunk`, `beam_rows.with_results_of`). The decoder's
+  rows are computed independently of each other, so every sentence gets the hypotheses and
+  scores of the whole batch run to the end, bit for bit; only `num_reorders` (a step reorders
+  when any row present needs it) and `sentence_steps` (the work done) change. On 2 CPU cores
+  the Multi30k tiny model translates 1.44x / 1.95x faster at batch 32 / 128; each size is one
+  more compiled copy of the step (docs/performance.md, "Beam search against CTranslate2").
 """
 
 from __future__ import annotations
@@ -105,33 +120,25 @@ import jax
 import jax.numpy as jnp
 
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.decoding import beam_rows
 from transformer_mt.decoding import incremental as decode
+from transformer_mt.decoding.fairseq_rules import (
+  fairseq_length_rules,
+  first_finished,
+  sorted_by_score,
+)
 from transformer_mt.runtime import errors
 
-# tokens int32 [batch * beam], position int32 [], cache -> (logits [batch * beam, vocab], cache).
-TokensToLogits = Callable[[jax.Array, jax.Array, Any], tuple[jax.Array, Any]]
-# cache (leaves [batch * beam, ...]), rows int32 [batch * beam] -> cache with row i := row rows[i].
-GatherCache = Callable[[Any, jax.Array], Any]
+# tokens int32 [batch * beam], position int32 [], cache -> (logits [batch * beam, vocab], cache);
+# with a per-sentence `context` (beam_search's argument), (tokens, position, cache, context).
+TokensToLogits = Callable[..., tuple[jax.Array, Any]]
+GatherCache = beam_rows.GatherCache
 
 NEG_INF = -jnp.inf
 
 
 LENGTH_PENALTIES = ("gnmt", "power")
 CANDIDATE_POOLS = ("beam", "2beam", "hf", "fairseq")
-# How beam_decode reorders the self-attention cache (module docstring, "On an accelerator").
-CACHE_REORDERS = ("chunked", "gather", "auto")
-# Platforms where "auto" gathers whole leaves; elsewhere (CPU) it copies the written chunks.
-GATHER_PLATFORMS = ("gpu", "tpu")
-
-
-def resolve_cache_reorder(cache_reorder: str, platform: str | None = None) -> str:
-  """The reorder `cache_reorder` stands for, "chunked" or "gather": itself, or for "auto" the
-  one for `platform` (default: JAX's default backend)."""
-  if cache_reorder not in CACHE_REORDERS:
-    raise errors.BadValue(f"cache_reorder {cache_reorder!r}: expected one of {CACHE_REORDERS}.")
-  if cache_reorder != "auto":
-    return cache_reorder
-  return "gather" if (platform or jax.default_backend()) in GATHER_PLATFORMS else "chunked"
 
 
 def penalty(length: jax.Array, alpha: float, kind: str = "gnmt") -> jax.Array:
@@ -165,6 +172,13 @@ class BeamState:
   parents: jax.Array  # int32 [batch, beam]: the beam (within the sentence) each live beam
   #   extends; the next step reorders the cache rows accordingly before using them.
   num_reorders: jax.Array  # int32 []: steps at which the cache rows were reordered.
+  sentence_steps: jax.Array  # int32 []: the batch size of each step, summed.
+  max_lengths: jax.Array  # int32 [batch]: each sentence's maximum length, in [0, max_len].
+  sentences: jax.Array  # int32 [batch]: each row's sentence in the caller's batch (the
+  #   search shrinks its batch as sentences finish; module docstring, "Shrinking batch").
+  context: Any  # the step function's per-sentence inputs, leaves [batch, ...], or None.
+  # A new per-sentence field must join beam_rows.PER_SENTENCE, which moves them when the
+  # batch shrinks.
 
 
 @flax.struct.dataclass
@@ -178,72 +192,8 @@ class BeamSearchOutput:
   all_log_probs: jax.Array  # float32 [batch, beam]: their summed log-probs (score * lp(len)).
   num_steps: jax.Array  # int32 []: decoder steps run (< max_len when stopped early).
   num_reorders: jax.Array  # int32 []: steps whose cache was reordered (the others copy nothing).
-
-
-def _expand_to_beams(tree: Any, batch_size: int, beam_size: int) -> Any:
-  """Repeats every row beam_size times: [batch, ...] -> [batch * beam, ...]; scalars as they are.
-
-  Row b * beam + k is beam k of sentence b, the layout `_parent_rows` indexes.
-  """
-
-  def expand(x):
-    x = jnp.asarray(x)
-    if x.ndim == 0:
-      return x
-    if x.shape[0] != batch_size:
-      raise ValueError(f"Cache leaf of shape {x.shape} has no leading batch axis of {batch_size}.")
-    return jnp.repeat(x, beam_size, axis=0)
-
-  return jax.tree.map(expand, tree)
-
-
-def _parent_rows(parents: jax.Array) -> jax.Array:
-  """int32 [batch * beam]: the cache row that beam k of sentence b continues, given
-  parents int32 [batch, beam], the beam (within the same sentence) each new beam extends."""
-  batch_size, beam_size = parents.shape
-  return (jnp.arange(batch_size, dtype=jnp.int32)[:, None] * beam_size + parents).reshape(-1)
-
-
-def gather_rows(tree: Any, rows: jax.Array) -> Any:
-  """The default `GatherCache`: takes every leaf whole, row i := row rows[i]; scalar leaves
-  (e.g. `cache_index`) are shared by all rows and are returned unchanged."""
-  return jax.tree.map(lambda x: x if x.ndim == 0 else jnp.take(x, rows, axis=0), tree)
-
-
-def fairseq_length_rules(
-  log_probs: jax.Array, step: jax.Array, max_lengths: jax.Array, eos_id: int
-) -> jax.Array:
-  """log_probs float32 [batch, beam, vocab] under fairseq's length rules, applied after the
-  log-softmax as fairseq applies them: EOS is -inf at the first step (min_len 1), and every
-  token but EOS is -inf at the step that reaches the sentence's maximum length, so the
-  hypotheses still live there end with EOS. The second rule wins where both apply (a
-  maximum length of 1). step int32 []: tokens generated so far; max_lengths int32 [batch]."""
-  is_eos = jnp.arange(log_probs.shape[-1]) == eos_id  # [vocab]
-  at_max = (step + 1 >= max_lengths)[:, None, None]  # [batch, 1, 1]
-  allowed = jnp.where(at_max, is_eos, ~is_eos | (step > 0))  # [batch, 1, vocab]
-  return jnp.where(allowed, log_probs, NEG_INF)
-
-
-def first_finished(flags: jax.Array, beam_size: int) -> jax.Array:
-  """int32 [batch, beam]: each row's indices of its first beam_size True entries in order,
-  then of its first False ones, for flags bool [batch, n] (top_k puts the lower index first
-  on ties). Over the held finished set followed by the step's candidates in rank order, that
-  is fairseq's finalize_hypos: hypotheses are appended in the order they finish while fewer
-  than beam_size are held, and the empty slots stay last."""
-  return jax.lax.top_k(flags.astype(jnp.int32), beam_size)[1]
-
-
-def sorted_by_score(state: BeamState) -> BeamState:
-  """The finished set sorted by score, descending, ties in their order (Python's stable
-  sort, as fairseq sorts its finished hypotheses at the end); -inf (empty) slots last."""
-  batch_index = jnp.arange(state.finished_scores.shape[0])[:, None]  # [batch, 1]
-  scores, order = jax.lax.top_k(state.finished_scores, state.finished_scores.shape[1])
-  return state.replace(
-    finished_seqs=state.finished_seqs[batch_index, order],
-    finished_scores=scores,
-    finished_flags=state.finished_flags[batch_index, order],
-    finished_log_probs=state.finished_log_probs[batch_index, order],
-  )
+  sentence_steps: jax.Array  # int32 []: sentences decoded at each step, summed: batch *
+  #   num_steps, less where the batch shrank as sentences finished.
 
 
 def check_stop_check_every(every) -> None:
@@ -278,10 +228,10 @@ def _steps_while_searching(
       stepped = step(state)
       kept = jax.tree.map(
         lambda new, old, keep=keep: jnp.where(keep, new, old),
-        stepped.replace(cache=None),
-        state.replace(cache=None),
+        stepped.replace(cache=None, context=None),
+        state.replace(cache=None, context=None),
       )
-      state = kept.replace(cache=stepped.cache)
+      state = kept.replace(cache=stepped.cache, context=state.context)
     return state
 
   return body
@@ -299,20 +249,25 @@ def beam_search(
   pad_id: int = PAD_ID,
   max_lengths: jax.Array | None = None,
   early_stopping: bool = True,
-  gather_cache: GatherCache = gather_rows,
+  gather_cache: GatherCache = beam_rows.gather_rows,
   always_gather: bool = False,
   length_penalty: str = "gnmt",
   candidate_pool: str = "beam",
   normalize: bool = True,
   conditional_reorder: bool = True,
   stop_check_every: int = 1,
+  context: Any = None,
+  shrink_batch: bool = False,
+  min_batch: int = 1,
 ) -> BeamSearchOutput:
-  """Beam search over `tokens_to_logits`; call it inside `jax.jit` (it traces one loop).
+  """Beam search over `tokens_to_logits`; call it inside `jax.jit` (it traces one loop per
+  batch size it shrinks through).
 
   Args:
     tokens_to_logits: (tokens int32 [batch * beam], position int32 [], cache) ->
-      (logits float [batch * beam, vocab], new cache). Row b * beam + k is beam k of
-      sentence b.
+      (logits float [batch * beam, vocab], new cache), with a fourth argument, `context`
+      (the rows of the sentences in the current batch), when `context` is given. Row
+      b * beam + k is beam k of sentence b.
     initial_cache: the step function's cache for one row per sentence (leaves
       [batch, ...], scalars allowed); expanded to [batch * beam, ...] here once.
     batch_size, beam_size, max_len: static sizes; max_len bounds the generated tokens.
@@ -323,7 +278,8 @@ def beam_search(
       (e.g. source length + 50), clipped to [0, max_len]; defaults to max_len.
     early_stopping: False runs all max_len steps (same results; for tests).
     gather_cache: reorders the cache rows after a step where some beam changed parent;
-      it must return what `gather_rows` would (it may skip copying what is equal anyway).
+      it must return what `beam_rows.gather_rows` would (it may skip copying what is equal
+      anyway).
     always_gather: the reference path for tests and benchmarks (same results, slower):
       the cache is reordered whole with `gather_rows` at the end of every step, even
       when no beam changed parent, as beam search did before reordering was made lazy.
@@ -339,6 +295,17 @@ def beam_search(
       the cond's predicate may cost a host round trip). Same results.
     stop_check_every: k >= 1 steps per while_loop iteration: the stopping condition is read
       once every k steps (module docstring). Same results, the step count included.
+    context: the step function's per-sentence inputs (leaves [batch, ...]: the source mask,
+      the cross-attention keys/values), moved with their sentences when the batch shrinks;
+      None: the step takes three arguments.
+    shrink_batch: go on in a batch of half the size each time at most half of the sentences
+      are still searching (module docstring, "Shrinking batch"); False: every step runs the
+      whole batch. Same results, provided the step function reads what differs between
+      sentences from its cache and `context` only: a closure over a [batch, ...] array would
+      no longer match the rows (beam_decode passes the source mask and cross-attention
+      keys/values as `context`).
+    min_batch: the smallest batch to shrink to, and what every size must be a multiple of
+      (the data-parallel device count).
 
   Returns:
     BeamSearchOutput: the best hypothesis per sentence and all `beam_size` of them.
@@ -354,7 +321,10 @@ def beam_search(
   if max_lengths is None:
     max_lengths = jnp.full((batch_size,), max_len, jnp.int32)
   max_lengths = jnp.clip(jnp.asarray(max_lengths, jnp.int32), 0, max_len)  # [batch]
-  batch_index = jnp.arange(batch_size)[:, None]  # [batch, 1], for per-sentence gathers
+  if context is None:
+    step_fn = lambda tokens, position, cache, context: tokens_to_logits(tokens, position, cache)  # noqa: E731
+  else:
+    step_fn = tokens_to_logits
 
   # Only beam 0 is alive at first: all beams are the same empty prefix, and keeping the
   # copies alive would fill the beam with duplicates.
@@ -371,30 +341,37 @@ def beam_search(
     finished_scores=jnp.where(empty, 0.0, NEG_INF).astype(jnp.float32),
     finished_flags=empty,
     finished_log_probs=jnp.where(empty, 0.0, NEG_INF).astype(jnp.float32),
-    cache=_expand_to_beams(initial_cache, batch_size, beam_size),
+    cache=beam_rows.expand_to_beams(initial_cache, batch_size, beam_size),
     parents=jnp.tile(jnp.arange(beam_size, dtype=jnp.int32), (batch_size, 1)),
     num_reorders=jnp.array(0, jnp.int32),
+    sentence_steps=jnp.array(0, jnp.int32),
+    max_lengths=max_lengths,
+    sentences=jnp.arange(batch_size, dtype=jnp.int32),
+    context=context,
   )
 
   def best_possible_scores(state: BeamState) -> jax.Array:
     """float32 [batch, beam]: upper bound on the final score of each live beam."""
     # lp grows with length for alpha >= 0: the longest reachable length is best ([batch, 1]);
     # it falls for alpha < 0: the shortest (one more token) is best.
-    max_penalty = lp(max_lengths)[:, None] if alpha >= 0 else lp(state.step + 1)
+    max_penalty = lp(state.max_lengths)[:, None] if alpha >= 0 else lp(state.step + 1)
     return state.live_log_probs / max_penalty
 
-  def not_done(state: BeamState) -> jax.Array:
+  def searching(state: BeamState) -> jax.Array:
+    """bool [batch]: the sentences whose result may still change."""
     if not early_stopping:
-      return state.step < max_len
+      return jnp.ones(state.max_lengths.shape, bool)
     if candidate_pool == "fairseq":  # done once beam_size have finished, or none lives
-      searching = jnp.any(state.live_log_probs > NEG_INF, axis=1) & (
+      return jnp.any(state.live_log_probs > NEG_INF, axis=1) & (
         jnp.sum(state.finished_flags, axis=1) < beam_size
-      )  # [batch]
-      return (state.step < max_len) & jnp.any(searching)
+      )
     best_live = jnp.max(best_possible_scores(state), axis=1)  # [batch]
     worst_finished = state.finished_scores[:, -1]  # [batch]; sorted, -inf until full
     # A dead sentence (all live -inf) is done too: -inf <= anything.
-    return (state.step < max_len) & ~jnp.all(best_live <= worst_finished)
+    return ~(best_live <= worst_finished)
+
+  def not_done(state: BeamState) -> jax.Array:
+    return (state.step < max_len) & jnp.any(searching(state))
 
   def reorder_cache(cache: Any, parents: jax.Array) -> tuple[jax.Array, Any]:
     """(bool [], whether rows were copied; the cache rows of the beams' parents).
@@ -406,16 +383,18 @@ def beam_search(
     if beam_size == 1:  # the single beam always extends itself
       return jnp.array(False), cache
     if not conditional_reorder:  # a copy at every step, no predicate
-      return jnp.array(True), gather_cache(cache, _parent_rows(parents))
+      return jnp.array(True), gather_cache(cache, beam_rows.parent_rows(parents))
     # Any beam that changed parent means a gather; only when every beam of every sentence
     # extends itself is there nothing to copy.
     reorder = jnp.any(parents != jnp.arange(beam_size, dtype=jnp.int32))
     return reorder, jax.lax.cond(
-      reorder, gather_cache, lambda cache, rows: cache, cache, _parent_rows(parents)
+      reorder, gather_cache, lambda cache, rows: cache, cache, beam_rows.parent_rows(parents)
     )
 
   def body(state: BeamState) -> BeamState:
     step = state.step
+    batch = state.live_log_probs.shape[0]  # the current stage's batch
+    batch_index = jnp.arange(batch)[:, None]  # [batch, 1], for per-sentence gathers
     previous = jax.lax.dynamic_index_in_dim(
       state.live_seqs, jnp.maximum(step - 1, 0), axis=2, keepdims=False
     )  # [batch, beam]
@@ -424,11 +403,11 @@ def beam_search(
       reordered, cache = jnp.array(True), state.cache
     else:
       reordered, cache = reorder_cache(state.cache, state.parents)
-    logits, cache = tokens_to_logits(tokens, step, cache)
-    logits = logits.astype(jnp.float32).reshape(batch_size, beam_size, -1)  # [batch, beam, V]
+    logits, cache = step_fn(tokens, step, cache, state.context)
+    logits = logits.astype(jnp.float32).reshape(batch, beam_size, -1)  # [batch, beam, V]
     vocab = logits.shape[-1]
     if candidate_pool == "fairseq":  # -inf entries, as after the log-softmax (it is a shift)
-      masked = fairseq_length_rules(logits, step, max_lengths, eos_id)
+      masked = fairseq_length_rules(logits, step, state.max_lengths, eos_id)
     else:
       masked = logits
 
@@ -447,9 +426,9 @@ def beam_search(
       log_sum = jnp.log(jnp.sum(jnp.exp(logits - row_max), axis=-1, keepdims=True))
       beam_top = (beam_top - row_max) - log_sum  # [batch, beam, per_beam] log-probabilities
     candidates = state.live_log_probs[:, :, None] + beam_top  # [batch, beam, per_beam]
-    top_log_probs, top_index = jax.lax.top_k(candidates.reshape(batch_size, -1), num_candidates)
+    top_log_probs, top_index = jax.lax.top_k(candidates.reshape(batch, -1), num_candidates)
     parents = (top_index // per_beam).astype(jnp.int32)  # [batch, K]
-    top_tokens = jnp.take_along_axis(beam_tokens.reshape(batch_size, -1), top_index, axis=1).astype(
+    top_tokens = jnp.take_along_axis(beam_tokens.reshape(batch, -1), top_index, axis=1).astype(
       jnp.int32
     )  # [batch, K]
     top_seqs = state.live_seqs[batch_index, parents]  # [batch, K, max_len]
@@ -458,7 +437,7 @@ def beam_search(
     # An extension of a dead beam (or a zero-probability token) is no hypothesis at all.
     valid = top_log_probs > NEG_INF  # [batch, K]
     length = step + 1  # generated tokens, EOS included
-    ends = valid & ((top_tokens == eos_id) | (length >= max_lengths)[:, None])  # [batch, K]
+    ends = valid & ((top_tokens == eos_id) | (length >= state.max_lengths)[:, None])  # [batch, K]
     # "hf", "fairseq": only the beam_size best may finish; an ending one ranked below is dropped.
     finishing = ends
     if candidate_pool in ("hf", "fairseq"):
@@ -484,9 +463,9 @@ def beam_search(
       parents = parents[batch_index, live]
       top_seqs = top_seqs[batch_index, live]  # [batch, beam, max_len]
     if always_gather:
-      cache = gather_rows(cache, _parent_rows(parents))
+      cache = beam_rows.gather_rows(cache, beam_rows.parent_rows(parents))
 
-    return BeamState(
+    return state.replace(
       step=step + 1,
       live_seqs=top_seqs,
       live_log_probs=live_log_probs,
@@ -497,11 +476,26 @@ def beam_search(
       cache=cache,
       parents=parents,
       num_reorders=state.num_reorders + reordered.astype(jnp.int32),
+      sentence_steps=state.sentence_steps + batch,
     )
 
   if stop_check_every > 1:
     body = _steps_while_searching(body, not_done, stop_check_every)
-  final = jax.lax.while_loop(not_done, body, initial)
+  sizes = beam_rows.shrink_sizes(batch_size, min_batch) if shrink_batch else (batch_size,)
+  state, results = initial, initial.replace(cache=None, context=None)
+  for size, next_size in zip(sizes, sizes[1:] + (0,), strict=True):
+    if size < batch_size:  # the sentences still searching (and done ones to fill) move down
+      state = beam_rows.shrunk(state, beam_rows.kept_sentences(searching(state), size), beam_size)
+
+    def stage_not_done(state: BeamState, next_size: int = next_size) -> jax.Array:
+      # Go on in this batch while more sentences search than the next, smaller one holds.
+      return not_done(state) & (jnp.sum(searching(state)) > next_size)
+
+    state = jax.lax.while_loop(stage_not_done, body, state)
+    results = beam_rows.with_results_of(results, state)
+  final = results.replace(
+    step=state.step, num_reorders=state.num_reorders, sentence_steps=state.sentence_steps
+  )
   if candidate_pool == "fairseq":
     final = sorted_by_score(final)
 
@@ -521,6 +515,7 @@ def beam_search(
     all_log_probs=all_log_probs,
     num_steps=final.step,
     num_reorders=final.num_reorders,
+    sentence_steps=final.sentence_steps,
   )
 
 
@@ -537,6 +532,8 @@ def beam_search(
     "forced_first_id",
     "cache_reorder",
     "stop_check_every",
+    "shrink_batch",
+    "min_batch",
   ),
 )
 def beam_decode(
@@ -553,6 +550,8 @@ def beam_decode(
   candidate_pool: str = "beam",
   cache_reorder: str = "chunked",
   stop_check_every: int = 1,
+  shrink_batch: bool = True,
+  min_batch: int = 1,
 ) -> BeamSearchOutput:
   """Beam search with the Transformer for `inputs` int [batch, src_len] (0 = pad).
 
@@ -579,7 +578,10 @@ def beam_decode(
       path), "gather" (every leaf whole at every step: no cond, no inner loop) or "auto"
       (chunked on CPU, gather on GPU/TPU, by JAX's default backend); module docstring.
     stop_check_every: read the stopping condition once every this many steps (module
-      docstring). Neither changes a result.
+      docstring).
+    shrink_batch, min_batch: go on in half the batch each time half of the sentences are
+      done, down to min_batch (a multiple of the data-parallel device count; module
+      docstring, "Shrinking batch"). None of these changes a result.
 
   An ensemble (`params` a tuple of parameter trees, `config` the tuple of their configs;
   `incremental`'s module docstring) searches over the mean of its members' log-probabilities.
@@ -590,19 +592,21 @@ def beam_decode(
   if max_lengths is None:
     max_lengths = jnp.full((batch,), max_len, jnp.int32)
   max_lengths = jnp.where(jnp.any(inputs_valid, axis=1), max_lengths, 0)
-  beam_inputs_valid = jnp.repeat(inputs_valid, beam_size, axis=0)  # [batch * beam, src_len]
-  step = decode.model_step(params, beam_inputs_valid, config, forced_first_id)
 
   # The cross-attention keys/values stay one row per sentence, [batch, heads, src_len, head_dim]
   # (attention.decode_attention folds a sentence's beams into its query axis): never copied
-  # per beam, never reordered.
+  # per beam, never reordered. With the source mask they are the search's per-sentence
+  # context, moved with their sentences when the batch shrinks.
   cache, cross_cache = decode.split_cache(decode.init_cache(params, inputs, config, max_len))
 
-  def tokens_to_logits(tokens, position, cache):
+  def tokens_to_logits(tokens, position, cache, context):
+    cross_cache, inputs_valid = context
+    beam_inputs_valid = jnp.repeat(inputs_valid, beam_size, axis=0)  # [batch * beam, src_len]
+    step = decode.model_step(params, beam_inputs_valid, config, forced_first_id)
     logits, cache = step(tokens, position, decode.merge_cache(cache, cross_cache))
     return logits, decode.split_cache(cache)[0]
 
-  gather_whole = resolve_cache_reorder(cache_reorder) == "gather"
+  gather_whole = beam_rows.resolve_cache_reorder(cache_reorder) == "gather"
   return beam_search(
     tokens_to_logits,
     cache,
@@ -622,4 +626,7 @@ def beam_decode(
     gather_cache=decode.gather_all_rows if gather_whole else decode.gather_written_rows,
     conditional_reorder=not gather_whole,
     stop_check_every=stop_check_every,
+    context=(cross_cache, inputs_valid),
+    shrink_batch=shrink_batch,
+    min_batch=min_batch,
   )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from transformer_mt.decoding import beam_search
+from transformer_mt.decoding import beam_rows, beam_search
 from transformer_mt.runtime import errors
 
 
@@ -17,9 +17,9 @@ def decode_settings(
 ) -> dict:
   """Translator keyword arguments from an experiment's `decode` section (with overrides).
 
-  A config saved before `length_penalty`, `candidate_pool`, `cache_reorder` or
-  `stop_check_every` existed reads back with their defaults ("gnmt", "beam", "chunked", 1;
-  `checkpointing.read_config` completes it), so it decodes as it did.
+  A config saved before `length_penalty`, `candidate_pool`, `cache_reorder`,
+  `stop_check_every` or `shrink_batch` existed reads back with their defaults ("gnmt", "beam",
+  "chunked", 1, True; `checkpointing.read_config` completes it): the same translations.
 
   Raises:
     ValueError: one of them names no option of beam_search.
@@ -35,11 +35,12 @@ def decode_settings(
     "candidate_pool": decode_config.candidate_pool,
     "cache_reorder": decode_config.cache_reorder,
     "stop_check_every": decode_config.stop_check_every,
+    "shrink_batch": decode_config.shrink_batch,
   }
   for key, allowed in (
     ("length_penalty", beam_search.LENGTH_PENALTIES),
     ("candidate_pool", beam_search.CANDIDATE_POOLS),
-    ("cache_reorder", beam_search.CACHE_REORDERS),
+    ("cache_reorder", beam_rows.CACHE_REORDERS),
   ):
     if settings[key] not in allowed:
       raise errors.BadValue(

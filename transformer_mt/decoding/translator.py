@@ -33,7 +33,7 @@ from transformer_mt.config import registry
 from transformer_mt.data import tokenizer as tokenizers
 from transformer_mt.data.input_pipeline import bucket_length
 from transformer_mt.data.tokenizer import AnyTokenizer
-from transformer_mt.decoding import beam_search, sampling
+from transformer_mt.decoding import beam_rows, beam_search, sampling
 from transformer_mt.decoding import incremental as decode
 from transformer_mt.decoding.settings import decode_settings
 from transformer_mt.model import setup as run_setup
@@ -81,6 +81,10 @@ class Translator:
   # (beam_search's module docstring, "On an accelerator").
   cache_reorder: str = "chunked"
   stop_check_every: int = 1
+  # Beam search goes on in half the batch each time half of its sentences are done, down to
+  # the mesh's device count (beam_search's module docstring, "Shrinking batch"); the same
+  # translations, one more compiled copy of the decoder step per size.
+  shrink_batch: bool = True
   # An ensemble (several workdirs, `load_translator`): the members' configs, with `params`
   # the tuple of their parameter trees; `model_config` is then the first member's, whose
   # ids (PAD, EOS, decoder start) and tokenizer every member shares. None: one model.
@@ -292,10 +296,13 @@ class Translator:
       forced_first_id=self.forced_first_id,
       length_penalty=self.length_penalty,
       candidate_pool=self.candidate_pool,
-      cache_reorder=beam_search.resolve_cache_reorder(
+      cache_reorder=beam_rows.resolve_cache_reorder(
         self.cache_reorder, self.mesh.devices.flat[0].platform
       ),
       stop_check_every=self.stop_check_every,
+      shrink_batch=self.shrink_batch,
+      # Every batch size a multiple of the devices: each still splits evenly over them.
+      min_batch=self.mesh.devices.size,
     )
 
   def _decode_batch(self, sources: list[list[int]]) -> list[np.ndarray]:
