@@ -240,8 +240,16 @@ def decode_figures(size, reps, beam=4, sentences=64, source_len=32):
     np.full(sentences, max_len, np.int32), sharding.batch_sharding(mesh, 1)
   )
   with jax.set_mesh(mesh):
+    # The whole batch at every step, the program of the figures before the batch could shrink
+    # (random weights end few sentences early; each smaller batch is one more compilation).
     compiled = beam_search.beam_decode.lower(
-      params, inputs, config=config, beam_size=beam, max_len=max_len, max_lengths=max_lengths
+      params,
+      inputs,
+      config=config,
+      beam_size=beam,
+      max_len=max_len,
+      max_lengths=max_lengths,
+      shrink_batch=False,
     ).compile()
     timing = _timing.time_calls(
       lambda: compiled(params, inputs, max_lengths=max_lengths), warmup=1, reps=reps

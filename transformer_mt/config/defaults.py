@@ -218,9 +218,10 @@ def base_config() -> ml_collections.ConfigDict:
   # each); more means fewer host round trips on a GPU, at most this - 1 wasted steps per
   # batch, the same translations.
   config.decode.stop_check_every = 1
-  # Beam search goes on in half the batch each time half of its sentences are done (as
-  # CTranslate2 drops finished ones), down to the device count: the same translations, fewer
-  # sentences decoded per step; each batch size is one more compiled copy of the step.
+  # Beam search goes on in a quarter of the batch each time at most a quarter of its sentences
+  # still search (as CTranslate2 drops finished ones), down to the device count: the same
+  # translations, fewer sentences decoded per step; each batch size is one more compiled copy
+  # of the step.
   config.decode.shrink_batch = True
   return config
 

@@ -298,9 +298,9 @@ def beam_search(
     context: the step function's per-sentence inputs (leaves [batch, ...]: the source mask,
       the cross-attention keys/values), moved with their sentences when the batch shrinks;
       None: the step takes three arguments.
-    shrink_batch: go on in a batch of half the size each time at most half of the sentences
-      are still searching (module docstring, "Shrinking batch"); False: every step runs the
-      whole batch. Same results, provided the step function reads what differs between
+    shrink_batch: go on in a batch of a quarter of the size each time at most a quarter of
+      the sentences are still searching (module docstring, "Shrinking batch"); False: every
+      step runs the whole batch. Same results, provided the step function reads what differs between
       sentences from its cache and `context` only: a closure over a [batch, ...] array would
       no longer match the rows (beam_decode passes the source mask and cross-attention
       keys/values as `context`).
@@ -579,9 +579,9 @@ def beam_decode(
       (chunked on CPU, gather on GPU/TPU, by JAX's default backend); module docstring.
     stop_check_every: read the stopping condition once every this many steps (module
       docstring).
-    shrink_batch, min_batch: go on in half the batch each time half of the sentences are
-      done, down to min_batch (a multiple of the data-parallel device count; module
-      docstring, "Shrinking batch"). None of these changes a result.
+    shrink_batch, min_batch: go on in a quarter of the batch each time at most a quarter of
+      the sentences still search, down to min_batch (a multiple of the data-parallel device
+      count; module docstring, "Shrinking batch"). None of these changes a result.
 
   An ensemble (`params` a tuple of parameter trees, `config` the tuple of their configs;
   `incremental`'s module docstring) searches over the mean of its members' log-probabilities.

@@ -81,9 +81,9 @@ class Translator:
   # (beam_search's module docstring, "On an accelerator").
   cache_reorder: str = "chunked"
   stop_check_every: int = 1
-  # Beam search goes on in half the batch each time half of its sentences are done, down to
-  # the mesh's device count (beam_search's module docstring, "Shrinking batch"); the same
-  # translations, one more compiled copy of the decoder step per size.
+  # Beam search goes on in a quarter of the batch each time at most a quarter of its sentences
+  # still search, down to the mesh's device count (beam_search's module docstring, "Shrinking
+  # batch"); the same translations, one more compiled copy of the decoder step per size.
   shrink_batch: bool = True
   # An ensemble (several workdirs, `load_translator`): the members' configs, with `params`
   # the tuple of their parameter trees; `model_config` is then the first member's, whose
