@@ -257,8 +257,9 @@ def test_decode_options_reach_beam_decode(monkeypatch):
   """An experiment's decode.length_penalty / candidate_pool / cache_reorder /
   stop_check_every / shrink_batch go through `settings.decode_settings` and the Translator to
   beam_decode's static arguments ("auto" resolved by the mesh's platform: this CPU's
-  "chunked"; min_batch the mesh's device count); configs without them keep the defaults, and
-  an unknown value is refused when settings are read."""
+  "chunked"; min_batch the mesh's device count, no stage under SMALLEST_SHRUNK_BATCH);
+  configs without them keep the defaults, and an unknown value is refused when settings are
+  read."""
   import ml_collections
 
   from transformer_mt.config import defaults
@@ -311,6 +312,7 @@ def test_decode_options_reach_beam_decode(monkeypatch):
       stop_check_every=4,
       shrink_batch=False,
       min_batch=1,
+      smallest_batch=translate.SMALLEST_SHRUNK_BATCH,
     )
   ]
 

@@ -505,6 +505,9 @@ def test_shrinking_stops_at_the_device_multiple():
   assert beam_rows.shrink_sizes(24, min_batch=8) == (24,)
   assert beam_rows.shrink_sizes(48, min_batch=3) == (48, 12, 3)
   assert beam_rows.shrink_sizes(1) == (1,)
+  # The Translator's floor: no stage under 8 sentences (each is one more compilation).
+  assert beam_rows.shrink_sizes(64, smallest=8) == (64, 16)
+  assert beam_rows.shrink_sizes(128, min_batch=2, smallest=8) == (128, 32, 8)
   with pytest.raises(ValueError, match="does not split"):
     beam_rows.shrink_sizes(12, min_batch=8)
   tables = markov_tables(seeds=range(200, 216), order=2, eos_bias=-2.0)

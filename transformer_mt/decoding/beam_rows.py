@@ -85,16 +85,20 @@ def gather_rows(tree: Any, rows: jax.Array) -> Any:
 SHRINK_FACTOR = 4
 
 
-def shrink_sizes(batch_size: int, min_batch: int = 1) -> tuple[int, ...]:
+def shrink_sizes(batch_size: int, min_batch: int = 1, smallest: int = 1) -> tuple[int, ...]:
   """The batch sizes a search of `batch_size` sentences goes through: divided by SHRINK_FACTOR
   while the result is a whole multiple of `min_batch` (the data-parallel device count, so that
-  every stage still splits evenly over the devices), e.g. 32 -> (32, 8, 2) and, on 8
-  devices, 128 -> (128, 32, 8)."""
+  every stage still splits evenly over the devices) and at least `smallest` (each stage is one
+  more compiled copy of the step), e.g. 32 -> (32, 8, 2), on 8 devices 128 -> (128, 32, 8),
+  and with smallest 8, 64 -> (64, 16)."""
   if min_batch < 1 or batch_size % min_batch:
     raise ValueError(f"batch of {batch_size} sentences does not split over {min_batch} devices")
   sizes = [batch_size]
-  while sizes[-1] % SHRINK_FACTOR == 0 and (sizes[-1] // SHRINK_FACTOR) % min_batch == 0:
-    sizes.append(sizes[-1] // SHRINK_FACTOR)
+  while sizes[-1] % SHRINK_FACTOR == 0:
+    size = sizes[-1] // SHRINK_FACTOR
+    if size % min_batch or size < smallest:
+      break
+    sizes.append(size)
   return tuple(sizes)
 
 

@@ -259,6 +259,7 @@ def beam_search(
   context: Any = None,
   shrink_batch: bool = False,
   min_batch: int = 1,
+  smallest_batch: int = 1,
 ) -> BeamSearchOutput:
   """Beam search over `tokens_to_logits`; call it inside `jax.jit` (it traces one loop per
   batch size it shrinks through).
@@ -306,6 +307,7 @@ def beam_search(
       keys/values as `context`).
     min_batch: the smallest batch to shrink to, and what every size must be a multiple of
       (the data-parallel device count).
+    smallest_batch: no smaller batch than this (fewer stages, fewer compilations).
 
   Returns:
     BeamSearchOutput: the best hypothesis per sentence and all `beam_size` of them.
@@ -481,7 +483,9 @@ def beam_search(
 
   if stop_check_every > 1:
     body = _steps_while_searching(body, not_done, stop_check_every)
-  sizes = beam_rows.shrink_sizes(batch_size, min_batch) if shrink_batch else (batch_size,)
+  sizes = (
+    beam_rows.shrink_sizes(batch_size, min_batch, smallest_batch) if shrink_batch else (batch_size,)
+  )
   state, results = initial, initial.replace(cache=None, context=None)
   for size, next_size in zip(sizes, sizes[1:] + (0,), strict=True):
     if size < batch_size:  # the sentences still searching (and done ones to fill) move down
@@ -534,6 +538,7 @@ def beam_search(
     "stop_check_every",
     "shrink_batch",
     "min_batch",
+    "smallest_batch",
   ),
 )
 def beam_decode(
@@ -552,6 +557,7 @@ def beam_decode(
   stop_check_every: int = 1,
   shrink_batch: bool = True,
   min_batch: int = 1,
+  smallest_batch: int = 1,
 ) -> BeamSearchOutput:
   """Beam search with the Transformer for `inputs` int [batch, src_len] (0 = pad).
 
@@ -581,7 +587,8 @@ def beam_decode(
       docstring).
     shrink_batch, min_batch: go on in a quarter of the batch each time at most a quarter of
       the sentences still search, down to min_batch (a multiple of the data-parallel device
-      count; module docstring, "Shrinking batch"). None of these changes a result.
+      count; module docstring, "Shrinking batch") but never under smallest_batch. None of
+      these changes a result.
 
   An ensemble (`params` a tuple of parameter trees, `config` the tuple of their configs;
   `incremental`'s module docstring) searches over the mean of its members' log-probabilities.
@@ -629,4 +636,5 @@ def beam_decode(
     context=(cross_cache, inputs_valid),
     shrink_batch=shrink_batch,
     min_batch=min_batch,
+    smallest_batch=smallest_batch,
   )

@@ -41,6 +41,11 @@ from transformer_mt.model.transformer_config import TransformerConfig
 from transformer_mt.runtime import errors, sharding
 from transformer_mt.workdir import checkpointing
 
+# A shrinking batch stops before a stage of fewer sentences: each stage is one more compiled
+# copy of the decoder step (the batch of 64 on one device compiled 64, 16, 4 and 1), and the
+# last few searching sentences of a batch cost little in any case.
+SMALLEST_SHRUNK_BATCH = 8
+
 
 class Hypothesis(NamedTuple):
   """One entry of an n-best list."""
@@ -303,6 +308,7 @@ class Translator:
       shrink_batch=self.shrink_batch,
       # Every batch size a multiple of the devices: each still splits evenly over them.
       min_batch=self.mesh.devices.size,
+      smallest_batch=SMALLEST_SHRUNK_BATCH,
     )
 
   def _decode_batch(self, sources: list[list[int]]) -> list[np.ndarray]:
