@@ -3,6 +3,7 @@
     python benchmarks/ctranslate2_decode.py --model base=WORKDIR --model tiny=WORKDIR
                                             [--batch_sizes 1,32,128] [--sentences 16,64,128]
                                             [--rounds 2] [--threads 2] [--data_root D]
+                                            [--decode KEY=VALUE ...]
 
 Each --model NAME=WORKDIR is a trained (or imported) workdir whose model `run.py export --to
 ctranslate2` converts: it is exported once, float32, into a temporary folder (not timed) and
@@ -10,7 +11,9 @@ loaded by CTranslate2 twice, with compute_type "float32" and "int8" (weights qua
 load, activations float32). The three engines decode the same source lines at each batch size:
   ours      Translator (what `run.py translate` runs) at beam 4, length penalty len ** 1.0
             ("power", alpha 1), candidate pool "beam" (the project's default for its own models),
-            at most MAX_LEN (64) target tokens, for every sentence;
+            at most MAX_LEN (64) target tokens, for every sentence; the other decode settings
+            are the workdir's config's (the defaults: cache_reorder "auto", the shrinking
+            batch), or as --decode KEY=VALUE sets them (e.g. cache_reorder=chunked);
   ct2 f32   ctranslate2.Translator.translate_batch at beam 4, length_penalty 1.0 (its default:
             the score divided by the length), PAD and BOS suppressed as ours never emits them,
             max_batch_size = the batch size (it sorts by length, as ours does), at most 64 tokens;
@@ -82,13 +85,13 @@ def read_lines(data_root: str, language: str, count: int) -> list[str]:
 class Engines:
   """The three engines of one model, each a callable lines -> translations."""
 
-  def __init__(self, workdir: str, directory: str, threads: int):
+  def __init__(self, workdir: str, directory: str, threads: int, decode: tuple[str, ...] = ()):
     import ctranslate2
     import sentencepiece
 
     self.tokenizer = checkpointing.read_config(workdir)[1]
     mesh = sharding.make_mesh(sharding.inference_mesh_config("data=1"), jax.devices()[:1])
-    self.workdir, self.mesh = workdir, mesh
+    self.workdir, self.mesh, self.decode = workdir, mesh, decode
     self.ours = {}
     self.ct2 = {
       name: ctranslate2.Translator(
@@ -108,6 +111,7 @@ class Engines:
         # One length limit for both engines: CTranslate2 has no per-sentence one.
         f"decode.max_len={MAX_LEN}",
         f"decode.extra_len={MAX_LEN}",
+        *(f"decode.{setting}" for setting in self.decode),
       ]
       self.ours[batch_size] = translate.load_translator(
         self.workdir, mesh=self.mesh, beam_size=BEAM, alpha=ALPHA, decode_overrides=settings
@@ -161,6 +165,9 @@ def main() -> None:
   parser.add_argument("--rounds", type=int, default=2)
   parser.add_argument("--threads", type=int, default=2, help="CTranslate2 intra-op threads")
   parser.add_argument("--data_root", default=str(ROOT.parent / "shared" / "data"))
+  parser.add_argument(
+    "--decode", action="append", default=[], metavar="KEY=VALUE", help="our decode setting"
+  )
   args = parser.parse_args()
   compile_cache.enable()
   batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
@@ -180,7 +187,7 @@ def main() -> None:
       name, _, workdir = spec.partition("=")
       directory = os.path.join(scratch, name)
       ct2_export.export_ctranslate2(workdir, directory)
-      engines = Engines(workdir, directory, args.threads)
+      engines = Engines(workdir, directory, args.threads, tuple(args.decode))
       for batch_size, count in zip(batch_sizes, counts):
         lines = read_lines(args.data_root, "en", count)
         references = read_lines(args.data_root, "de", count)

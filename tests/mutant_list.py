@@ -55,7 +55,7 @@ MUTANTS = (
   Mutant(
     "decode-attention-scale-d-model",
     "cached decoding attention scaled by 1/sqrt(d_model)",
-    "transformer_mt/model/attention.py",
+    "transformer_mt/model/decode_cache.py",
     "  logits = logits * jnp.float32(1.0 / math.sqrt(depth))",
     "  logits = logits * jnp.float32(1.0 / math.sqrt(depth * heads))",
     (
@@ -74,9 +74,9 @@ MUTANTS = (
   Mutant(
     "decode-step-mask-off-by-one",
     "a decoding step also sees the next, not yet written, cache slot",
-    "transformer_mt/model/attention.py",
-    "    step_mask = (jnp.arange(total) <= index)[None, None, None, :]  # [1, 1, 1, cache_len]",
-    "    step_mask = (jnp.arange(total) <= index + 1)[None, None, None, :]",
+    "transformer_mt/model/decode_cache.py",
+    "  step_mask = (jnp.arange(total) <= index)[None, None, None, :]  # [1, 1, 1, cache_len]",
+    "  step_mask = (jnp.arange(total) <= index + 1)[None, None, None, :]",
     ("tests/test_decode.py::test_cached_step_logits_equal_full_forward",),
   ),
   Mutant(
@@ -419,9 +419,9 @@ MUTANTS = (
   Mutant(
     "self-attention-cache-zeroed",
     "decoding's self-attention cache keeps zeros instead of the step's keys",
-    "transformer_mt/model/attention.py",
-    "    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (0, 0, index, 0))",
-    "    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, 0 * key,"
+    "transformer_mt/model/decode_cache.py",
+    "  cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (0, 0, index, 0))",
+    "  cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, 0 * key,"
     " (0, 0, index, 0))",
     (
       "tests/test_decode.py::test_cached_step_logits_equal_full_forward",
@@ -659,6 +659,39 @@ MUTANTS = (
     "      return jnp.array(True), cache",
     (
       "tests/test_beam_search.py::test_accelerator_loop_options_change_nothing[beam-gnmt-0.6-True]",
+    ),
+  ),
+  Mutant(
+    "ancestry-marks-slot-zero",
+    "a cache kept in place records every row's new entry as written by slot 0",
+    "transformer_mt/model/decode_cache.py",
+    "  slots = (jnp.arange(rows, dtype=jnp.int32) % beam)[:, None]  # [rows, 1]",
+    "  slots = jnp.zeros((rows, 1), jnp.int32)",
+    (
+      "tests/test_beam_decode.py::test_a_cache_kept_in_place_gives_the_reordered_outputs[beam]",
+      "tests/test_hf_beam.py::test_a_cache_kept_in_place_decodes_the_trained_models_as_the_reordered_one",
+    ),
+  ),
+  Mutant(
+    "ancestry-not-reordered",
+    "a cache kept in place keeps each row's ancestry when its beam changes parent",
+    "transformer_mt/decoding/incremental.py",
+    '      path: x.at[rows].get(mode="promise_in_bounds") if path[-1] == ANCESTRY else x',
+    "      path: x",
+    (
+      "tests/test_beam_decode.py::test_a_cache_kept_in_place_gives_the_reordered_outputs[beam]",
+      "tests/test_hf_beam.py::test_a_cache_kept_in_place_decodes_the_trained_models_as_the_reordered_one",
+    ),
+  ),
+  Mutant(
+    "shrink-moves-per-sentence-cache-of-other-sentences",
+    "a shrinking batch gives the kept sentences each other's per-sentence cache leaves",
+    "transformer_mt/decoding/beam_rows.py",
+    "    cache=_leafwise(state.cache, per_sentence, by_beam, take),",
+    "    cache=_leafwise(state.cache, per_sentence, by_beam, lambda x: take(x)[::-1]),",
+    (
+      "tests/test_beam_decode.py::test_a_cache_kept_in_place_gives_the_reordered_outputs[beam]",
+      "tests/test_hf_beam.py::test_a_cache_kept_in_place_decodes_the_trained_models_as_the_reordered_one",
     ),
   ),
   Mutant(

@@ -240,26 +240,80 @@ def test_shrinking_batch_gives_the_whole_batch_outputs(candidate_pool):
 
 
 def test_auto_cache_reorder_is_the_default_program_on_cpu():
-  """decode.cache_reorder="auto" on this CPU: the chunked copy, the very program of the
-  default (the other platforms' "gather" is checked by `beam_search.resolve_cache_reorder`)."""
-  params, inputs = transformer_params(), transformer_inputs()
-  lowered = functools.partial(bs.beam_decode.lower, params, inputs, CONFIG, beam_size=3, max_len=8)
-  assert lowered(cache_reorder="auto").as_text() == lowered().as_text()
-  assert lowered(cache_reorder="gather").as_text() != lowered().as_text()
+  """decode.cache_reorder="auto" on this CPU: the chunked copy below ANCESTRY_FROM_BATCH
+  sentences (the very program of beam_decode's default), the cache kept in place from there
+  (the other platforms' "gather" is checked by `beam_rows.resolve_cache_reorder`)."""
+  params, small = transformer_params(), transformer_inputs()
+  large = jnp.tile(small, (beam_rows.ANCESTRY_FROM_BATCH // small.shape[0], 1))
+
+  def lowered(inputs, **options):
+    return bs.beam_decode.lower(params, inputs, CONFIG, beam_size=3, max_len=8, **options)
+
+  assert lowered(small, cache_reorder="auto").as_text() == lowered(small).as_text()
+  assert lowered(small, cache_reorder="gather").as_text() != lowered(small).as_text()
+  assert (
+    lowered(large, cache_reorder="auto").as_text()
+    == lowered(large, cache_reorder="ancestry").as_text()
+    != lowered(large).as_text()
+  )
   assert beam_rows.resolve_cache_reorder("auto", "gpu") == beam_rows.resolve_cache_reorder(
     "auto", "tpu"
   )
-  assert beam_rows.resolve_cache_reorder("auto", "tpu") == "gather"
-  assert beam_rows.resolve_cache_reorder("auto", "cpu") == "chunked"
+  assert beam_rows.resolve_cache_reorder("auto", "tpu", 64) == "gather"
+  assert beam_rows.resolve_cache_reorder("auto", "cpu") == "ancestry"
+  assert beam_rows.resolve_cache_reorder("auto", "cpu", beam_rows.ANCESTRY_FROM_BATCH - 1) == (
+    "chunked"
+  )
+
+
+@pytest.mark.parametrize("candidate_pool", ["beam", "2beam", "hf", "fairseq"])
+def test_a_cache_kept_in_place_gives_the_reordered_outputs(candidate_pool):
+  """cache_reorder="ancestry" (keys/values never moved, each beam attending to its ancestors'
+  through a mask) returns the hypotheses of the reordered cache, with scores and log-probs
+  equal to float32 rounding (the masked sums run over more terms: not bit for bit), for every
+  pool, in a batch that shrinks (8 -> 2 -> 1 sentences: the per-sentence cache moves by
+  sentence) and in one that does not; the searches run past the first 16 positions with beams
+  changing parents. A wrong ancestry (a slot, a parent or a position off) or a sentence given
+  another's cache changes the attention and with it the log-probs by far more than rounding:
+  the 8 sources differ (the second four are the first, reversed, each token id one higher)."""
+  params, max_len = transformer_params(), 20
+  first = transformer_inputs()
+  second = jnp.where(first > EOS_ID, first + 1, first)[::-1]
+  inputs = jnp.concatenate([first, second])  # 8 rows, no two alike but the empty ones
+  max_lengths = jnp.array([20, 2, 20, 5, 9, 20, 3, 17], jnp.int32)
+
+  def search(**options):
+    out = bs.beam_decode(
+      params,
+      inputs,
+      CONFIG,
+      beam_size=3,
+      max_len=max_len,
+      max_lengths=max_lengths,
+      candidate_pool=candidate_pool,
+      **options,
+    )
+    return jax.tree.map(np.asarray, out)
+
+  reference = search(cache_reorder="chunked", shrink_batch=False)
+  assert reference.num_steps > 16 and reference.num_reorders > 1
+  for shrink_batch in (True, False):
+    kept = search(cache_reorder="ancestry", shrink_batch=shrink_batch)
+    for name in ("sequences", "all_sequences", "num_steps"):
+      np.testing.assert_array_equal(getattr(kept, name), getattr(reference, name), err_msg=name)
+    for name in ("scores", "all_scores", "all_log_probs"):
+      np.testing.assert_allclose(
+        getattr(kept, name), getattr(reference, name), rtol=1e-5, atol=1e-5, err_msg=name
+      )
 
 
 def test_decode_options_reach_beam_decode(monkeypatch):
   """An experiment's decode.length_penalty / candidate_pool / cache_reorder /
   stop_check_every / shrink_batch go through `settings.decode_settings` and the Translator to
-  beam_decode's static arguments ("auto" resolved by the mesh's platform: this CPU's
-  "chunked"; min_batch the mesh's device count, no stage under SMALLEST_SHRUNK_BATCH);
-  configs without them keep the defaults, and an unknown value is refused when settings are
-  read."""
+  beam_decode's static arguments ("auto" resolved by the mesh's platform and the batch: this
+  CPU's "chunked" for a batch of 2; min_batch the mesh's device count, no stage under
+  SMALLEST_SHRUNK_BATCH); configs without them keep the defaults, and an unknown value is
+  refused when settings are read."""
   import ml_collections
 
   from transformer_mt.config import defaults
@@ -271,7 +325,7 @@ def test_decode_options_reach_beam_decode(monkeypatch):
   old = decode_settings(defaults.complete(ml_collections.ConfigDict({"decode": section})))
   assert (old["length_penalty"], old["candidate_pool"]) == ("gnmt", "beam")
   assert (old["cache_reorder"], old["stop_check_every"], old["shrink_batch"]) == (
-    "chunked",
+    "auto",
     1,
     True,
   )
@@ -284,7 +338,7 @@ def test_decode_options_reach_beam_decode(monkeypatch):
   settings = decode_settings(config)
   for bad, message in (
     (dict(candidate_pool="top"), r"decode.candidate_pool='top'.*beam, 2beam, hf, fairseq"),
-    (dict(cache_reorder="fast"), r"decode.cache_reorder='fast'.*chunked, gather, auto"),
+    (dict(cache_reorder="fast"), r"decode.cache_reorder='fast'.*chunked, gather, ancestry, auto"),
     (dict(stop_check_every=0), r"decode.stop_check_every=0: expected"),
   ):
     with pytest.raises(ValueError, match=message):

@@ -193,7 +193,7 @@ def test_decode_attention_equals_dot_product_attention(beam, q_len):
   """The decode cache's attention (head-major keys/values, one row per sentence shared by
   `beam` query rows) equals jax.nn.dot_product_attention on keys/values copied to every
   row in its layout, padding mask included."""
-  from transformer_mt.model.attention import decode_attention
+  from transformer_mt.model.decode_cache import decode_attention
 
   batch, heads, kv_len, depth = 2, 4, 5, 8
   rng = np.random.default_rng(beam)

@@ -111,3 +111,48 @@ def test_beam_search_matches_generate(trained, alpha):  # noqa: F811
   np.testing.assert_allclose(
     np.asarray(out.scores), expected.sequences_scores.numpy(), atol=SCORE_TOLERANCE, rtol=0
   )
+
+
+def test_a_cache_kept_in_place_decodes_the_trained_models_as_the_reordered_one(trained):  # noqa: F811
+  """cache_reorder="ancestry" (the CPU default from 8 sentences: keys/values never moved, each
+  beam attending to its ancestors' through a mask) on the trained models, whose translations
+  depend on the source and on the tokens before: the hypotheses of the reordered cache, scores
+  to float32 rounding, in a batch of 8 distinct sources that shrinks (to 2 sentences, each
+  with its own per-sentence cache) and in one that does not."""
+  model_type, _, config, params = trained
+  sources = [
+    [int(t) for t in row if t != config.pad_id]
+    for lengths in (hf_fakes.GREEDY_LENGTHS, BEAM_LENGTHS[:4])
+    for row in decoded_sources(config, lengths)
+  ]
+  inputs = np.full((8, max(map(len, sources))), config.pad_id, np.int32)
+  for row, source in enumerate(sources):
+    inputs[row, : len(source)] = source
+  max_lengths = jnp.array([12, 3, 12, 5, 9, 12, 4, 11], jnp.int32)
+
+  def search(**options):
+    out = beam_search.beam_decode(
+      params,
+      jnp.asarray(inputs),
+      config,
+      beam_size=BEAM,
+      max_len=NEW_TOKENS,
+      alpha=1.0,
+      max_lengths=max_lengths,
+      length_penalty="power",
+      candidate_pool="hf",
+      **options,
+    )
+    return jax.tree.map(np.asarray, out)
+
+  reference = search(cache_reorder="chunked", shrink_batch=False)
+  assert reference.num_reorders > 1, model_type
+  # Outputs worth comparing: no two sentences translated alike.
+  translations = {tuple(hf_fakes.until_eos(row, config.eos_id)) for row in reference.sequences}
+  assert len(translations) == len(sources), (model_type, translations)
+  for shrink_batch in (True, False):
+    kept = search(cache_reorder="ancestry", shrink_batch=shrink_batch)
+    np.testing.assert_array_equal(kept.all_sequences, reference.all_sequences, err_msg=model_type)
+    np.testing.assert_allclose(
+      kept.all_log_probs, reference.all_log_probs, rtol=1e-5, atol=1e-5, err_msg=model_type
+    )

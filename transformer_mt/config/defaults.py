@@ -209,11 +209,14 @@ def base_config() -> ml_collections.ConfigDict:
   # Sentences translated per decode batch.
   config.decode.batch_size = 64
   # How beam search reorders the beams' KV cache: "chunked" (only the positions written, and
-  # only at steps where a beam changed parent: the CPU path), "gather" (every position at every
-  # step, no lax.cond or inner loop: for GPUs, where each may be a host round trip) or "auto"
-  # (chunked on CPU, gather on GPU/TPU: the proposed GPU default, not yet measured). The same
-  # translations either way (decoding/beam_search.py).
-  config.decode.cache_reorder = "chunked"
+  # only at steps where a beam changed parent), "gather" (every position at every step, no
+  # lax.cond or inner loop: for GPUs, where each may be a host round trip), "ancestry" (never:
+  # the keys/values stay where they were written and each beam attends to its ancestors'
+  # through a mask; the CPU path from 8 sentences a batch, 1.11x chunked on the Base shape at
+  # batch 32) or "auto" (ancestry on CPU, chunked there below 8 sentences, gather on GPU/TPU:
+  # the proposed GPU default, not yet measured). The same translations either way; ancestry's
+  # scores may differ in the last float32 bits (decoding/beam_search.py).
+  config.decode.cache_reorder = "auto"
   # Beam search reads its stopping condition once every this many decoder steps (1: after
   # each); more means fewer host round trips on a GPU, at most this - 1 wasted steps per
   # batch, the same translations.

@@ -77,9 +77,25 @@ tests/test_beam_decode.py):
   less: beam_decode copies only the self-attention positions written so far and keeps
   the cross-attention keys/values, equal across beams, out of the reordered cache (one
   row per sentence, never copied per beam: the beams of a sentence attend to them as one
-  block of queries, `attention.decode_attention`). None of this changes a value, so
+  block of queries, `decode_cache.decode_attention`). None of this changes a value, so
   results are bit-identical to gathering the whole self-attention cache after every step
   (`always_gather=True`, the reference path).
+* Cache kept in place (`cache_reorder="ancestry"`, beam_decode's CPU choice from 8 sentences
+  a batch). The copy above still moves the written positions at almost every step (~40 ms of
+  a ~150 ms step for the Base shape at 32 sentences on 2 CPU cores, memory-bound). Here the
+  keys/values are never moved: a sentence's cache is one block, [batch, heads, max_len *
+  beam, head_dim] (keys transposed), where entry t * beam + j is what the hypothesis in slot j
+  wrote at step t; a small int32 leaf [batch * beam, max_len] (`decode_cache.ANCESTRY`) records
+  for each row the slot of its prefix at each step, and that leaf is what the reorder moves
+  (`decode.gather_ancestry`, at every step). Each row attends to its sentence's max_len *
+  beam entries with a mask that keeps its ancestors' (`decode_cache._append_in_place`),
+  so the product reads each cached entry once per sentence for its beam queries, as the
+  cross-attention does. The same keys, values and weights enter as with a reordered cache,
+  but the sums run over more (masked, zero) terms through other kernels: scores differ in the
+  last float32 bits (~1e-6), and a hypothesis may differ only where two tie to that
+  precision (tests/test_beam_decode.py compares them). beam_search moves these leaves by
+  sentence when the batch shrinks (`per_sentence_cache`). Slower for a batch of one sentence
+  (0.92x for the Base shape), where "auto" keeps the chunked copy; beam 1 never uses it.
 * On an accelerator. Every step of the loop above holds three data-dependent control
   decisions: the while_loop's condition, the lax.cond of the reorder and the chunked copy's
   fori_loop, whose trip count is the positions written; on a GPU each may cost a round trip
@@ -260,6 +276,7 @@ def beam_search(
   shrink_batch: bool = False,
   min_batch: int = 1,
   smallest_batch: int = 1,
+  per_sentence_cache: tuple[str, ...] = (),
 ) -> BeamSearchOutput:
   """Beam search over `tokens_to_logits`; call it inside `jax.jit` (it traces one loop per
   batch size it shrinks through).
@@ -308,6 +325,10 @@ def beam_search(
     min_batch: the smallest batch to shrink to, and what every size must be a multiple of
       (the data-parallel device count).
     smallest_batch: no smaller batch than this (fewer stages, fewer compilations).
+    per_sentence_cache: names of cache leaves that hold one row per sentence for all its
+      beams (beam_decode's "ancestry" keys/values, [batch, heads, beam, ...]): never
+      expanded to beams nor reordered here (`gather_cache` sees them), moved by sentence when
+      the batch shrinks.
 
   Returns:
     BeamSearchOutput: the best hypothesis per sentence and all `beam_size` of them.
@@ -343,7 +364,7 @@ def beam_search(
     finished_scores=jnp.where(empty, 0.0, NEG_INF).astype(jnp.float32),
     finished_flags=empty,
     finished_log_probs=jnp.where(empty, 0.0, NEG_INF).astype(jnp.float32),
-    cache=beam_rows.expand_to_beams(initial_cache, batch_size, beam_size),
+    cache=beam_rows.expand_to_beams(initial_cache, batch_size, beam_size, per_sentence_cache),
     parents=jnp.tile(jnp.arange(beam_size, dtype=jnp.int32), (batch_size, 1)),
     num_reorders=jnp.array(0, jnp.int32),
     sentence_steps=jnp.array(0, jnp.int32),
@@ -465,7 +486,7 @@ def beam_search(
       parents = parents[batch_index, live]
       top_seqs = top_seqs[batch_index, live]  # [batch, beam, max_len]
     if always_gather:
-      cache = beam_rows.gather_rows(cache, beam_rows.parent_rows(parents))
+      cache = beam_rows.gather_rows(cache, beam_rows.parent_rows(parents), per_sentence_cache)
 
     return state.replace(
       step=step + 1,
@@ -489,7 +510,8 @@ def beam_search(
   state, results = initial, initial.replace(cache=None, context=None)
   for size, next_size in zip(sizes, sizes[1:] + (0,), strict=True):
     if size < batch_size:  # the sentences still searching (and done ones to fill) move down
-      state = beam_rows.shrunk(state, beam_rows.kept_sentences(searching(state), size), beam_size)
+      kept = beam_rows.kept_sentences(searching(state), size)
+      state = beam_rows.shrunk(state, kept, beam_size, per_sentence_cache)
 
     def stage_not_done(state: BeamState, next_size: int = next_size) -> jax.Array:
       # Go on in this batch while more sentences search than the next, smaller one holds.
@@ -565,7 +587,7 @@ def beam_decode(
   keys/values there); the self-attention cache is then copied to the beams. The
   cross-attention keys/values stay outside the beam search state, one row per sentence:
   equal across a sentence's beams, they are neither copied per beam nor reordered (the
-  beams of a sentence attend to them as one query block, `attention.decode_attention`).
+  beams of a sentence attend to them as one query block, `decode_cache.decode_attention`).
   Empty source rows get the empty hypothesis (all PAD), as in `decode.greedy_decode`;
   beam_size 1 reproduces `decode.greedy_decode` token for token.
 
@@ -601,7 +623,7 @@ def beam_decode(
   max_lengths = jnp.where(jnp.any(inputs_valid, axis=1), max_lengths, 0)
 
   # The cross-attention keys/values stay one row per sentence, [batch, heads, src_len, head_dim]
-  # (attention.decode_attention folds a sentence's beams into its query axis): never copied
+  # (decode_cache.decode_attention folds a sentence's beams into its query axis): never copied
   # per beam, never reordered. With the source mask they are the search's per-sentence
   # context, moved with their sentences when the batch shrinks.
   cache, cross_cache = decode.split_cache(decode.init_cache(params, inputs, config, max_len))
@@ -613,7 +635,16 @@ def beam_decode(
     logits, cache = step(tokens, position, decode.merge_cache(cache, cross_cache))
     return logits, decode.split_cache(cache)[0]
 
-  gather_whole = beam_rows.resolve_cache_reorder(cache_reorder) == "gather"
+  reorder = beam_rows.resolve_cache_reorder(cache_reorder, batch_size=batch)
+  if reorder == "ancestry" and beam_size == 1:  # one beam never changes parent: nothing to
+    reorder = "chunked"  # save, and greedy decoding's program stays the one it equals
+  gather_cache = {
+    "chunked": decode.gather_written_rows,
+    "gather": decode.gather_all_rows,
+    "ancestry": decode.gather_ancestry,
+  }[reorder]
+  if reorder == "ancestry":
+    cache = decode.beams_cache(cache, beam_size)
   return beam_search(
     tokens_to_logits,
     cache,
@@ -630,11 +661,12 @@ def beam_decode(
     # An ensemble's step gives mean log-probabilities, to be searched over as they are.
     normalize=not decode.is_ensemble(config),
     always_gather=always_gather,
-    gather_cache=decode.gather_all_rows if gather_whole else decode.gather_written_rows,
-    conditional_reorder=not gather_whole,
+    gather_cache=gather_cache,
+    conditional_reorder=reorder == "chunked",
     stop_check_every=stop_check_every,
     context=(cross_cache, inputs_valid),
     shrink_batch=shrink_batch,
     min_batch=min_batch,
     smallest_batch=smallest_batch,
+    per_sentence_cache=decode.SELF_ATTENTION_LEAVES if reorder == "ancestry" else (),
   )

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.model.decode_cache import ANCESTRY
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.model.transformer_config import TransformerConfig
 
@@ -195,6 +196,39 @@ def gather_all_rows(cache: Any, rows: jax.Array) -> Any:
   # Rows are in range: no bounds checks. The scalar index is shared by every row.
   return jax.tree.map(
     lambda x: x if x.ndim == 0 else x.at[rows].get(mode="promise_in_bounds"), cache
+  )
+
+
+def beams_cache(cache: Any, beam_size: int) -> Any:
+  """A fresh self-attention cache (`split_cache`'s first part, nothing written yet) laid out
+  for a beam search that never reorders it (model/decode_cache.py, `_append_in_place`): keys and
+  values [batch, heads, max_len * beam, head_dim], one block per sentence, and the
+  `decode_cache.ANCESTRY` leaf int32 [batch, max_len], -1 everywhere (beam search expands it to
+  one row per beam and reorders it instead of the keys/values)."""
+  flat = flax.traverse_util.flatten_dict(cache)
+  out = {}
+  for path, x in flat.items():
+    if path[-1] in SELF_ATTENTION_LEAVES:  # [batch, heads, max_len, head_dim]
+      batch, heads, length, depth = x.shape
+      shape = (batch, heads, length * beam_size, depth)
+      if path[-1] == "cached_key":  # keys transposed: [batch, heads, head_dim, length * beam]
+        shape = (batch, heads, depth, length * beam_size)
+      out[path] = jnp.zeros(shape, x.dtype)
+      out[path[:-1] + (ANCESTRY,)] = jnp.full((batch, length), -1, jnp.int32)
+    else:
+      out[path] = x
+  return flax.traverse_util.unflatten_dict(out)
+
+
+def gather_ancestry(cache: Any, rows: jax.Array) -> Any:
+  """A `beams_cache` with row i's ancestry replaced by row rows[i]'s: the whole reorder of a
+  cache whose keys/values stay where they were written (beam_search's "ancestry")."""
+  flat = flax.traverse_util.flatten_dict(cache)
+  return flax.traverse_util.unflatten_dict(
+    {
+      path: x.at[rows].get(mode="promise_in_bounds") if path[-1] == ANCESTRY else x
+      for path, x in flat.items()
+    }
   )
 
 

@@ -19,7 +19,8 @@ def decode_settings(
 
   A config saved before `length_penalty`, `candidate_pool`, `cache_reorder`,
   `stop_check_every` or `shrink_batch` existed reads back with their defaults ("gnmt", "beam",
-  "chunked", 1, True; `checkpointing.read_config` completes it): the same translations.
+  "auto", 1, True; `checkpointing.read_config` completes it): the same translations (scores
+  to the last float32 bits: "auto" may keep the cache in place, beam_search's docstring).
 
   Raises:
     ValueError: one of them names no option of beam_search.

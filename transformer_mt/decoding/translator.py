@@ -81,10 +81,11 @@ class Translator:
   # "beam" for our models; "power" / "hf" reproduce transformers' generate for imports.
   length_penalty: str = "gnmt"
   candidate_pool: str = "beam"
-  # How beam search reorders the KV cache ("chunked", "gather", or "auto": by the mesh's
-  # platform) and every how many steps it checks whether to stop; neither changes a result
-  # (beam_search's module docstring, "On an accelerator").
-  cache_reorder: str = "chunked"
+  # How beam search reorders the KV cache ("chunked", "gather", "ancestry", or "auto": by the
+  # mesh's platform and the batch) and every how many steps it checks whether to stop;
+  # neither changes a translation (beam_search's module docstring, "Cache reordering": the
+  # "ancestry" scores may differ from the others' in the last float32 bits).
+  cache_reorder: str = "auto"
   stop_check_every: int = 1
   # Beam search goes on in a quarter of the batch each time at most a quarter of its sentences
   # still search, down to the mesh's device count (beam_search's module docstring, "Shrinking
@@ -302,7 +303,7 @@ class Translator:
       length_penalty=self.length_penalty,
       candidate_pool=self.candidate_pool,
       cache_reorder=beam_rows.resolve_cache_reorder(
-        self.cache_reorder, self.mesh.devices.flat[0].platform
+        self.cache_reorder, self.mesh.devices.flat[0].platform, inputs.shape[0]
       ),
       stop_check_every=self.stop_check_every,
       shrink_batch=self.shrink_batch,

@@ -1,16 +1,17 @@
 """Multi-head scaled dot-product attention, with a KV cache for incremental decoding.
 
 Self-attention during decoding appends one key/value per step to a cache of fixed length
-(so the decode loop has static shapes). Cross-attention during decoding projects the encoder
-output to keys/values once, when the cache is created, and only reads them afterwards: the
-per-step cost is then independent of the source projection, which is what beam search needs.
+(so the decode loop has static shapes; its layouts and writes are model/decode_cache.py's).
+Cross-attention during decoding projects the encoder output to keys/values once, when the
+cache is created, and only reads them afterwards: the per-step cost is then independent of
+the source projection, which is what beam search needs.
 
 The attention itself goes through `jax.nn.dot_product_attention` (which a backend may replace
 with a fused kernel that never stores the probabilities) unless the probabilities are needed
 as an array: for attention dropout while training, or when a caller collects them with
 `mutable=["intermediates"]` (the attention plots). Decoding
-against the cache goes through `decode_attention` instead: the cache is kept head-major
-and the cross-attention keys/values may be one row per sentence for all its beams.
+against the cache goes through `decode_cache.decode_attention` instead: the cache is kept
+head-major and the cross-attention keys/values may be one row per sentence for all its beams.
 
 Teacher-forced calls describe their mask as an `AttentionMask` (valid tokens, causality,
 packing) rather than a dense [batch, 1, q, k] array, so the cuDNN kernel can be told
@@ -36,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_mt.model import fused_kernels
+from transformer_mt.model import decode_cache, fused_kernels
 from transformer_mt.model.transformer_config import TransformerConfig
 from transformer_mt.runtime import errors
 
@@ -319,14 +320,19 @@ class MultiHeadAttention(nn.Module):
       if not fuse_all:
         key, value = self._key_value(key_value_inputs)  # [batch, k, heads, head_dim]
       if cfg.decode:  # [batch, heads, cache_length, head_dim] from here on
-        key, value, mask = self._append_to_self_attention_cache(key, value, mask, cache_length)
+        key, value, mask = decode_cache.append_self_attention(self, key, value, mask, cache_length)
 
     query = nn.with_logical_constraint(query, ("batch", "length", "heads", "kv"))
     if cfg.decode and not self._needs_weights():
-      context = decode_attention(query, key, value, mask)
+      keys_transposed = not self.is_cross_attention and self.has_variable(
+        "cache", decode_cache.ANCESTRY
+      )
+      context = decode_cache.decode_attention(query, key, value, mask, keys_transposed)
     elif self._needs_weights():
+      if cfg.decode and self.has_variable("cache", decode_cache.ANCESTRY):
+        raise ValueError("No attention weights from a beam search cache kept in place.")
       if cfg.decode:  # the cache's layout, one row per sentence or per beam, back to the usual
-        key, value = (_rows_first(x, query.shape[0]) for x in (key, value))
+        key, value = (decode_cache.rows_first(x, query.shape[0]) for x in (key, value))
       context = self._attend_with_weights(query, key, value, mask)
     else:
       # No probabilities are needed afterwards: the fused op may skip materializing them
@@ -421,91 +427,6 @@ class MultiHeadAttention(nn.Module):
     key = self.variable("cache", "cross_key", lambda: head_major(0))
     value = self.variable("cache", "cross_value", lambda: head_major(1))
     return key.value, value.value
-
-  def _append_to_self_attention_cache(self, key, value, mask, cache_length):
-    """Writes this step's key/value at `cache_index`; returns the whole cache and its mask.
-
-    The cache is head-major, [batch, heads, cache_length, head_dim] (`decode_attention`), and
-    so are the keys/values returned.
-    """
-    is_initialized = self.has_variable("cache", "cached_key")
-    batch, _, heads, depth = key.shape
-    if not is_initialized and cache_length is None:
-      raise ValueError("cache_length is required to create the decoder self-attention cache.")
-    key, value = jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)  # [batch, heads, q, head_dim]
-    shape = (batch, heads, cache_length or 0, depth)
-    cached_key = self.variable("cache", "cached_key", jnp.zeros, shape, key.dtype)
-    cached_value = self.variable("cache", "cached_value", jnp.zeros, shape, value.dtype)
-    cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
-    if not is_initialized:
-      # Cache creation: nothing is written; the step that follows starts at index 0.
-      return key, value, mask
-    if key.shape[2] != 1:
-      raise ValueError(f"Incremental decoding takes one token per step, got {key.shape[2]}.")
-    index = cache_index.value
-    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (0, 0, index, 0))
-    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, 0, index, 0))
-    cache_index.value = index + 1
-    total = cached_key.value.shape[2]
-    # The new token sees every cached position up to and including itself.
-    step_mask = (jnp.arange(total) <= index)[None, None, None, :]  # [1, 1, 1, cache_len]
-    return cached_key.value, cached_value.value, combine_masks(mask, step_mask)
-
-
-def _rows_first(x: jax.Array, rows: int) -> jax.Array:
-  """A head-major cache array [batch, heads, k, head_dim] as [rows, k, heads, head_dim], its
-  rows repeated to one per beam if it holds one per sentence."""
-  return jnp.repeat(jnp.swapaxes(x, 1, 2), rows // x.shape[0], axis=0)
-
-
-def decode_attention(
-  query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array | None
-) -> jax.Array:
-  """softmax(q K^T / sqrt(d_k)) V against a decode cache: head-major keys/values, beams folded.
-
-  The cache is kept head-major, [batch, heads, len, head_dim]: both products then have
-  their batch dimensions (batch, heads) leading, as XLA's dot wants them. Kept
-  [batch, len, heads, head_dim], as `jax.nn.dot_product_attention` takes it, XLA
-  transposed the whole cache at every step (on CPU ~7x the time of the attention itself at
-  128 rows x 64 cached positions).
-
-  Beams folded into the query axis: when the keys/values have fewer rows than `query` (the
-  cross-attention keys/values, one row per source sentence instead of a copy per beam),
-  query row r attends to key row r // beam, beam = query rows / key rows: rows
-  b * beam ... b * beam + beam - 1 are the beams of sentence b (beam_search's layout), and
-  the beam_size queries of a sentence go through one product with its keys.
-
-  Logits are float32 (scaled after the product) and softmax runs in float32, masked
-  positions get a large negative number: as in `jax.nn.dot_product_attention`.
-
-  Args:
-    query: [rows, q, heads, head_dim].
-    key, value: [batch, heads, kv_len, head_dim], rows a multiple of batch.
-    mask: boolean, broadcastable to [rows, heads, q, kv_len]; True = attend.
-
-  Returns:
-    [rows, q, heads, head_dim].
-  """
-  rows, q_len, heads, depth = query.shape
-  batch, _, kv_len, _ = key.shape
-  beam = rows // batch
-
-  def fold(x):  # [rows, h, q, ...] -> [batch, h, beam * q, ...]
-    x = jnp.swapaxes(x.reshape((batch, beam) + x.shape[1:]), 1, 2)  # [batch, h, beam, q, ...]
-    return x.reshape((batch, x.shape[1], beam * q_len) + x.shape[4:])
-
-  query = fold(jnp.swapaxes(query, 1, 2))  # [batch, heads, beam * q, head_dim]
-  logits = jnp.einsum(
-    "bhqd,bhkd->bhqk", query, key, preferred_element_type=jnp.float32
-  )  # [batch, heads, beam * q, kv_len]
-  logits = logits * jnp.float32(1.0 / math.sqrt(depth))
-  if mask is not None:
-    mask = jnp.broadcast_to(mask, (rows, mask.shape[1], q_len, kv_len))
-    logits = jnp.where(fold(mask), logits, -0.7 * jnp.finfo(jnp.float32).max)
-  probs = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
-  context = jnp.einsum("bhqk,bhkd->bhqd", probs, value)  # [batch, heads, beam * q, head_dim]
-  context = context.reshape(batch, heads, beam, q_len, depth)
-  return jnp.transpose(context, (0, 2, 3, 1, 4)).reshape(rows, q_len, heads, depth)
 
 
 def sinusoidal_encoding(
