@@ -68,9 +68,11 @@ def append_self_attention(module, key, value, mask, cache_length):
 def _append_in_place(module, key, value, mask, cached_key, cached_value, cache_index):
   """The step of a beam search whose cache is never reordered (`ANCESTRY`).
 
-  The self-attention cache then holds one block per sentence, [batch, heads, cache_length *
-  beam, head_dim], position-major: entry t * beam + j holds what the hypothesis in beam slot
-  j wrote at step t, and stays so (one in-place write of the beam's entries per step). The
+  The self-attention cache then holds one block per sentence, values [batch, heads,
+  cache_length * beam, head_dim] and keys transposed, [batch, heads, head_dim, cache_length *
+  beam] (`decode_attention`'s keys_transposed), position-major: entry t * beam + j holds what
+  the hypothesis in beam slot j wrote at step t, and stays so (one in-place write of the
+  beam's entries per step). The
   `ANCESTRY` leaf, int32 [batch * beam, cache_length], says for each row which slot held its
   hypothesis' prefix at each position (-1 beyond the step); beam search reorders that small
   leaf instead of the keys/values. Each row attends to its sentence's cache_length x beam
