@@ -160,8 +160,11 @@ def test_keeping_fewer_checkpoints_than_the_average_stops_before_training(tmp_pa
 def test_train_then_evaluate_its_final_model_prints_the_same_bleu(tmp_path, capsys):
   """evaluate.average_last=2, checkpoints every 40, 150 steps: step 150 is saved off the grid,
   a resume point only, so the final model is the mean of 80 and 120. `train`'s closing line
-  names where it is, and `evaluate --workdir` there prints the BLEU `train` printed; the
-  workdir's latest checkpoint (step 150), another model, prints another."""
+  names where it is, and `evaluate --workdir` there prints the BLEU `train` printed and
+  translates the held-out sources as `train`'s printed examples; the workdir's latest
+  checkpoint (step 150), another model, translates them otherwise. The translations decide,
+  not the BLEU alone: this barely trained model's BLEU is 0.00 on some CPUs (AMD EPYC: not
+  one matching word), so equal BLEUs would not tell two models apart."""
   import re
 
   from helpers import tiny_overrides
@@ -188,10 +191,17 @@ def test_train_then_evaluate_its_final_model_prints_the_same_bleu(tmp_path, caps
   assert final == os.path.join(workdir, "averaged_last2_to120")
   assert checkpointing.all_steps(workdir) == [80, 120, 150]
   trained = re.search(r"Held-out BLEU (\S+) on 50 sentences", out).group(1)
+  examples = re.findall(r"^  hypothesis: (.*)$", out, flags=re.MULTILINE)
+  assert examples and all(examples), out  # the model writes something for each example
 
   def evaluated(directory):
+    """(printed sacreBLEU, the first len(examples) translations of its hypotheses file)."""
     assert cli.main(["evaluate", "--workdir", directory]) == 0
-    return re.search(r"sacreBLEU (\S+) ", capsys.readouterr().out).group(1)
+    printed = capsys.readouterr().out
+    report = re.search(r"report: (\S+)\.json", printed).group(1)
+    with open(report + ".txt", encoding="utf-8") as f:
+      translations = f.read().splitlines()[: len(examples)]
+    return re.search(r"sacreBLEU (\S+) ", printed).group(1), translations
 
-  assert float(trained) > 0 and evaluated(final) == trained
-  assert evaluated(workdir) != trained
+  assert evaluated(final) == (trained, examples)
+  assert evaluated(workdir)[1] != examples
