@@ -673,6 +673,22 @@ MUTANTS = (
     ),
   ),
   Mutant(
+    "grown-cache-ancestry-padded-with-slot-zero",
+    "a cache that grows marks its new positions as written by slot 0 instead of by none",
+    "transformer_mt/decoding/incremental.py",
+    "      out[path] = jnp.pad(x, ((0, 0), (0, positions - x.shape[1])), constant_values=-1)",
+    "      out[path] = jnp.pad(x, ((0, 0), (0, positions - x.shape[1])), constant_values=0)",
+    ("tests/test_beam_decode.py::test_a_cache_kept_in_place_gives_the_reordered_outputs[beam]",),
+  ),
+  Mutant(
+    "grown-cache-loop-runs-past-its-positions",
+    "a loop of a cache that grows goes on after the step leaves the positions it holds",
+    "transformer_mt/decoding/beam_search.py",
+    "        return searching_here & (state.step < positions)",
+    "        return searching_here",
+    ("tests/test_beam_decode.py::test_a_cache_kept_in_place_gives_the_reordered_outputs[beam]",),
+  ),
+  Mutant(
     "ancestry-not-reordered",
     "a cache kept in place keeps each row's ancestry when its beam changes parent",
     "transformer_mt/decoding/incremental.py",

@@ -269,12 +269,13 @@ def test_auto_cache_reorder_is_the_default_program_on_cpu():
 @pytest.mark.parametrize("candidate_pool", ["beam", "2beam", "hf", "fairseq"])
 def test_a_cache_kept_in_place_gives_the_reordered_outputs(candidate_pool):
   """cache_reorder="ancestry" (keys/values never moved, each beam attending to its ancestors'
-  through a mask) returns the hypotheses of the reordered cache, with scores and log-probs
-  equal to float32 rounding (the masked sums run over more terms: not bit for bit), for every
-  pool, in a batch that shrinks (8 -> 2 -> 1 sentences: the per-sentence cache moves by
-  sentence) and in one that does not; the searches run past the first 16 positions with beams
-  changing parents. A wrong ancestry (a slot, a parent or a position off) or a sentence given
-  another's cache changes the attention and with it the log-probs by far more than rounding:
+  through a mask) returns the hypotheses of the reordered cache, with scores and log-probs equal to
+  float32 rounding (the masked sums run over more terms: not bit for bit), for every pool, in a
+  batch that shrinks (8 -> 2 -> 1 sentences: the per-sentence cache moves by sentence) and in one
+  that does not, and with a cache that grows (5, 10, then 20 positions, forced here: these small
+  layers would keep one size) in a batch that shrinks; the searches run past the first 16 positions
+  with beams changing parents. A wrong ancestry (a slot, a parent or a position off) or a sentence
+  given another's cache changes the attention and with it the log-probs by far more than rounding:
   the 8 sources differ (the second four are the first, reversed, each token id one higher)."""
   params, max_len = transformer_params(), 20
   first = transformer_inputs()
@@ -297,8 +298,10 @@ def test_a_cache_kept_in_place_gives_the_reordered_outputs(candidate_pool):
 
   reference = search(cache_reorder="chunked", shrink_batch=False)
   assert reference.num_steps > 16 and reference.num_reorders > 1
-  for shrink_batch in (True, False):
-    kept = search(cache_reorder="ancestry", shrink_batch=shrink_batch)
+  for shrink_batch, grow_from in ((True, None), (False, None), (True, 0)):
+    kept = search(
+      cache_reorder="ancestry", shrink_batch=shrink_batch, grow_cache_from_bytes=grow_from
+    )
     for name in ("sequences", "all_sequences", "num_steps"):
       np.testing.assert_array_equal(getattr(kept, name), getattr(reference, name), err_msg=name)
     for name in ("scores", "all_scores", "all_log_probs"):

@@ -122,9 +122,9 @@ def decode_step(
 
 
 # Leaf names of the decode cache (transformer_mt/model/attention.py), head-major. Cross-attention:
-# keys and values [batch, heads, src_len, head_dim]; self-attention: [batch, heads, max_len,
-# head_dim], written at position `cache_index` (int32 [], the same in every layer) at each
-# step, zeros beyond.
+# keys [batch, heads, head_dim, src_len] (transposed) and values [batch, heads, src_len,
+# head_dim]; self-attention: [batch, heads, max_len, head_dim], written at position
+# `cache_index` (int32 [], the same in every layer) at each step, zeros beyond.
 CROSS_ATTENTION_LEAVES = ("cross_key", "cross_value")
 SELF_ATTENTION_LEAVES = ("cached_key", "cached_value")
 CACHE_INDEX = "cache_index"
@@ -199,22 +199,47 @@ def gather_all_rows(cache: Any, rows: jax.Array) -> Any:
   )
 
 
-def beams_cache(cache: Any, beam_size: int) -> Any:
+def beams_cache(cache: Any, beam_size: int, positions: int | None = None) -> Any:
   """A fresh self-attention cache (`split_cache`'s first part, nothing written yet) laid out
   for a beam search that never reorders it (model/decode_cache.py, `_append_in_place`): keys and
-  values [batch, heads, max_len * beam, head_dim], one block per sentence, and the
-  `decode_cache.ANCESTRY` leaf int32 [batch, max_len], -1 everywhere (beam search expands it to
-  one row per beam and reorders it instead of the keys/values)."""
+  values [batch, heads, positions * beam, head_dim], one block per sentence, and the
+  `decode_cache.ANCESTRY` leaf int32 [batch, positions], -1 everywhere (beam search expands it
+  to one row per beam and reorders it instead of the keys/values). `positions`: the target
+  positions it holds, `cache`'s max_len unless given (a cache that grows, `grow_beams_cache`)."""
   flat = flax.traverse_util.flatten_dict(cache)
   out = {}
   for path, x in flat.items():
     if path[-1] in SELF_ATTENTION_LEAVES:  # [batch, heads, max_len, head_dim]
       batch, heads, length, depth = x.shape
+      length = length if positions is None else positions
       shape = (batch, heads, length * beam_size, depth)
       if path[-1] == "cached_key":  # keys transposed: [batch, heads, head_dim, length * beam]
         shape = (batch, heads, depth, length * beam_size)
       out[path] = jnp.zeros(shape, x.dtype)
       out[path[:-1] + (ANCESTRY,)] = jnp.full((batch, length), -1, jnp.int32)
+    else:
+      out[path] = x
+  return flax.traverse_util.unflatten_dict(out)
+
+
+def grow_beams_cache(cache: Any, positions: int) -> Any:
+  """A `beams_cache` (one row per beam in its `decode_cache.ANCESTRY` leaves) made to hold
+  `positions` target positions: zero keys/values appended after the entries it holds, -1
+  after each row's ancestry, what was written kept where it is (entry t * beam + j stays
+  entry t * beam + j). A step attends to every entry its cache holds, so beam search starts
+  with a short cache and grows it (beam_search's `cache_positions`)."""
+  flat = flax.traverse_util.flatten_dict(cache)
+  out = {}
+  for path, x in flat.items():
+    if path[-1] == ANCESTRY:  # [rows, held]
+      out[path] = jnp.pad(x, ((0, 0), (0, positions - x.shape[1])), constant_values=-1)
+    elif path[-1] in SELF_ATTENTION_LEAVES:
+      held = flat[path[:-1] + (ANCESTRY,)].shape[1]
+      axis = 3 if path[-1] == "cached_key" else 2  # keys [batch, heads, head_dim, entries]
+      beam = x.shape[axis] // held
+      widths = [(0, 0)] * x.ndim
+      widths[axis] = (0, (positions - held) * beam)
+      out[path] = jnp.pad(x, widths)
     else:
       out[path] = x
   return flax.traverse_util.unflatten_dict(out)

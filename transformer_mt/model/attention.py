@@ -315,7 +315,8 @@ class MultiHeadAttention(nn.Module):
       query = self._projection("query")(queries)  # [batch, q, heads, head_dim]
 
     if cfg.decode and self.is_cross_attention:
-      # keys [batch, heads, head_dim, src_len] (transposed), values [batch, heads, src_len, head_dim]
+      # keys [batch, heads, head_dim, src_len] (transposed), values [batch, heads, src_len,
+      # head_dim]
       key, value = self._cached_cross_key_value(key_value_inputs)
     else:
       if not fuse_all:
