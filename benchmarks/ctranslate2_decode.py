@@ -1,12 +1,18 @@
 """Our beam search against CTranslate2 (float32 and int8) on the same weights and sentences.
 
-    python benchmarks/ctranslate2_decode.py --model base=WORKDIR --model tiny=WORKDIR
-                                            [--batch_sizes 1,32,128] [--sentences 16,64,128]
-                                            [--rounds 2] [--threads 2] [--data_root D]
+    python benchmarks/ctranslate2_decode.py        # the Base shape alone, ~3.5 minutes
+    python benchmarks/ctranslate2_decode.py [--base_shape] --model tiny=WORKDIR [--model ...]
+                                            [--batch_sizes 1,32,128] [--sentences 4,32,128]
+                                            [--rounds 1] [--threads 2] [--data_root D]
                                             [--decode KEY=VALUE ...]
 
-Each --model NAME=WORKDIR is a trained (or imported) workdir whose model `run.py export --to
-ctranslate2` converts: it is exported once, float32, into a temporary folder (not timed) and
+The models: the Transformer Base shape (d_model 512, d_ff 2048, 8 heads, 6 + 6 layers) at
+random initialization (seed 0) with a SentencePiece vocabulary of the Multi30k recipe's size
+trained on 20k Multi30k sentences, written as a workdir into a temporary folder (~20 s, not
+timed): without --model, or with --base_shape. Its weights emit no EOS, so every sentence runs
+to the limit on every engine: the same work on each side, and the step of a Base model.
+Each --model NAME=WORKDIR is a trained (or imported) workdir. Each model is exported once with
+`run.py export --to ctranslate2`, float32, into a temporary folder (not timed) and
 loaded by CTranslate2 twice, with compute_type "float32" and "int8" (weights quantized at
 load, activations float32). The three engines decode the same source lines at each batch size:
   ours      Translator (what `run.py translate` runs) at beam 4, length penalty len ** 1.0
@@ -26,8 +32,15 @@ experiments train on) under --data_root (default ../shared/data), N per batch si
 rounds (ours, f32, int8, ours, ...) in this one process, each round timing every engine once on
 the same lines; the table gives each engine's best round, so a burst of load from the other
 processes of a shared machine hits the engines alike. CTranslate2 runs on --threads intra-op
-threads (one translator); XLA on the cores this process may use. A warm-up round first (ours
-compiles each batch shape and source-length bucket there), not timed.
+threads (one translator); XLA on the cores this process may use. Before the timed rounds, not
+timed: ours translates the same lines once (it compiles each batch shape and source-length
+bucket, and its first run of a compiled loop is slower), CTranslate2 its first few.
+
+The defaults (2 / 32 / 128 lines at batch 1 / 32 / 128, one timed round) print the Base
+shape's table in about 3.5 minutes on 2 cores (210 s on an Intel Xeon, of which batch 128 takes
+130: every engine decodes its 128 lines to 64 tokens, ours twice); `--batch_sizes 1,32
+--sentences 2,32` in about 1.5. The figures of docs/performance.md take more lines and rounds
+(its commands); one round's ratios move by ~15% between runs.
 
 Printed per model and batch size: sentences/s and target tokens/s (tokens of each best
 hypothesis, EOS excluded, the same count on both sides) of each engine, ours as a ratio of each
@@ -50,11 +63,17 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 
+from transformer_mt.config import registry  # noqa: E402
+from transformer_mt.data import sources as data_sources  # noqa: E402
+from transformer_mt.data.tokenizer import train_tokenizer  # noqa: E402
 from transformer_mt.decoding import translator as translate  # noqa: E402
 from transformer_mt.evaluation import corpus_scores  # noqa: E402
 from transformer_mt.interop import ct2_export  # noqa: E402
+from transformer_mt.model import setup as run_setup  # noqa: E402
 from transformer_mt.runtime import compile_cache, sharding  # noqa: E402
 from transformer_mt.workdir import checkpointing  # noqa: E402
 
@@ -65,6 +84,33 @@ ALPHA = 1.0
 # repeat itself to the limit).
 MAX_LEN = 64
 ENGINES = ("ours", "ct2 f32", "ct2 int8")
+# The Transformer Base shape (Vaswani et al. 2017, table 3), on the Multi30k recipe's vocabulary.
+BASE_SHAPE = (
+  "model.d_model=512",
+  "model.d_ff=2048",
+  "model.num_heads=8",
+  "model.num_encoder_layers=6",
+  "model.num_decoder_layers=6",
+)
+# CTranslate2 warms up on this many lines (it compiles nothing; its first call allocates).
+CT2_WARM_UP_LINES = 1
+
+
+def base_shape_workdir(workdir: str, data_root: str) -> str:
+  """A workdir of the Base shape at random initialization (seed 0), with a SentencePiece
+  vocabulary of the Multi30k recipe's size trained on 20k of its training sentences."""
+  config = registry.load_experiment("multi30k_ende", list(BASE_SHAPE))
+  config.data.root = data_root
+  pairs = data_sources.load_pairs(config.data)["train"]
+  tokenizer = train_tokenizer(
+    pairs, config.tokenizer.vocab_size, config.tokenizer.model_type, sample_size=20_000
+  )
+  mesh = sharding.make_mesh(sharding.inference_mesh_config("data=1"), jax.devices()[:1])
+  setup = run_setup.model_setup(config, tokenizer, mesh)
+  dummy = jnp.ones((1, 2), jnp.int32)
+  params = nn.unbox(setup.model.init(jax.random.key(0), dummy, dummy)["params"])
+  checkpointing.save_inference(workdir, 0, params, config, tokenizer)
+  return workdir
 
 
 def cpu_name() -> str:
@@ -140,13 +186,14 @@ def measure(engines: Engines, lines, references, batch_size: int, rounds: int) -
   Target tokens: the SentencePiece pieces of each translation, EOS excluded, counted alike
   for every engine (the text encoded again)."""
   outputs, best = {}, dict.fromkeys(ENGINES, float("inf"))
-  for round_ in range(rounds + 1):
+  engines.run("ours", lines, batch_size)  # compiles, and runs each compiled loop once
+  for engine in ENGINES[1:]:
+    engines.run(engine, lines[:CT2_WARM_UP_LINES], batch_size)
+  for _ in range(rounds):
     for engine in ENGINES:
       start = time.perf_counter()
       outputs[engine] = engines.run(engine, lines, batch_size)
-      seconds = time.perf_counter() - start
-      if round_:  # round 0 is the warm-up (our compilation)
-        best[engine] = min(best[engine], seconds)
+      best[engine] = min(best[engine], time.perf_counter() - start)
   result = {}
   for engine in ENGINES:
     tokens = sum(len(engines.target_spm.encode(t)) for t in outputs[engine])
@@ -157,18 +204,23 @@ def measure(engines: Engines, lines, references, batch_size: int, rounds: int) -
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--model", action="append", required=True, metavar="NAME=WORKDIR")
+  parser.add_argument("--model", action="append", default=[], metavar="NAME=WORKDIR")
+  parser.add_argument(
+    "--base_shape", action="store_true", help="the random Base shape too (alone without --model)"
+  )
   parser.add_argument("--batch_sizes", default="1,32,128")
-  # One batch at 128 and two at 32: the whole table in ~2 minutes for the tiny shape (it took
-  # 219 s with 128 and 256 lines under load).
-  parser.add_argument("--sentences", default="16,64,128", help="lines per batch size")
-  parser.add_argument("--rounds", type=int, default=2)
+  # One batch at 32 and at 128: the Base shape's table in ~3 minutes on 2 cores.
+  parser.add_argument("--sentences", default="2,32,128", help="lines per batch size")
+  parser.add_argument("--rounds", type=int, default=1)
   parser.add_argument("--threads", type=int, default=2, help="CTranslate2 intra-op threads")
   parser.add_argument("--data_root", default=str(ROOT.parent / "shared" / "data"))
   parser.add_argument(
     "--decode", action="append", default=[], metavar="KEY=VALUE", help="our decode setting"
   )
   args = parser.parse_args()
+  sources = pathlib.Path(args.data_root) / f"{SOURCES}.en"
+  if not sources.is_file():
+    sys.exit(f"error: {sources} does not exist; pass --data_root DIR (the shared data folder).")
   compile_cache.enable()
   batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
   counts = [int(n) for n in args.sentences.split(",")]
@@ -176,22 +228,30 @@ def main() -> None:
     f"CPU: {cpu_name()}, {os.cpu_count()} cores visible; load average before "
     f"{os.getloadavg()[0]:.2f} (1 min); beam {BEAM}, length penalty len ** {ALPHA}"
   )
-  start = time.perf_counter()
+  start, phases = time.perf_counter(), []
   header = (
     "| model | batch | sentences | engine | sentences/s | target tokens/s | ours / this "
     "(tokens/s, sentences/s) | BLEU | equal to ours |"
   )
   rows = [header, "|" + "---|" * 9]
   with tempfile.TemporaryDirectory() as scratch:
-    for spec in args.model:
-      name, _, workdir = spec.partition("=")
-      directory = os.path.join(scratch, name)
+    models = [spec.partition("=")[::2] for spec in args.model]
+    if args.base_shape or not models:
+      workdir = base_shape_workdir(os.path.join(scratch, "base_shape_workdir"), args.data_root)
+      models.insert(0, ("base_shape (random)", workdir))
+      phases.append(f"Base shape built {time.perf_counter() - start:.0f} s")
+    for index, (name, workdir) in enumerate(models):
+      directory = os.path.join(scratch, f"ct2_{index}")
+      phase = time.perf_counter()
       ct2_export.export_ctranslate2(workdir, directory)
       engines = Engines(workdir, directory, args.threads, tuple(args.decode))
+      phases.append(f"{name} exported and loaded {time.perf_counter() - phase:.0f} s")
       for batch_size, count in zip(batch_sizes, counts):
         lines = read_lines(args.data_root, "en", count)
         references = read_lines(args.data_root, "de", count)
+        phase = time.perf_counter()
         result = measure(engines, lines, references, batch_size, args.rounds)
+        phases.append(f"{name} at batch {batch_size} {time.perf_counter() - phase:.0f} s")
         ours_seconds, ours_texts, ours_tokens, _ = result["ours"]
         for engine in ENGINES:
           seconds, texts, tokens, bleu = result[engine]
@@ -211,7 +271,7 @@ def main() -> None:
   print("\n".join(rows))
   print(
     f"load average after {os.getloadavg()[0]:.2f} (1 min); "
-    f"{time.perf_counter() - start:.0f} s in all"
+    f"{time.perf_counter() - start:.0f} s in all ({'; '.join(phases)})"
   )
 
 
