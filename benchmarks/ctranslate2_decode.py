@@ -63,17 +63,13 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 
+from benchmarks import _random_model  # noqa: E402
 from transformer_mt.config import registry  # noqa: E402
-from transformer_mt.data import sources as data_sources  # noqa: E402
-from transformer_mt.data.tokenizer import train_tokenizer  # noqa: E402
 from transformer_mt.decoding import translator as translate  # noqa: E402
 from transformer_mt.evaluation import corpus_scores  # noqa: E402
 from transformer_mt.interop import ct2_export  # noqa: E402
-from transformer_mt.model import setup as run_setup  # noqa: E402
 from transformer_mt.runtime import compile_cache, sharding  # noqa: E402
 from transformer_mt.workdir import checkpointing  # noqa: E402
 
@@ -101,14 +97,8 @@ def base_shape_workdir(workdir: str, data_root: str) -> str:
   vocabulary of the Multi30k recipe's size trained on 20k of its training sentences."""
   config = registry.load_experiment("multi30k_ende", list(BASE_SHAPE))
   config.data.root = data_root
-  pairs = data_sources.load_pairs(config.data)["train"]
-  tokenizer = train_tokenizer(
-    pairs, config.tokenizer.vocab_size, config.tokenizer.model_type, sample_size=20_000
-  )
   mesh = sharding.make_mesh(sharding.inference_mesh_config("data=1"), jax.devices()[:1])
-  setup = run_setup.model_setup(config, tokenizer, mesh)
-  dummy = jnp.ones((1, 2), jnp.int32)
-  params = nn.unbox(setup.model.init(jax.random.key(0), dummy, dummy)["params"])
+  _, params, tokenizer = _random_model.random_model(config, mesh)
   checkpointing.save_inference(workdir, 0, params, config, tokenizer)
   return workdir
 

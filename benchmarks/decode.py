@@ -64,21 +64,18 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks import _cache_reorder, _decode_regime, _timing  # noqa: E402
+from benchmarks import _cache_reorder, _decode_regime, _random_model, _timing  # noqa: E402
 from transformer_mt.config import registry  # noqa: E402
 from transformer_mt.data import sources as data_sources  # noqa: E402
 from transformer_mt.data.input_pipeline import bucket_length  # noqa: E402
-from transformer_mt.data.tokenizer import EOS_ID, PAD_ID, train_tokenizer  # noqa: E402
+from transformer_mt.data.tokenizer import EOS_ID, PAD_ID  # noqa: E402
 from transformer_mt.decoding import beam_search  # noqa: E402
 from transformer_mt.decoding import incremental as decode
 from transformer_mt.decoding import translator as translate
 from transformer_mt.decoding.settings import decode_settings  # noqa: E402
-from transformer_mt.model import setup as run_setup  # noqa: E402
 from transformer_mt.runtime import sharding  # noqa: E402
 
 TEST_SET = "news/en-de/newstest2014.en"  # under --data_root
@@ -93,15 +90,8 @@ def load_model(args):
   config = registry.load_experiment(args.experiment)
   if config.data.source == "local":
     config.data.root = args.data_root
-  pairs = data_sources.load_pairs(config.data)["train"]
-  tokenizer = train_tokenizer(
-    pairs, config.tokenizer.vocab_size, config.tokenizer.model_type, sample_size=20_000
-  )
-  setup = run_setup.model_setup(
-    config, tokenizer, sharding.make_mesh(sharding.inference_mesh_config())
-  )
-  dummy = jnp.ones((1, 2), jnp.int32)
-  params = nn.unbox(setup.model.init(jax.random.key(0), dummy, dummy)["params"])
+  mesh = sharding.make_mesh(sharding.inference_mesh_config())
+  setup, params, tokenizer = _random_model.random_model(config, mesh)
   params = jax.device_put(params, sharding.replicated(setup.mesh))
   translator = translate.Translator(
     params=params,
