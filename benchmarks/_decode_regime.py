@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import _timing
-from transformer_mt.decoding import beam_search
+from transformer_mt.decoding import beam_decode
 from transformer_mt.interop import hf_convert
 from transformer_mt.model.transformer import Transformer
 
@@ -126,7 +126,7 @@ def time_ours(params, config, sources, reps):
     # would only compile stages that never run.
     shrink_batch=False,
   )
-  compiled = beam_search.beam_decode.lower(params, inputs, **settings).compile()
+  compiled = beam_decode.beam_decode.lower(params, inputs, **settings).compile()
   outputs = []
 
   def call():

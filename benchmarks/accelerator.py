@@ -62,7 +62,7 @@ from benchmarks import _beam_vs_generate, _packed_attention, _timing, _xla_gpu_f
 from benchmarks.memory import compile_train_step, peak_bytes  # noqa: E402
 from benchmarks.train_step import full_rows_batch, useful_flops  # noqa: E402
 from transformer_mt.config import defaults as _defaults  # noqa: E402
-from transformer_mt.decoding import beam_search  # noqa: E402
+from transformer_mt.decoding import beam_decode  # noqa: E402
 from transformer_mt.model import attention  # noqa: E402
 from transformer_mt.model.transformer import Transformer  # noqa: E402
 from transformer_mt.model.transformer_config import TransformerConfig  # noqa: E402
@@ -242,7 +242,7 @@ def decode_figures(size, reps, beam=4, sentences=64, source_len=32):
   with jax.set_mesh(mesh):
     # The whole batch at every step, the program of the figures before the batch could shrink
     # (random weights end few sentences early; each smaller batch is one more compilation).
-    compiled = beam_search.beam_decode.lower(
+    compiled = beam_decode.beam_decode.lower(
       params,
       inputs,
       config=config,

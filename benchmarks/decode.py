@@ -72,7 +72,7 @@ from transformer_mt.config import registry  # noqa: E402
 from transformer_mt.data import sources as data_sources  # noqa: E402
 from transformer_mt.data.input_pipeline import bucket_length  # noqa: E402
 from transformer_mt.data.tokenizer import EOS_ID, PAD_ID  # noqa: E402
-from transformer_mt.decoding import beam_search  # noqa: E402
+from transformer_mt.decoding import beam_decode  # noqa: E402
 from transformer_mt.decoding import incremental as decode
 from transformer_mt.decoding import translator as translate
 from transformer_mt.decoding.settings import decode_settings  # noqa: E402
@@ -133,7 +133,7 @@ class Decoder:
             t.params, inputs, config=t.model_config, max_len=max_len
           )
         else:
-          lowered = beam_search.beam_decode.lower(
+          lowered = beam_decode.beam_decode.lower(
             t.params,
             inputs,
             config=t.model_config,

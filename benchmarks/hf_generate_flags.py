@@ -41,7 +41,7 @@ import hf_fakes  # noqa: E402
 import test_hf_models  # noqa: E402  (its trained fixture's sources and targets)
 import transformers  # noqa: E402
 
-from transformer_mt.decoding import beam_search  # noqa: E402
+from transformer_mt.decoding import beam_decode  # noqa: E402
 from transformer_mt.decoding import incremental as decode
 from transformer_mt.interop import hf_convert  # noqa: E402
 
@@ -139,7 +139,7 @@ def measure(model_type: str, kind: str, directory: pathlib.Path) -> dict[str, di
   inputs = jnp.asarray(sources, jnp.int32)
   with jax.default_matmul_precision("highest"):
     greedy = np.asarray(decode.greedy_decode(params, inputs, config, max_len=NEW_TOKENS))
-    beam = beam_search.beam_decode(
+    beam = beam_decode.beam_decode(
       params,
       inputs,
       config,

@@ -57,7 +57,7 @@ import jax.numpy as jnp  # noqa: E402
 import ml_collections  # noqa: E402
 
 from transformer_mt.config import registry  # noqa: E402
-from transformer_mt.decoding import beam_search  # noqa: E402
+from transformer_mt.decoding import beam_decode  # noqa: E402
 from transformer_mt.interop import hf_convert  # noqa: E402
 from transformer_mt.model import setup as run_setup  # noqa: E402
 from transformer_mt.model.transformer import Transformer, count_parameters  # noqa: E402
@@ -184,7 +184,7 @@ def inference_memory(dtype: str, batch: int, beam: int, src_len: int) -> dict[st
   inputs = jax.ShapeDtypeStruct((batch, src_len), jnp.int32)
   start = time.perf_counter()
   with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
-    compiled = beam_search.beam_decode.lower(params, inputs, model_config, beam, max_len).compile()
+    compiled = beam_decode.beam_decode.lower(params, inputs, model_config, beam, max_len).compile()
   stats = compiled.memory_analysis()
   param_bytes = sum(math.prod(p.shape) * p.dtype.itemsize for p in jax.tree.leaves(params))
   return {

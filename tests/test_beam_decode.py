@@ -1,4 +1,4 @@
-"""Beam search with the Transformer (`beam_search.beam_decode`): beam 1 against greedy decoding,
+"""Beam search with the Transformer (`beam_decode.beam_decode`): beam 1 against greedy decoding,
 scores against unbranched decoding, per-sentence limits, 1 against 8 devices, the lazy cache
 reordering and the cross-attention kept once per sentence against their reference paths, and
 the decode options reaching the search. The search itself is checked against brute force on
@@ -15,6 +15,7 @@ import pytest
 from helpers import init_params, tiny_model_config
 
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.decoding import beam_decode as bd
 from transformer_mt.decoding import beam_rows
 from transformer_mt.decoding import beam_search as bs
 from transformer_mt.decoding import incremental as decode
@@ -45,7 +46,7 @@ def test_beam_one_is_greedy(alpha, length_penalty):
   """With the "beam" pool (the default), whatever the penalty: one finished hypothesis."""
   params, inputs, max_len = transformer_params(), transformer_inputs(), 8
   greedy = np.asarray(decode.greedy_decode(params, inputs, CONFIG, max_len))
-  out = bs.beam_decode(
+  out = bd.beam_decode(
     params, inputs, CONFIG, beam_size=1, max_len=max_len, alpha=alpha, length_penalty=length_penalty
   )
   np.testing.assert_array_equal(np.asarray(out.sequences), greedy)
@@ -66,7 +67,7 @@ def test_transformer_beam_scores_match_unbranched_decoding(length_penalty, candi
   params, inputs, max_len, beam = transformer_params(), transformer_inputs(), 6, 3
   out = jax.tree.map(
     np.asarray,
-    bs.beam_decode(
+    bd.beam_decode(
       params,
       inputs,
       CONFIG,
@@ -119,7 +120,7 @@ def test_transformer_per_sentence_max_lengths():
   max_lengths = jnp.array([3, 8, 8, 1], jnp.int32)
   out = jax.tree.map(
     np.asarray,
-    bs.beam_decode(params, inputs, CONFIG, beam_size=2, max_len=max_len, max_lengths=max_lengths),
+    bd.beam_decode(params, inputs, CONFIG, beam_size=2, max_len=max_len, max_lengths=max_lengths),
   )
   assert np.all(np.isfinite(out.scores))
   assert np.all(out.all_sequences[0, :, 3:] == PAD_ID)
@@ -137,14 +138,14 @@ def test_same_outputs_on_1_and_8_devices(cpu_devices):
   with jax.default_device(cpu_devices[0]):
     params, max_len = transformer_params(), 8
     inputs = jnp.concatenate([transformer_inputs(), transformer_inputs()[::-1]])  # 8 rows
-    single = bs.beam_decode(params, inputs, CONFIG, beam_size=3, max_len=max_len)
+    single = bd.beam_decode(params, inputs, CONFIG, beam_size=3, max_len=max_len)
   mesh = sharding.make_mesh(
     ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1}), cpu_devices
   )
   with jax.set_mesh(mesh):
     sharded_inputs = jax.device_put(inputs, sharding.batch_sharding(mesh))
     sharded_params = jax.device_put(params, sharding.replicated(mesh))
-    sharded = bs.beam_decode(sharded_params, sharded_inputs, CONFIG, beam_size=3, max_len=max_len)
+    sharded = bd.beam_decode(sharded_params, sharded_inputs, CONFIG, beam_size=3, max_len=max_len)
   np.testing.assert_array_equal(np.asarray(sharded.sequences), np.asarray(single.sequences))
   np.testing.assert_allclose(np.asarray(sharded.scores), np.asarray(single.scores), atol=1e-5)
 
@@ -158,7 +159,7 @@ def test_transformer_lazy_reordering_equals_always_gather():
   out, reference = (
     jax.tree.map(
       np.asarray,
-      bs.beam_decode(
+      bd.beam_decode(
         params,
         inputs,
         CONFIG,
@@ -187,7 +188,7 @@ def test_accelerator_options_give_the_default_outputs(candidate_pool):
   max_lengths = jnp.array([20, 17, 20, 19], jnp.int32)
 
   def search(**options):
-    return bs.beam_decode(
+    return bd.beam_decode(
       params,
       inputs,
       CONFIG,
@@ -221,7 +222,7 @@ def test_shrinking_batch_gives_the_whole_batch_outputs(candidate_pool):
   def search(**options):
     return jax.tree.map(
       np.asarray,
-      bs.beam_decode(
+      bd.beam_decode(
         params,
         inputs,
         CONFIG,
@@ -247,7 +248,7 @@ def test_auto_cache_reorder_is_the_default_program_on_cpu():
   large = jnp.tile(small, (beam_rows.ANCESTRY_FROM_BATCH // small.shape[0], 1))
 
   def lowered(inputs, **options):
-    return bs.beam_decode.lower(params, inputs, CONFIG, beam_size=3, max_len=8, **options)
+    return bd.beam_decode.lower(params, inputs, CONFIG, beam_size=3, max_len=8, **options)
 
   assert lowered(small, cache_reorder="auto").as_text() == lowered(small).as_text()
   assert lowered(small, cache_reorder="gather").as_text() != lowered(small).as_text()
@@ -284,7 +285,7 @@ def test_a_cache_kept_in_place_gives_the_reordered_outputs(candidate_pool):
   max_lengths = jnp.array([20, 2, 20, 5, 9, 20, 3, 17], jnp.int32)
 
   def search(**options):
-    out = bs.beam_decode(
+    out = bd.beam_decode(
       params,
       inputs,
       CONFIG,
@@ -353,7 +354,7 @@ def test_decode_options_reach_beam_decode(monkeypatch):
     calls.append(dict(beam_size=beam_size, **kwargs))
     return types.SimpleNamespace(sequences=jnp.zeros((inputs.shape[0], max_len), jnp.int32))
 
-  monkeypatch.setattr(bs, "beam_decode", fake_beam_decode)
+  monkeypatch.setattr(bd, "beam_decode", fake_beam_decode)
   mesh = sharding.make_mesh(sharding.inference_mesh_config(), devices=jax.devices()[:1])
   translator = translate.Translator(
     params=None, model_config=CONFIG, tokenizer=None, mesh=mesh, **settings
@@ -401,7 +402,7 @@ def test_cross_attention_once_per_sentence_equals_a_copy_per_beam():
   order)."""
   params, inputs, max_len, beam = transformer_params(), transformer_inputs(), 12, 3
   batch = inputs.shape[0]
-  out = bs.beam_decode(params, inputs, CONFIG, beam_size=beam, max_len=max_len)
+  out = bd.beam_decode(params, inputs, CONFIG, beam_size=beam, max_len=max_len)
   cache, cross = decode.split_cache(decode.init_cache(params, inputs, CONFIG, max_len))
   cross = beam_rows.expand_to_beams(cross, batch, beam)  # [batch * beam, heads, src_len, head_dim]
   valid = jnp.repeat(inputs != PAD_ID, beam, axis=0)

@@ -28,7 +28,7 @@ from helpers import init_params, tiny_model_config
 
 from transformer_mt import cli
 from transformer_mt.config import defaults as _defaults
-from transformer_mt.decoding import beam_search
+from transformer_mt.decoding import beam_decode
 from transformer_mt.decoding import incremental as decode
 from transformer_mt.model import estimates
 from transformer_mt.model.transformer import Transformer, count_parameters, parameter_shapes
@@ -414,8 +414,8 @@ def test_a_padded_vocabulary_decodes_as_the_unpadded_model(output_layer):
   inputs = batch["inputs"]
   greedy = decode.greedy_decode(params, inputs, config, 8)
   np.testing.assert_array_equal(decode.greedy_decode(padded, inputs, padded_config, 8), greedy)
-  beam = beam_search.beam_decode(params, inputs, config, 4, 8)
-  padded_beam = beam_search.beam_decode(padded, inputs, padded_config, 4, 8)
+  beam = beam_decode.beam_decode(params, inputs, config, 4, 8)
+  padded_beam = beam_decode.beam_decode(padded, inputs, padded_config, 4, 8)
   np.testing.assert_array_equal(padded_beam.all_sequences, beam.all_sequences)
   np.testing.assert_allclose(padded_beam.all_scores, beam.all_scores, rtol=1e-5)
 

@@ -141,7 +141,7 @@ def test_greedy_stops_each_row_at_its_limit_as_beam_one_does():
   """One length rule: greedy with per-sentence max_lengths equals beam 1 ("beam" pool) with
   the same limits, and no row outgrows its own. The random model rarely emits EOS, so the
   limits (not EOS) end most rows: the test checks they do."""
-  from transformer_mt.decoding import beam_search
+  from transformer_mt.decoding import beam_decode
 
   params = jax.tree.map(
     lambda x: x.value if hasattr(x, "value") else x,
@@ -154,7 +154,7 @@ def test_greedy_stops_each_row_at_its_limit_as_beam_one_does():
   greedy = np.asarray(
     decode.greedy_decode(params, inputs, CONFIG, max_len, max_lengths=max_lengths)
   )
-  beam = beam_search.beam_decode(
+  beam = beam_decode.beam_decode(
     params, inputs, CONFIG, 1, max_len, max_lengths=max_lengths, candidate_pool="beam"
   )
   np.testing.assert_array_equal(greedy, np.asarray(beam.sequences))

@@ -44,7 +44,7 @@ from transformer_mt import cli  # noqa: E402
 from transformer_mt.config import registry  # noqa: E402
 from transformer_mt.data import sources as data_sources  # noqa: E402
 from transformer_mt.data.tokenizer import train_tokenizer  # noqa: E402
-from transformer_mt.decoding import beam_search  # noqa: E402
+from transformer_mt.decoding import beam_decode  # noqa: E402
 from transformer_mt.decoding import incremental as decode  # noqa: E402
 from transformer_mt.decoding import translator as translate  # noqa: E402
 from transformer_mt.evaluation import corpus_scores  # noqa: E402
@@ -194,7 +194,7 @@ def _ours(params, config, inputs, beam: int) -> list[list[int]]:
     if beam == 1:
       out = decode.greedy_decode(params, jnp.asarray(inputs, jnp.int32), config, NEW_TOKENS)
     else:
-      out = beam_search.beam_decode(
+      out = beam_decode.beam_decode(
         params,
         jnp.asarray(inputs, jnp.int32),
         config,

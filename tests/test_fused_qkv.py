@@ -10,7 +10,7 @@ import numpy as np
 from helpers import tiny_model_config
 
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_mt.decoding import beam_search
+from transformer_mt.decoding import beam_decode
 from transformer_mt.decoding import incremental as decode
 from transformer_mt.model.transformer import Transformer
 
@@ -97,7 +97,7 @@ def test_beam_search_returns_the_same_translations():
   params = helpers.init_params(CONFIG)
   inputs = jnp.asarray([[5, 9, 12, 7, EOS_ID, PAD_ID], [11, 4, EOS_ID, PAD_ID, PAD_ID, PAD_ID]])
   outputs = [
-    beam_search.beam_decode(params, inputs, config=config, beam_size=3, max_len=7)
+    beam_decode.beam_decode(params, inputs, config=config, beam_size=3, max_len=7)
     for config in (CONFIG, FUSED)
   ]
   np.testing.assert_array_equal(outputs[1].sequences, outputs[0].sequences)

@@ -37,7 +37,7 @@ torch, _ = hf_fakes.require_interop()
 
 from hf_fakes import BEAM_LENGTHS, decoded_sources, special_ids, trained  # noqa: E402, F401
 
-from transformer_mt.decoding import beam_search  # noqa: E402
+from transformer_mt.decoding import beam_decode  # noqa: E402
 
 pytestmark = pytest.mark.interop
 
@@ -71,7 +71,7 @@ def test_beam_search_matches_generate(trained, alpha):  # noqa: F811
       generation_config=model.generation_config,
     )
   with jax.default_matmul_precision("highest"):
-    out = beam_search.beam_decode(
+    out = beam_decode.beam_decode(
       params,
       jnp.asarray(sources, jnp.int32),
       config,
@@ -131,7 +131,7 @@ def test_a_cache_kept_in_place_decodes_the_trained_models_as_the_reordered_one(t
   max_lengths = jnp.array([12, 3, 12, 5, 9, 12, 4, 11], jnp.int32)
 
   def search(**options):
-    out = beam_search.beam_decode(
+    out = beam_decode.beam_decode(
       params,
       jnp.asarray(inputs),
       config,

@@ -32,7 +32,7 @@ from hf_kinds import KINDS, MAX_NEW_TOKENS, build_and_import, translated_lines  
 
 from transformer_mt import cli  # noqa: E402
 from transformer_mt.data import multilingual_tokenizers as hf_tokenizers  # noqa: E402
-from transformer_mt.decoding import beam_search  # noqa: E402
+from transformer_mt.decoding import beam_decode  # noqa: E402
 from transformer_mt.decoding import incremental as decode  # noqa: E402
 from transformer_mt.decoding import translator as translate  # noqa: E402
 from transformer_mt.workdir import checkpointing  # noqa: E402
@@ -154,7 +154,7 @@ def test_forced_first_token_beam_one_equals_greedy(imported):
   greedy = decode.greedy_decode(
     translator.params, inputs, translator.model_config, MAX_NEW_TOKENS, forced_first_id=forced
   )
-  beam = beam_search.beam_decode(
+  beam = beam_decode.beam_decode(
     translator.params,
     inputs,
     translator.model_config,

@@ -410,7 +410,7 @@ def greedy_decode(
   `decoder_start_id`), so imported models decode with their own ids. `forced_first_id`, if
   given, is the first generated token of every row (`force_first_token`: a target language
   code), and is part of the output. `max_lengths` (optional int [batch], e.g. source length
-  + 50) stops each row at its own limit, as `beam_search.beam_decode` does, so greedy
+  + 50) stops each row at its own limit, as `beam_decode.beam_decode` does, so greedy
   decoding equals beam 1 for any limits. An ensemble (module docstring) takes the argmax of
   its mean log-probabilities.
   """

@@ -33,7 +33,7 @@ from transformer_mt.config import registry
 from transformer_mt.data import tokenizer as tokenizers
 from transformer_mt.data.input_pipeline import bucket_length
 from transformer_mt.data.tokenizer import AnyTokenizer
-from transformer_mt.decoding import beam_rows, beam_search, sampling
+from transformer_mt.decoding import beam_decode, beam_rows, beam_search, sampling
 from transformer_mt.decoding import incremental as decode
 from transformer_mt.decoding.settings import decode_settings
 from transformer_mt.model import setup as run_setup
@@ -291,7 +291,7 @@ class Translator:
     self, inputs: jax.Array, max_lengths: np.ndarray, max_len: int
   ) -> beam_search.BeamSearchOutput:
     """Beam search with this translator's settings over global `inputs` (inside its mesh)."""
-    return beam_search.beam_decode(
+    return beam_decode.beam_decode(
       self.params,
       inputs,
       self.decoder_config,
