@@ -1,6 +1,6 @@
 """Our beam search against CTranslate2 (float32 and int8) on the same weights and sentences.
 
-    python benchmarks/ctranslate2_decode.py        # the Base shape alone, ~3.5 minutes
+    python benchmarks/ctranslate2_decode.py        # the Base shape alone, ~2.5 minutes
     python benchmarks/ctranslate2_decode.py [--base_shape] --model tiny=WORKDIR [--model ...]
                                             [--batch_sizes 1,32,128] [--sentences 4,32,128]
                                             [--rounds 1] [--threads 2] [--data_root D]
@@ -37,10 +37,19 @@ timed: ours translates the same lines once (it compiles each batch shape and sou
 bucket, and its first run of a compiled loop is slower), CTranslate2 its first few.
 
 The defaults (2 / 32 / 128 lines at batch 1 / 32 / 128, one timed round) print the Base
-shape's table in about 3.5 minutes on 2 cores (210 s on an Intel Xeon, of which batch 128 takes
-130: every engine decodes its 128 lines to 64 tokens, ours twice); `--batch_sizes 1,32
---sentences 2,32` in about 1.5. The figures of docs/performance.md take more lines and rounds
+shape's table in about 2.5 minutes on 2 cores (143 s on an Intel Xeon, of which batch 128 takes
+83: every engine decodes its 128 lines to 64 tokens, ours twice); `--batch_sizes 1,32
+--sentences 2,32` in about 1. The figures of docs/performance.md take more lines and rounds
 (its commands); one round's ratios move by ~15% between runs.
+
+Allocator: the benchmark re-executes itself once with run.py's glibc allocator settings
+(transformer_mt/runtime/allocator.py: one arena that keeps what it frees, large blocks from the
+heap), so ours runs as `run.py translate` runs it, and CTranslate2, in the same process, runs
+with them too: each engine at its best. Under glibc's defaults CTranslate2 pays for it at large
+batches (alone, 128 lines at batch 128: 32.9 s and 10.5 million minor page faults, against 17.8 s
+with the settings, 2 Intel Xeon cores; docs/performance.md, "Sixth measurement"), and ours
+beside it too. `GLIBC_TUNABLES= python benchmarks/ctranslate2_decode.py` runs both under glibc's
+defaults; the first line printed says which.
 
 Printed per model and batch size: sentences/s and target tokens/s (tokens of each best
 hypothesis, EOS excluded, the same count on both sides) of each engine, ours as a ratio of each
@@ -62,6 +71,11 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from transformer_mt.runtime import allocator  # noqa: E402
+
+if __name__ == "__main__":  # glibc's allocator settings, as run.py runs ours (module docstring)
+  allocator.reexec_with_allocator_settings()
 
 import jax  # noqa: E402
 
@@ -210,13 +224,24 @@ def main() -> None:
   args = parser.parse_args()
   sources = pathlib.Path(args.data_root) / f"{SOURCES}.en"
   if not sources.is_file():
-    sys.exit(f"error: {sources} does not exist; pass --data_root DIR (the shared data folder).")
+    print(
+      f"error: {sources} does not exist; pass --data_root DIR (the shared data folder).",
+      file=sys.stderr,
+    )
+    sys.exit(2)
   compile_cache.enable()
   batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
   counts = [int(n) for n in args.sentences.split(",")]
+  tunables = os.environ.get("GLIBC_TUNABLES")
+  allocation = (
+    "run.py's allocator settings"
+    if tunables == allocator.GLIBC_TUNABLES
+    else f"GLIBC_TUNABLES={tunables!r} (not run.py's)"
+  )
   print(
     f"CPU: {cpu_name()}, {os.cpu_count()} cores visible; load average before "
-    f"{os.getloadavg()[0]:.2f} (1 min); beam {BEAM}, length penalty len ** {ALPHA}"
+    f"{os.getloadavg()[0]:.2f} (1 min); beam {BEAM}, length penalty len ** {ALPHA}; "
+    f"{allocation}"
   )
   start, phases = time.perf_counter(), []
   header = (
