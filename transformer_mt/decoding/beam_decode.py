@@ -95,17 +95,18 @@ def beam_decode(
       --max-len-b max_len - 1`.
     cache_reorder: "chunked" (the written positions, when some beam changed parent: the CPU
       path), "gather" (every leaf whole at every step: no cond, no inner loop) or "auto"
-      (chunked on CPU, gather on GPU/TPU, by JAX's default backend); beam_search's module docstring.
-    stop_check_every: read the stopping condition once every this many steps (module
-      docstring).
+      (chunked on CPU, gather on GPU/TPU, by JAX's default backend); beam_search's module
+      docstring.
+    stop_check_every: read the stopping condition once every this many steps (beam_search's
+      module docstring).
     shrink_batch, min_batch: go on in a quarter of the batch each time at most a quarter of
       the sentences still search, down to min_batch (a multiple of the data-parallel device
       count; beam_search's module docstring, "Shrinking batch") but never under
       smallest_batch. None of these changes a result.
     grow_cache_from_bytes: a cache kept in place ("ancestry") whose layers' keys and values
       take at least this many bytes each starts at a quarter of max_len positions, then
-      grows to a half and to all of them (beam_search's module docstring, "Growing cache"; only with
-      stop_check_every 1); None: never. The same results.
+      grows to a half and to all of them (beam_search's module docstring, "Growing cache";
+      only with stop_check_every 1); None: never. The same results.
 
   An ensemble (`params` a tuple of parameter trees, `config` the tuple of their configs;
   `incremental`'s module docstring) searches over the mean of its members'
