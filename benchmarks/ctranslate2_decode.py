@@ -16,8 +16,10 @@ Each --model NAME=WORKDIR is a trained (or imported) workdir. Each model is expo
 loaded by CTranslate2 twice, with compute_type "float32" and "int8" (weights quantized at
 load, activations float32). The three engines decode the same source lines at each batch size:
   ours      Translator (what `run.py translate` runs) at beam 4, length penalty len ** 1.0
-            ("power", alpha 1), candidate pool "beam" (the project's default for its own models),
-            at most MAX_LEN (64) target tokens, for every sentence; the other decode settings
+            ("power", alpha 1), CTranslate2's search: candidate pool "fairseq" for a --model
+            (a sentence is done once 4 hypotheses have finished, as CTranslate2's patience 1
+            has it), "beam" for the random Base shape (`TRAINED_POOL`, `RANDOM_POOL`), at
+            most MAX_LEN (64) target tokens, for every sentence; the other decode settings
             are the workdir's config's (the defaults: cache_reorder "auto", the shrinking
             batch), or as --decode KEY=VALUE sets them (e.g. cache_reorder=chunked);
   ct2 f32   ctranslate2.Translator.translate_batch at beam 4, length_penalty 1.0 (its default:
@@ -94,6 +96,16 @@ ALPHA = 1.0
 # repeat itself to the limit).
 MAX_LEN = 64
 ENGINES = ("ours", "ct2 f32", "ct2 int8")
+# Ours runs the search CTranslate2 runs. translate_batch's beam search (patience 1) is done with
+# a sentence once beam_size hypotheses have finished: our candidate pool "fairseq" (the default
+# pool "beam" searches on until no live beam can beat the finished ones, which with len ** 1.0
+# can take a weak model's repetitions to the limit: ~2x the tokens of CTranslate2 on a briefly
+# trained Base model, docs/performance.md, "Seventh measurement"). At the length limit
+# fairseq's rule ends a hypothesis with EOS where CTranslate2 cuts it, so the random Base shape,
+# which emits no EOS and always runs to the limit, takes "beam", which cuts there as
+# CTranslate2 does (and, with no EOS, stops nowhere else).
+TRAINED_POOL = "fairseq"
+RANDOM_POOL = "beam"
 # The Transformer Base shape (Vaswani et al. 2017, table 3), on the Multi30k recipe's vocabulary.
 BASE_SHAPE = (
   "model.d_model=512",
@@ -135,13 +147,15 @@ def read_lines(data_root: str, language: str, count: int) -> list[str]:
 class Engines:
   """The three engines of one model, each a callable lines -> translations."""
 
-  def __init__(self, workdir: str, directory: str, threads: int, decode: tuple[str, ...] = ()):
+  def __init__(
+    self, workdir: str, directory: str, threads: int, pool: str, decode: tuple[str, ...] = ()
+  ):
     import ctranslate2
     import sentencepiece
 
     self.tokenizer = checkpointing.read_config(workdir)[1]
     mesh = sharding.make_mesh(sharding.inference_mesh_config("data=1"), jax.devices()[:1])
-    self.workdir, self.mesh, self.decode = workdir, mesh, decode
+    self.workdir, self.mesh, self.pool, self.decode = workdir, mesh, pool, decode
     self.ours = {}
     self.ct2 = {
       name: ctranslate2.Translator(
@@ -156,7 +170,7 @@ class Engines:
     if batch_size not in self.ours:
       settings = [
         "decode.length_penalty='power'",
-        "decode.candidate_pool='beam'",
+        f"decode.candidate_pool='{self.pool}'",
         f"decode.batch_size={batch_size}",
         # One length limit for both engines: CTranslate2 has no per-sentence one.
         f"decode.max_len={MAX_LEN}",
@@ -250,16 +264,16 @@ def main() -> None:
   )
   rows = [header, "|" + "---|" * 9]
   with tempfile.TemporaryDirectory() as scratch:
-    models = [spec.partition("=")[::2] for spec in args.model]
+    models = [(*spec.partition("=")[::2], TRAINED_POOL) for spec in args.model]
     if args.base_shape or not models:
       workdir = base_shape_workdir(os.path.join(scratch, "base_shape_workdir"), args.data_root)
-      models.insert(0, ("base_shape (random)", workdir))
+      models.insert(0, ("base_shape (random)", workdir, RANDOM_POOL))
       phases.append(f"Base shape built {time.perf_counter() - start:.0f} s")
-    for index, (name, workdir) in enumerate(models):
+    for index, (name, workdir, pool) in enumerate(models):
       directory = os.path.join(scratch, f"ct2_{index}")
       phase = time.perf_counter()
       ct2_export.export_ctranslate2(workdir, directory)
-      engines = Engines(workdir, directory, args.threads, tuple(args.decode))
+      engines = Engines(workdir, directory, args.threads, pool, tuple(args.decode))
       phases.append(f"{name} exported and loaded {time.perf_counter() - phase:.0f} s")
       for batch_size, count in zip(batch_sizes, counts):
         lines = read_lines(args.data_root, "en", count)
