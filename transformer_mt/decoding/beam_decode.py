@@ -93,10 +93,12 @@ def beam_decode(
       transformers' `generate(num_beams=..., length_penalty=alpha, early_stopping="never")`,
       "power" and "fairseq" fairseq-generate's `--beam ... --lenpen alpha --max-len-a 0
       --max-len-b max_len - 1`.
-    cache_reorder: "chunked" (the written positions, when some beam changed parent: the CPU
-      path), "gather" (every leaf whole at every step: no cond, no inner loop) or "auto"
-      (chunked on CPU, gather on GPU/TPU, by JAX's default backend); beam_search's module
-      docstring.
+    cache_reorder: "chunked" (the written positions, when some beam changed parent),
+      "gather" (every leaf whole at every step: no cond, no inner loop), "ancestry" (the
+      cache kept in place, a small per-row leaf reordered instead) or "auto" (by JAX's
+      default backend: gather on GPU/TPU; on CPU ancestry from
+      `beam_rows.ANCESTRY_FROM_BATCH` sentences a batch, chunked below:
+      `beam_rows.resolve_cache_reorder`); beam_search's module docstring.
     stop_check_every: read the stopping condition once every this many steps (beam_search's
       module docstring).
     shrink_batch, min_batch: go on in a quarter of the batch each time at most a quarter of
