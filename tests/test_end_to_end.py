@@ -194,6 +194,36 @@ def test_evaluate_takes_decode_overrides(trained, capsys):
   assert err.startswith("error: train.num_steps=3: only decode.KEY=VALUE") and err.count("\n") == 1
 
 
+def test_translate_takes_decode_overrides(trained, tmp_path, capsys):
+  """`translate ... decode.max_len=3 decode.candidate_pool=fairseq` writes what a Translator
+  given those settings translates (shorter than the checkpoint's: the override took), and
+  leaves the checkpoint as it was; a setting outside `decode` and a bare word (a file meant
+  for --input) are one error line each."""
+  import dataclasses
+
+  from transformer_mt.decoding.translator import load_translator
+
+  lines = ["the old dog watched these big red apples", "my cats saw a bird", ""]
+  source = tmp_path / "source.txt"
+  source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+  output = tmp_path / "out.txt"
+  argv = ["translate", "--workdir", trained[0], "--input", str(source), "--output", str(output)]
+  overrides = ["decode.max_len=3", "decode.candidate_pool=fairseq"]
+  assert cli.main([*argv, "--beam", "2", *overrides]) == 0
+  written = output.read_text(encoding="utf-8").splitlines()
+  default = load_translator(trained[0], beam_size=2)
+  expected = dataclasses.replace(default, max_target_len=3, candidate_pool="fairseq")
+  assert written == expected.translate(lines)
+  assert written != default.translate(lines)
+  assert load_translator(trained[0]).candidate_pool == "beam"  # the checkpoint is unchanged
+  capsys.readouterr()
+  assert cli.main([*argv, "train.num_steps=3"]) == 2
+  assert cli.main(["translate", "--workdir", trained[0], str(source)]) == 2
+  err = capsys.readouterr().err.splitlines()
+  assert err[0].startswith("error: train.num_steps=3: only decode.KEY=VALUE") and len(err) == 2
+  assert err[1].startswith("error: ") and f"--input {source}" in err[1]
+
+
 def test_average_then_translate(trained, tmp_path, capsys):
   output = str(tmp_path / "avg")
   assert cli.main(["average", "--workdir", trained[0], "--last", "2", "--output", output]) == 0

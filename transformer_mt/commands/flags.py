@@ -109,9 +109,10 @@ def inference_mesh(args):
   return sharding.make_mesh(sharding.inference_mesh_config(args.mesh))
 
 
-def load_from_flags(args, beam_size: int | None = None):
+def load_from_flags(args, beam_size: int | None = None, decode_overrides=()):
   """The Translator (or ensemble) named by the flags `translate` and `score` share: --workdir
-  (repeatable), --step, --mesh, --alpha, --src_lang, --tgt_lang."""
+  (repeatable), --step, --mesh, --alpha, --src_lang, --tgt_lang; and translate's
+  decode.KEY=VALUE overrides (checked by `translator.load_translator`)."""
   from transformer_mt.decoding import translator as translate
 
   return translate.load_translator(
@@ -122,4 +123,5 @@ def load_from_flags(args, beam_size: int | None = None):
     alpha=args.alpha,
     source_lang=args.src_lang,
     target_lang=args.tgt_lang,
+    decode_overrides=decode_overrides,
   )

@@ -93,6 +93,14 @@ def add_parser(subparsers) -> None:
     help="random seed, 0 to 2**32-1 (default 0); a line's samples depend only on the seed, "
     "its line index and the sample index",
   )
+  p.add_argument(
+    "overrides",
+    nargs="*",
+    metavar="decode.KEY=VALUE",
+    help="decoding settings on top of the checkpoint's, as on evaluate, e.g. "
+    "decode.candidate_pool=fairseq (CTranslate2's stopping rule) decode.max_len=201; "
+    "--beam and --alpha win over decode.beam_size and decode.alpha",
+  )
   p.set_defaults(func=run)
 
 
@@ -103,8 +111,9 @@ def run(args) -> None:
     check_nbest(nbest, args.beam)
     if args.sample:
       raise errors.BadValue("--nbest with --sample: n-best lists come from beam search; use one.")
+  check_overrides(args.overrides)
   options = sampling_options(args)
-  translator = flags.load_from_flags(args, beam_size=args.beam)
+  translator = flags.load_from_flags(args, beam_size=args.beam, decode_overrides=args.overrides)
   if nbest is not None and args.beam is None:  # the config's beam, widened to hold K
     translator.beam_size = max(translator.beam_size, nbest)
   if args.input == "-":
@@ -135,6 +144,17 @@ def check_nbest(nbest: int, beam: int | None) -> None:
       f"--nbest {nbest} is larger than --beam {beam}: beam search keeps only {beam} "
       f"hypotheses; pass --beam {nbest} or more (or leave --beam out)."
     )
+
+
+def check_overrides(overrides: Sequence[str]) -> None:
+  """translate's arguments are decode.KEY=VALUE settings; a bare word is most likely a file
+  meant for --input (which `load_translator` would report as a setting it refuses)."""
+  for override in overrides:
+    if "=" not in override:
+      raise errors.BadValue(
+        f"{override!r} is not a decode.KEY=VALUE setting: translate reads the lines to "
+        f"translate from --input FILE (default: stdin), e.g. --input {override}."
+      )
 
 
 SAMPLING_FLAGS = ("num_samples", "temperature", "top_k", "top_p", "seed")
