@@ -197,8 +197,8 @@ def test_evaluate_takes_decode_overrides(trained, capsys):
 def test_translate_takes_decode_overrides(trained, tmp_path, capsys):
   """`translate ... decode.max_len=3 decode.candidate_pool=fairseq` writes what a Translator
   given those settings translates (shorter than the checkpoint's: the override took), and
-  leaves the checkpoint as it was; a setting outside `decode` and a bare word (a file meant
-  for --input) are one error line each."""
+  leaves the checkpoint as it was; a setting outside `decode`, a bare word (a file meant for
+  --input) and a setting without its value are one error line each."""
   import dataclasses
 
   from transformer_mt.decoding.translator import load_translator
@@ -219,9 +219,11 @@ def test_translate_takes_decode_overrides(trained, tmp_path, capsys):
   capsys.readouterr()
   assert cli.main([*argv, "train.num_steps=3"]) == 2
   assert cli.main(["translate", "--workdir", trained[0], str(source)]) == 2
+  assert cli.main([*argv, "decode.max_len"]) == 2
   err = capsys.readouterr().err.splitlines()
-  assert err[0].startswith("error: train.num_steps=3: only decode.KEY=VALUE") and len(err) == 2
+  assert err[0].startswith("error: train.num_steps=3: only decode.KEY=VALUE") and len(err) == 3
   assert err[1].startswith("error: ") and f"--input {source}" in err[1]
+  assert err[2] == "error: decode.max_len: a setting needs a value, decode.KEY=VALUE."
 
 
 def test_average_then_translate(trained, tmp_path, capsys):

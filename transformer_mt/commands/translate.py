@@ -150,6 +150,8 @@ def check_overrides(overrides: Sequence[str]) -> None:
   """translate's arguments are decode.KEY=VALUE settings; a bare word is most likely a file
   meant for --input (which `load_translator` would report as a setting it refuses)."""
   for override in overrides:
+    if "=" not in override and override.startswith("decode."):
+      raise errors.BadValue(f"{override}: a setting needs a value, decode.KEY=VALUE.")
     if "=" not in override:
       raise errors.BadValue(
         f"{override!r} is not a decode.KEY=VALUE setting: translate reads the lines to "
