@@ -223,7 +223,9 @@ def test_translate_takes_decode_overrides(trained, tmp_path, capsys):
   err = capsys.readouterr().err.splitlines()
   assert err[0].startswith("error: train.num_steps=3: only decode.KEY=VALUE") and len(err) == 3
   assert err[1].startswith("error: ") and f"--input {source}" in err[1]
-  assert err[2] == "error: decode.max_len: a setting needs a value, decode.KEY=VALUE."
+  assert err[2] == (
+    "error: Override 'decode.max_len' is not of the form key=value (e.g. train.num_steps=100)."
+  )
 
 
 def test_average_then_translate(trained, tmp_path, capsys):

@@ -148,11 +148,10 @@ def check_nbest(nbest: int, beam: int | None) -> None:
 
 def check_overrides(overrides: Sequence[str]) -> None:
   """translate's arguments are decode.KEY=VALUE settings; a bare word is most likely a file
-  meant for --input (which `load_translator` would report as a setting it refuses)."""
+  meant for --input (which `load_translator` would report as a setting it refuses). The form
+  of a decode setting (decode.KEY without =VALUE, say) is `registry.apply_overrides`'s check."""
   for override in overrides:
-    if "=" not in override and override.startswith("decode."):
-      raise errors.BadValue(f"{override}: a setting needs a value, decode.KEY=VALUE.")
-    if "=" not in override:
+    if "=" not in override and not override.startswith("decode."):
       raise errors.BadValue(
         f"{override!r} is not a decode.KEY=VALUE setting: translate reads the lines to "
         f"translate from --input FILE (default: stdin), e.g. --input {override}."
