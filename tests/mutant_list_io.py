@@ -186,4 +186,20 @@ IO_MUTANTS = (
       "test_a_failed_read_waits_for_its_other_reads_before_orbax_closes_its_loop",
     ),
   ),
+  Mutant(
+    "replica-parallel-saving-on-cpu",
+    "checkpoints of replicated arrays compile a slice per device on the CPU (Orbax's default)",
+    "transformer_mt/workdir/replica_writes.py",
+    '  replica_parallel = jax.default_backend() == "tpu"',
+    "  replica_parallel = True",
+    ("tests/test_fixed_costs.py::test_replicated_arrays_are_saved_without_a_slice_per_device",),
+  ),
+  Mutant(
+    "metric-writer-imports-torch",
+    "the metric writer imports tensorboardX with torch (1-2 s of every training start)",
+    "transformer_mt/workdir/metrics_log.py",
+    '  if "torch" in sys.modules or "tensorboardX" in sys.modules:',
+    "  if True:",
+    ("tests/test_fixed_costs.py::test_the_metric_writer_leaves_torch_unloaded_and_importable",),
+  ),
 )

@@ -37,7 +37,7 @@ from etils import epath
 from transformer_mt.config import defaults
 from transformer_mt.data.tokenizer import AnyTokenizer
 from transformer_mt.runtime import errors
-from transformer_mt.workdir import orbax_loops, retention
+from transformer_mt.workdir import orbax_loops, replica_writes, retention
 from transformer_mt.workdir.tokenizer_item import TokenizerRestore, TokenizerSave, tokenizer_files
 
 
@@ -150,6 +150,7 @@ def make_manager(
       read_only=True, create=False, enable_async_checkpointing=False
     )
   else:
+    replica_writes.use_orbax_default_on_tpu_only()
     # Only the fixed interval: Orbax's default policy would also save the very first step.
     options = ocp.CheckpointManagerOptions(
       create=True,
@@ -170,6 +171,7 @@ def make_manager(
 
 def make_best_manager(workdir: str) -> ocp.CheckpointManager:
   """WORKDIR/best/checkpoints: only the checkpoint with the highest validation BLEU survives."""
+  replica_writes.use_orbax_default_on_tpu_only()
   options = ocp.CheckpointManagerOptions(
     max_to_keep=1,
     best_fn=lambda metrics: metrics["bleu"],
