@@ -752,4 +752,26 @@ MUTANTS = (
       "tests/test_beam_search.py::test_accelerator_loop_options_change_nothing[beam-gnmt-0.6-True]",
     ),
   ),
+  Mutant(
+    "schedule-folded-into-the-step",
+    "the train step folds lr_scale and warmup_steps in as constants: every sweep trial compiles",
+    "transformer_mt/training/train_step.py",
+    "    tx, schedule = optimizer_for(schedule_inputs)",
+    "    pass",
+    (
+      "tests/test_training.py::"
+      "test_a_sweeps_learning_rate_settings_are_inputs_of_one_compiled_step",
+    ),
+  ),
+  Mutant(
+    "schedule-inputs-ignored",
+    "the schedule reads lr_scale and warmup_steps from the config even when given inputs",
+    "transformer_mt/training/optimizer.py",
+    "  inputs = schedule_inputs(train_config) if inputs is None else inputs",
+    "  inputs = schedule_inputs(train_config)",
+    (
+      "tests/test_training.py::"
+      "test_a_sweeps_learning_rate_settings_are_inputs_of_one_compiled_step",
+    ),
+  ),
 )

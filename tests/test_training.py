@@ -1,6 +1,7 @@
 """Loss, learning rate, sharded train step, gradient accumulation and checkpoints."""
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -140,6 +141,53 @@ def test_cosine_schedule_warms_up_as_the_paper_then_decays_to_zero():
   # rsqrt (the default) is the paper's schedule.
   rsqrt = optimizer.learning_rate(tiny_train_config(warmup_steps=warmup, lr_scale=scale), d_model)
   assert float(rsqrt(150)) == pytest.approx(float(paper(150)))
+
+
+def test_a_sweeps_learning_rate_settings_are_inputs_of_one_compiled_step():
+  """Two trials differing in train.lr_scale and train.warmup_steps lower to one program (which
+  the persistent compilation cache then compiles once), and a trial steps at its own rate: the
+  host's schedule, bit for bit."""
+  mesh = sharding.make_mesh(
+    ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1}), jax.devices()[:1]
+  )
+  model = Transformer(dataclasses.replace(TINY_MODEL, num_encoder_layers=1, num_decoder_layers=1))
+  batch = sharding.global_batch_from_local(random_batch(7, 1, 4, 8), mesh, batch_dim=1)
+  programs = []
+  for scale, warmup in ((0.5, 40), (2.0, 10)):
+    config = tiny_train_config(lr_scale=scale, warmup_steps=warmup)
+    tx, host_schedule = optimizer.make_optimizer(config, TINY_MODEL.d_model)
+    shardings, abstract = train_step.state_layout(model, tx, mesh)
+    step = train_step.jit_train_step(
+      model,
+      tx,
+      host_schedule,
+      0.1,
+      mesh,
+      shardings,
+      optimizer_for=functools.partial(optimizer.make_optimizer, config, TINY_MODEL.d_model),
+      schedule_inputs=optimizer.schedule_inputs(config),
+    )
+    programs.append(step.lower(abstract, batch).as_text())
+  assert programs[0] == programs[1]
+  state = train_step.create_sharded_state(0, model, tx, mesh, shardings=shardings)
+  for count in range(3):  # the second trial's; the first's is the same program
+    state, metrics = step(state, batch)
+    assert float(metrics["learning_rate"]) == float(host_schedule(count))
+  # Under the cosine schedule the scale is an input (its warm-up and length stay constants).
+  cosine = tiny_train_config(schedule="cosine", num_steps=100)
+
+  def cosine_at(scale, count):
+    inputs = {"lr_scale": scale, "warmup_steps": jnp.float32(cosine.warmup_steps)}
+    return optimizer.learning_rate(cosine, 32, inputs)(count)
+
+  lowered = [jax.jit(cosine_at).lower(jnp.float32(s), 50).as_text() for s in (0.5, 2.0)]
+  assert lowered[0] == lowered[1]
+  cosine.lr_scale = 2.0
+  np.testing.assert_allclose(
+    float(jax.jit(cosine_at)(jnp.float32(2.0), 50)),
+    float(optimizer.learning_rate(cosine, 32)(50)),
+    rtol=1e-6,
+  )
 
 
 @pytest.mark.parametrize(

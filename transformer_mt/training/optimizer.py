@@ -9,6 +9,13 @@ Plain SGD (`train.optimizer='sgd'`) takes the same schedule. Its update is linea
 gradient, so a wrong gradient scale (a missing 1/N, a shard counted twice) shows in the
 parameters at once, where Adam's normalisation would hide it: the equivalence tests
 (1 vs 8 devices, 2 processes vs 1) train with it for that reason.
+
+The schedule's scale and warm-up (`train.lr_scale`, `train.warmup_steps`: what a sweep varies
+most, experiments/demo.py's grid) reach the compiled train step as inputs (`schedule_inputs`),
+not as constants folded into it: the trials of such a sweep compile one train step, the first
+trial's, and the others read it from the persistent compilation cache (the README's 4-trial demo
+sweep compiled it 4 times, ~6.5 s each on 2 Intel Xeon cores). The cosine schedule's warm-up and
+length stay constants (optax builds its pieces from Python numbers).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 
 from transformer_mt.runtime import errors
@@ -34,16 +42,24 @@ def paper_learning_rate(d_model: int, warmup_steps: int, scale: float = 1.0) -> 
   """
   if warmup_steps <= 0:
     raise errors.BadValue(f"warmup_steps must be positive, got {warmup_steps}")
+  return _rsqrt(d_model, np.float32(warmup_steps), np.float32(scale))
+
+
+def _rsqrt(d_model: int, warmup_steps: jax.typing.ArrayLike, scale: jax.typing.ArrayLike):
+  """The paper's formula on float32 `warmup_steps` and `scale`, Python or traced (the same
+  operations either way, so the step's rate and the host's agree to the bit)."""
 
   def schedule(count):
     step = jnp.asarray(count, jnp.float32) + 1.0
-    return scale * d_model**-0.5 * jnp.minimum(step**-0.5, step * warmup_steps**-1.5)
+    warmup = jnp.asarray(warmup_steps, jnp.float32)
+    rate = jnp.minimum(step**-0.5, step * warmup**-1.5)
+    return jnp.asarray(scale, jnp.float32) * (d_model**-0.5 * rate)
 
   return schedule
 
 
 def cosine_learning_rate(
-  d_model: int, warmup_steps: int, num_steps: int, scale: float = 1.0
+  d_model: int, warmup_steps: int, num_steps: int, scale: jax.typing.ArrayLike = 1.0
 ) -> optax.Schedule:
   """The paper's linear warm-up to the same peak, scale * d_model^-0.5 * warmup^-0.5 at
   `warmup_steps`, then a half cosine down to 0 after step `num_steps` (optax's
@@ -56,25 +72,43 @@ def cosine_learning_rate(
       f"train.schedule='cosine' decays after the warm-up, so train.num_steps ({num_steps}) must "
       f"be larger than train.warmup_steps ({warmup_steps}); lower warmup_steps or use 'rsqrt'."
     )
-  peak = scale * d_model**-0.5 * warmup_steps**-0.5
+  unit_peak = d_model**-0.5 * warmup_steps**-0.5  # the peak at scale 1
   # optax's schedule is `warmup_steps` long from count 0 = step 0 (value 0) and reaches 0 again
   # at count num_steps + 1; evaluated at count + 1, step s gets peak * s / warmup in the warm-up.
-  cosine = optax.warmup_cosine_decay_schedule(0.0, peak, warmup_steps, num_steps + 1, 0.0)
-  return lambda count: cosine(jnp.asarray(count) + 1)
+  cosine = optax.warmup_cosine_decay_schedule(0.0, unit_peak, warmup_steps, num_steps + 1, 0.0)
+  # `scale` (Python or traced) multiplies the unit-peak curve: optax's own schedule compares
+  # its peak with 0 in Python, which a traced peak cannot do.
+  return lambda count: jnp.asarray(scale, jnp.float32) * cosine(jnp.asarray(count) + 1)
 
 
-def learning_rate(train_config: ml_collections.ConfigDict, d_model: int) -> optax.Schedule:
-  """`train.schedule`'s learning rate: "rsqrt" (the paper's) or "cosine"."""
+def schedule_inputs(train_config: ml_collections.ConfigDict) -> dict[str, np.float32]:
+  """The settings the compiled train step takes as inputs (see the module docstring)."""
+  return {
+    "lr_scale": np.float32(train_config.lr_scale),
+    "warmup_steps": np.float32(train_config.warmup_steps),
+  }
+
+
+def learning_rate(
+  train_config: ml_collections.ConfigDict,
+  d_model: int,
+  inputs: dict[str, jax.typing.ArrayLike] | None = None,
+) -> optax.Schedule:
+  """`train.schedule`'s learning rate: "rsqrt" (the paper's) or "cosine". `inputs` (as
+  `schedule_inputs` makes them, traced inside the train step) replace the config's values."""
   if train_config.schedule not in SCHEDULES:
     raise errors.BadValue(
       f"train.schedule={train_config.schedule!r} is not one of "
       f"{', '.join(map(repr, SCHEDULES))}; set train.schedule='rsqrt' (the paper's) or 'cosine'."
     )
+  if train_config.warmup_steps <= 0:
+    raise errors.BadValue(f"warmup_steps must be positive, got {train_config.warmup_steps}")
+  inputs = schedule_inputs(train_config) if inputs is None else inputs
   if train_config.schedule == "cosine":
     return cosine_learning_rate(
-      d_model, train_config.warmup_steps, train_config.num_steps, train_config.lr_scale
+      d_model, train_config.warmup_steps, train_config.num_steps, inputs["lr_scale"]
     )
-  return paper_learning_rate(d_model, train_config.warmup_steps, train_config.lr_scale)
+  return _rsqrt(d_model, inputs["warmup_steps"], inputs["lr_scale"])
 
 
 def optimizer_name(train_config: ml_collections.ConfigDict) -> str:
@@ -90,11 +124,14 @@ def optimizer_name(train_config: ml_collections.ConfigDict) -> str:
 
 
 def make_optimizer(
-  train_config: ml_collections.ConfigDict, d_model: int
+  train_config: ml_collections.ConfigDict,
+  d_model: int,
+  inputs: dict[str, jax.typing.ArrayLike] | None = None,
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """Adam (or plain SGD) with `train.schedule`'s learning rate, optionally after global-norm
-  clipping."""
-  schedule = learning_rate(train_config, d_model)
+  clipping. `inputs`: as in `learning_rate`; the optimizer state's structure does not depend on
+  them, so a state made with one optimizer is updated by the other."""
+  schedule = learning_rate(train_config, d_model, inputs)
   if optimizer_name(train_config) == "sgd":
     update = optax.sgd(schedule)  # params -= lr(step) * grad: no momentum, no normalisation
   else:

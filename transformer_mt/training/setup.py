@@ -80,8 +80,7 @@ def training_setup(
   check_parameter_layout(config, model, mesh)
   tx, schedule = optimizer.make_optimizer(config.train, model_config.d_model)
   prng_impl = dropout_rng.resolve(config.train.prng_impl)
-  abstract_state = train_step.abstract_state(model, tx, mesh, prng_impl)
-  state_shardings = train_step.state_shardings(model, tx, mesh, prng_impl)
+  state_shardings, abstract_state = train_step.state_layout(model, tx, mesh, prng_impl)
   return TrainingSetup(
     model_config=model_config,
     model=model,
@@ -187,6 +186,10 @@ def setup_run(config: ml_collections.ConfigDict, workdir: str) -> RunSetup:
     config.train.inject_nonfinite_at,
     loss_chunk_tokens=config.train.loss_chunk_tokens,
     prng_impl=layout.prng_impl,
+    optimizer_for=functools.partial(
+      optimizer.make_optimizer, config.train, layout.model_config.d_model
+    ),
+    schedule_inputs=optimizer.schedule_inputs(config.train),
   )
   validate = validation.validation_fn(
     pairs.get("validation"), tokenizer, layout.model, mesh, layout.state_shardings, config
@@ -287,7 +290,8 @@ def _initial_state(config, imported, layout: TrainingSetup, mesh):
       layout.tx,
       mesh,
       layout.prng_impl,
+      layout.state_shardings,
     )
   return train_step.create_sharded_state(
-    config.train.seed, layout.model, layout.tx, mesh, layout.prng_impl
+    config.train.seed, layout.model, layout.tx, mesh, layout.prng_impl, layout.state_shardings
   )

@@ -16,6 +16,7 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh
 
@@ -74,6 +75,26 @@ def _state_around(
   )
 
 
+def state_layout(
+  model: Transformer,
+  tx: optax.GradientTransformation,
+  mesh: Mesh,
+  prng_impl: str = dropout_rng.THREEFRY,
+) -> tuple[Any, Any]:
+  """(NamedShardings, sharded ShapeDtypeStructs) of every leaf of the train state, from one
+  trace of its creation (each trace runs the model's init: ~0.2 s for the tiny demo model,
+  seconds for Transformer Big)."""
+  boxed = jax.eval_shape(
+    functools.partial(_create_state, model=model, tx=tx, boxed=True, prng_impl=prng_impl),
+    jax.random.key(0),
+  )
+  shardings = sharding.logical_shardings(boxed, mesh)
+  abstract = jax.tree.map(
+    lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), nn.unbox(boxed), shardings
+  )
+  return shardings, abstract
+
+
 def state_shardings(
   model: Transformer,
   tx: optax.GradientTransformation,
@@ -81,11 +102,7 @@ def state_shardings(
   prng_impl: str = dropout_rng.THREEFRY,
 ) -> Any:
   """NamedShardings for every leaf of the train state, from its logical axis names."""
-  abstract = jax.eval_shape(
-    functools.partial(_create_state, model=model, tx=tx, boxed=True, prng_impl=prng_impl),
-    jax.random.key(0),
-  )
-  return sharding.logical_shardings(abstract, mesh)
+  return state_layout(model, tx, mesh, prng_impl)[0]
 
 
 def abstract_state(
@@ -95,15 +112,7 @@ def abstract_state(
   prng_impl: str = dropout_rng.THREEFRY,
 ) -> Any:
   """ShapeDtypeStructs with shardings: the target for restoring a checkpoint."""
-  shapes = jax.eval_shape(
-    functools.partial(_create_state, model=model, tx=tx, boxed=False, prng_impl=prng_impl),
-    jax.random.key(0),
-  )
-  return jax.tree.map(
-    lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-    shapes,
-    state_shardings(model, tx, mesh, prng_impl),
-  )
+  return state_layout(model, tx, mesh, prng_impl)[1]
 
 
 def create_sharded_state(
@@ -112,12 +121,14 @@ def create_sharded_state(
   tx: optax.GradientTransformation,
   mesh: Mesh,
   prng_impl: str = dropout_rng.THREEFRY,
+  shardings: Any = None,
 ) -> TrainState:
   """Initializes the train state directly in its sharded layout; `prng_impl` (a resolved
-  train.prng_impl, dropout_rng.py) is the dropout key's implementation."""
+  train.prng_impl, dropout_rng.py) is the dropout key's implementation. `shardings`: the
+  state's (`state_layout`), when the caller has them (otherwise traced again)."""
   init = jax.jit(
     functools.partial(_create_state, model=model, tx=tx, boxed=False, prng_impl=prng_impl),
-    out_shardings=state_shardings(model, tx, mesh, prng_impl),
+    out_shardings=state_shardings(model, tx, mesh, prng_impl) if shardings is None else shardings,
   )
   with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
     return init(jax.random.key(seed))
@@ -130,17 +141,19 @@ def sharded_state_from_params(
   tx: optax.GradientTransformation,
   mesh: Mesh,
   prng_impl: str = dropout_rng.THREEFRY,
+  shardings: Any = None,
 ) -> TrainState:
   """Step 0 of training given (already sharded) parameters, e.g. an imported model's.
 
   The same state as `create_sharded_state(seed, ...)` with `params` in place of the random
   ones (the optimizer state and dropout RNG do not depend on the parameter values), but no
   random parameters are ever made: fine-tuning a large model needs no second copy of it.
+  `shardings` as in `create_sharded_state`.
   """
   _, dropout_key = jax.random.split(jax.random.key(seed))
   init = jax.jit(
     functools.partial(_state_around, tx=tx, prng_impl=prng_impl),
-    out_shardings=state_shardings(model, tx, mesh, prng_impl),
+    out_shardings=state_shardings(model, tx, mesh, prng_impl) if shardings is None else shardings,
   )
   with jax.set_mesh(mesh):
     return init(params, dropout_key)
@@ -190,6 +203,7 @@ def _micro_batch_sums(
 def train_step(
   state: TrainState,
   batch: dict[str, jax.Array],
+  schedule_inputs: dict[str, jax.Array] | None = None,
   *,
   model: Transformer,
   tx: optax.GradientTransformation,
@@ -198,6 +212,7 @@ def train_step(
   inject_nonfinite_at: int = 0,
   loss_chunk_tokens: int = 0,
   prng_impl: str = dropout_rng.THREEFRY,
+  optimizer_for: Callable | None = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer update from a batch of [accum_steps, micro_batch, len] arrays.
 
@@ -217,7 +232,12 @@ def train_step(
   for tests and drills. `loss_chunk_tokens` > 0 computes the loss without the full float32
   logits (`train.loss_chunk_tokens`, training/chunked_loss.py); 0 from them. `prng_impl` is
   the implementation `state.rng` was made for (`train.prng_impl`, training/dropout_rng.py).
+  `optimizer_for(schedule_inputs)`, when given, makes the (tx, schedule) this step uses in place
+  of `tx` and `schedule`, from float32 scalars the step takes as inputs (optimizer.py's
+  `schedule_inputs`: trials differing only in them share the compiled step).
   """
+  if optimizer_for is not None:
+    tx, schedule = optimizer_for(schedule_inputs)
   step_key = dropout_rng.step_key(state.rng, state.step, prng_impl)
   grad_fn = jax.grad(_micro_batch_sums, has_aux=True)
 
@@ -280,8 +300,16 @@ def jit_train_step(
   inject_nonfinite_at: int = 0,
   loss_chunk_tokens: int = 0,
   prng_impl: str = dropout_rng.THREEFRY,
+  optimizer_for: Callable | None = None,
+  schedule_inputs: dict[str, Any] | None = None,
 ) -> Callable:
-  """`train_step` compiled with sharded inputs/outputs and the state buffers donated."""
+  """`train_step` compiled with sharded inputs/outputs and the state buffers donated.
+
+  With `optimizer_for` (a function of `schedule_inputs`, as `optimizer.make_optimizer` with
+  the train config and d_model bound) the step builds its optimizer from `schedule_inputs`,
+  given to the compiled program on every call rather than folded into it; `tx` and `schedule`
+  then only describe the state's structure. The returned function takes (state, batch) either
+  way."""
   step = functools.partial(
     train_step,
     model=model,
@@ -291,19 +319,30 @@ def jit_train_step(
     inject_nonfinite_at=inject_nonfinite_at,
     loss_chunk_tokens=loss_chunk_tokens,
     prng_impl=prng_impl,
+    optimizer_for=optimizer_for,
   )
   batch_sharding = sharding.batch_sharding(mesh, ndim=3, batch_dim=1)
+  replicated = sharding.replicated(mesh)
   compiled = jax.jit(
     step,
-    in_shardings=(shardings, batch_sharding),
-    out_shardings=(shardings, sharding.replicated(mesh)),
+    in_shardings=(shardings, batch_sharding, replicated),
+    out_shardings=(shardings, replicated),
     donate_argnums=0,
   )
+  inputs = None
+  if optimizer_for is not None:
+    inputs = jax.device_put({k: np.float32(v) for k, v in schedule_inputs.items()}, replicated)
 
   def run(state, batch):
     with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
-      return compiled(state, batch)
+      return compiled(state, batch, inputs)
 
+  def lower(state, batch):
+    """The program `run` compiles for these arguments (jax.stages.Lowered)."""
+    with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
+      return compiled.lower(state, batch, inputs)
+
+  run.lower = lower
   return run
 
 
