@@ -131,8 +131,8 @@ MUTANTS = (
     "warmup-exponent",
     "warm-up ramp step * warmup^-1 instead of step * warmup^-1.5",
     "transformer_mt/training/optimizer.py",
-    "    return scale * d_model**-0.5 * jnp.minimum(step**-0.5, step * warmup_steps**-1.5)",
-    "    return scale * d_model**-0.5 * jnp.minimum(step**-0.5, step * warmup_steps**-1.0)",
+    "    rate = jnp.minimum(step**-0.5, step * warmup**-1.5)",
+    "    rate = jnp.minimum(step**-0.5, step * warmup**-1.0)",
     ("tests/test_training.py::test_learning_rate_at_chosen_steps",),
   ),
   Mutant(
