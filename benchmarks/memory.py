@@ -6,7 +6,7 @@ much does translating with NLLB-200 3.3B need, in float32 and bfloat16 (`--infer
     python benchmarks/memory.py --inference [--beam 4 --batch 16 --src_len 64]
 
 Nothing large is allocated: the step is lowered and compiled for abstract inputs
-(`train_step.abstract_state`, `jax.ShapeDtypeStruct` batches), as `jit_train_step` compiles
+(`train_step.state_layout`, `jax.ShapeDtypeStruct` batches), as `jit_train_step` compiles
 it (state donated), and `compiled.memory_analysis()` reports the buffers XLA assigned:
   state       arguments: params + Adam's two moments + step + RNG, and the batch
   temporaries activations kept for the backward pass, gradients, workspace

@@ -40,9 +40,13 @@ def paper_learning_rate(d_model: int, warmup_steps: int, scale: float = 1.0) -> 
   Optax passes the number of updates already applied (0 for the first update), so
   the schedule evaluates the formula at count + 1: the first update uses step 1.
   """
+  _check_warmup(warmup_steps)
+  return _rsqrt(d_model, np.float32(warmup_steps), np.float32(scale))
+
+
+def _check_warmup(warmup_steps: int) -> None:
   if warmup_steps <= 0:
     raise errors.BadValue(f"warmup_steps must be positive, got {warmup_steps}")
-  return _rsqrt(d_model, np.float32(warmup_steps), np.float32(scale))
 
 
 def _rsqrt(d_model: int, warmup_steps: jax.typing.ArrayLike, scale: jax.typing.ArrayLike):
@@ -65,8 +69,7 @@ def cosine_learning_rate(
   `warmup_steps`, then a half cosine down to 0 after step `num_steps` (optax's
   warmup_cosine_decay_schedule); step counted from 1, as in `paper_learning_rate`, so the last
   update still moves the parameters."""
-  if warmup_steps <= 0:
-    raise errors.BadValue(f"warmup_steps must be positive, got {warmup_steps}")
+  _check_warmup(warmup_steps)
   if num_steps <= warmup_steps:
     raise errors.BadValue(
       f"train.schedule='cosine' decays after the warm-up, so train.num_steps ({num_steps}) must "
@@ -101,13 +104,12 @@ def learning_rate(
       f"train.schedule={train_config.schedule!r} is not one of "
       f"{', '.join(map(repr, SCHEDULES))}; set train.schedule='rsqrt' (the paper's) or 'cosine'."
     )
-  if train_config.warmup_steps <= 0:
-    raise errors.BadValue(f"warmup_steps must be positive, got {train_config.warmup_steps}")
   inputs = schedule_inputs(train_config) if inputs is None else inputs
   if train_config.schedule == "cosine":
     return cosine_learning_rate(
       d_model, train_config.warmup_steps, train_config.num_steps, inputs["lr_scale"]
     )
+  _check_warmup(train_config.warmup_steps)  # the config's: `inputs` may be traced
   return _rsqrt(d_model, inputs["warmup_steps"], inputs["lr_scale"])
 
 

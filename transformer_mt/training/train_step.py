@@ -105,16 +105,6 @@ def state_shardings(
   return state_layout(model, tx, mesh, prng_impl)[0]
 
 
-def abstract_state(
-  model: Transformer,
-  tx: optax.GradientTransformation,
-  mesh: Mesh,
-  prng_impl: str = dropout_rng.THREEFRY,
-) -> Any:
-  """ShapeDtypeStructs with shardings: the target for restoring a checkpoint."""
-  return state_layout(model, tx, mesh, prng_impl)[1]
-
-
 def create_sharded_state(
   seed: int,
   model: Transformer,
