@@ -25,7 +25,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # cache off, in this process and in the run.py processes tests start. CI sets a temporary one.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", "")
 
-# Nor the user's prepared-corpus cache (data/prepared_corpus.py: $XDG_CACHE_HOME/transformer_mt/
+# Nor the user's prepared-corpus cache (data/line_index_cache.py: $XDG_CACHE_HOME/transformer_mt/
 # prepared when data.prepared_dir is ""): one temporary cache for the session and its children.
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="transformer_mt_test_cache_")
 

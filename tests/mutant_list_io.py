@@ -40,7 +40,7 @@ IO_MUTANTS = (
   Mutant(
     "prepared-index-keyed-by-size-and-mtime",
     "the prepared index is keyed by size and mtime only, so a `cp -p` copy reuses a stale one",
-    "transformer_mt/data/prepared_corpus.py",
+    "transformer_mt/data/line_index_cache.py",
     "  return stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns",
     "  return stat.st_size, stat.st_mtime_ns, 0, 0",
     ("tests/test_changed_corpus.py::test_a_copy_keeping_size_and_mtime_is_prepared_again",),
@@ -90,7 +90,7 @@ IO_MUTANTS = (
     "preparation-removes-other-versions",
     "preparing a file removes the indexes of the other versions of its path (issue 41), such as"
     " another host's copy at the same local path that its job is reading",
-    "transformer_mt/data/prepared_corpus.py",
+    "transformer_mt/data/line_index_cache.py",
     '    cache_writes.remove_dead_temporaries(folder, f"{_TMP}{group}-")',
     "    [shutil.rmtree(os.path.join(folder, _index_name(_read_json(r.path)['sha256'])), True)"
     " for r in os.scandir(folder) if r.name.startswith(group + '-') and r.name.endswith('.json')]",

@@ -15,6 +15,7 @@ import pytest
 
 from transformer_mt.data import (
   cache_writes,
+  line_index_cache,
   line_offsets,
   prepared_corpus,
   sources,
@@ -83,14 +84,14 @@ def test_two_hosts_with_one_pid_prepare_at_once_without_a_lock(
     if not seen:
       seen.append(os.listdir(cache))
       _as_host(monkeypatch, "hostb")
-      prepared_corpus.prepare_file(path, cache)  # host B, same PID, runs to the end
+      line_index_cache.prepare_file(path, cache)  # host B, same PID, runs to the end
       seen.append(os.listdir(cache))
       _as_host(monkeypatch, "hosta")
     return real_scan(path, offsets_path)
 
   _as_host(monkeypatch, "hosta")
   monkeypatch.setattr(line_offsets, "scan", scan_while_host_b_prepares)
-  index, made_here = prepared_corpus.prepare_file(files[0][0], cache)
+  index, made_here = line_index_cache.prepare_file(files[0][0], cache)
   assert not made_here  # B's index was complete first
   a_temporary = [n for n in seen[0] if n.startswith(".tmp-")]
   assert len(a_temporary) == 1 and f"-hosta-{os.getpid()}-" in a_temporary[0]
@@ -104,7 +105,7 @@ def test_only_this_hosts_dead_or_day_old_temporary_folders_are_removed(tmp_path,
   cache = tmp_path / "cache"
   cache.mkdir()
   path = files[0][0]
-  group, _ = prepared_corpus._names(path, os.stat(path))
+  group, _ = line_index_cache._names(path, os.stat(path))
   _as_host(monkeypatch, "hosta")
   dead = 2**22 + 12345  # above the default pid_max: no such process
   names = {
@@ -201,7 +202,7 @@ def test_hosts_with_their_own_copies_at_one_path_prepare_and_read_at_once(tmp_pa
 
   # The clean-up: nothing was read a week ago, so nothing goes; then A and C stop for good
   # (their train.en's index was last read 8 days ago) while B still reads.
-  assert prepared_corpus.remove_unused(str(cache), days=7) == []
+  assert line_index_cache.remove_unused(str(cache), days=7) == []
   b_files = [(str(tmp_path / "hostb" / "train.en"), str(tmp_path / "hostb" / "train.de"))]
   b_corpus, _ = prepared_corpus.prepare(b_files, str(cache))
   b_dirs = {index.index_dir for pair in b_corpus.indexes for index in pair}
@@ -209,7 +210,7 @@ def test_hosts_with_their_own_copies_at_one_path_prepare_and_read_at_once(tmp_pa
   for name in indexes:
     if str(cache / name) not in b_dirs:
       os.utime(cache / name, (old, old))
-  (removed,) = prepared_corpus.remove_unused(str(cache), days=7)
+  (removed,) = line_index_cache.remove_unused(str(cache), days=7)
   assert removed not in b_dirs and not os.path.exists(removed)
   assert list(pickle.loads(pickle.dumps(b_corpus))) == _as_read(b_files)
   # A's copy is prepared again on its next use.
@@ -246,9 +247,9 @@ def test_readers_mark_their_indexes_and_the_clean_up_keeps_what_is_marked(tmp_pa
   monkeypatch.setattr(prepared_corpus.time, "monotonic", lambda: an_hour_later)
   assert reader[2] == ("source 2", "ziel 2") and marked() == [True, True]
   monkeypatch.undo()
-  assert prepared_corpus.remove_unused(cache, days=1) == []
+  assert line_index_cache.remove_unused(cache, days=1) == []
   age()
-  assert sorted(prepared_corpus.remove_unused(cache, days=1)) == sorted(dirs)
+  assert sorted(line_index_cache.remove_unused(cache, days=1)) == sorted(dirs)
   assert [n for n in os.listdir(cache) if not n.endswith(".lock")] == []  # records went too
   with pytest.raises(text_files.DataError, match="was removed while this run used it"):
     pickle.loads(pickle.dumps(corpus))[0]

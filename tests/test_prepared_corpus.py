@@ -21,7 +21,13 @@ from helpers import ROOT
 
 from transformer_mt import cli
 from transformer_mt.config import registry
-from transformer_mt.data import input_pipeline, line_offsets, prepared_corpus, text_files
+from transformer_mt.data import (
+  input_pipeline,
+  line_index_cache,
+  line_offsets,
+  prepared_corpus,
+  text_files,
+)
 from transformer_mt.data import sources as data_sources
 from transformer_mt.data.tokenizer import train_tokenizer
 
@@ -166,10 +172,10 @@ def test_a_changed_file_is_prepared_again_an_unchanged_one_never(tmp_path):
   # The old version's index stays (another host may read it) until a clean-up finds it unread
   # for the days it is given; the indexes in use stay.
   stale = before[str(root / "t.de")][0]
-  assert os.path.exists(stale) and prepared_corpus.remove_unused(str(cache), days=1) == []
+  assert os.path.exists(stale) and line_index_cache.remove_unused(str(cache), days=1) == []
   old = time.time() - 2 * 24 * 3600
   os.utime(stale, (old, old))
-  assert prepared_corpus.remove_unused(str(cache), days=1) == [stale]
+  assert line_index_cache.remove_unused(str(cache), days=1) == [stale]
   assert not os.path.exists(stale) and index_files(prepare(["t"], root, cache)[0]) == after
   # A corpus opened (here: unpickled, as in a Grain worker) after its file changed refuses to
   # read other lines than it counted.

@@ -10,7 +10,7 @@ that starts from an import (init.from) keeps the imported tokenizer and trains n
 
 Nothing removes an index by itself: on a cluster another host's job may read any index in the
 cache folder. `--remove_unused_days DAYS` removes, after preparing, the indexes no process has
-read or prepared for DAYS days (readers mark theirs hourly; prepared_corpus.remove_unused).
+read or prepared for DAYS days (readers mark theirs hourly; line_index_cache.remove_unused).
 """
 
 from __future__ import annotations
@@ -40,21 +40,21 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> None:
   from transformer_mt.config import registry
-  from transformer_mt.data import prepared_corpus
+  from transformer_mt.data import line_index_cache
   from transformer_mt.runtime import errors
 
   days = args.remove_unused_days
-  if days is not None and not days >= prepared_corpus.MIN_UNUSED_DAYS:
+  if days is not None and not days >= line_index_cache.MIN_UNUSED_DAYS:
     raise errors.BadValue(
-      f"--remove_unused_days {days:g}: must be at least {prepared_corpus.MIN_UNUSED_DAYS:g}; "
+      f"--remove_unused_days {days:g}: must be at least {line_index_cache.MIN_UNUSED_DAYS:g}; "
       "a process reading an index marks it only once an hour."
     )
   config = registry.load_experiment(args.experiment, args.overrides)
   data = config.data
   _prepare(args, config, data)
   if days is not None:
-    folder = prepared_corpus.cache_folder(data.prepared_dir)
-    removed = prepared_corpus.remove_unused(folder, days)
+    folder = line_index_cache.cache_folder(data.prepared_dir)
+    removed = line_index_cache.remove_unused(folder, days)
     noun = "index" if len(removed) == 1 else "indexes"
     print(f"Removed {len(removed)} line {noun} unread for {days:g} days from {folder}.")
     for path in removed:
@@ -65,7 +65,7 @@ def _prepare(args, config, data) -> None:
   """Prepares the experiment's local train split and trains its tokenizer, if it has one."""
   import time
 
-  from transformer_mt.data import prepared_corpus, text_files
+  from transformer_mt.data import line_index_cache, text_files
   from transformer_mt.data import sources as data_sources
   from transformer_mt.data import tokenizer as tokenizers
   from transformer_mt.runtime import errors
@@ -93,7 +93,7 @@ def _prepare(args, config, data) -> None:
     f"{len(prepared_now)} prepared now, {len(files) - len(prepared_now)} already were "
     f"({seconds:.1f} s)."
   )
-  print(f"Cache folder: {prepared_corpus.cache_folder(data.prepared_dir)}")
+  print(f"Cache folder: {line_index_cache.cache_folder(data.prepared_dir)}")
   now = set(prepared_now)
   for index in files:
     state = "prepared now" if index.path in now else "already prepared"

@@ -2,9 +2,9 @@
 corpora's and their tokenizers', data.prepared_dir): an exclusive lock that goes on without
 one where the filesystem refuses flock, temporary names unique across hosts, removal of the
 temporary files dead writers left (never another live host's work, and never a published
-index: prepared_corpus.remove_unused alone removes those), and writes synced to disk before a
-rename publishes them. prepared_corpus.py and tokenizer_cache.py write through it; the
-reasoning is in prepared_corpus.py's docstring.
+index: line_index_cache.remove_unused alone removes those), and writes synced to disk before a
+rename publishes them. line_index_cache.py and tokenizer_cache.py write through it; the
+reasoning is in line_index_cache.py's docstring.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from transformer_mt.data import prepared_corpus
+from transformer_mt.data import line_index_cache
 from transformer_mt.data import tokenizer as tokenizers
 from transformer_mt.runtime import errors
 
@@ -133,10 +133,10 @@ def _metadata_changed(saved: list, current: list) -> str:
 
 
 def _state(path: str) -> tuple:
-  """The file's metadata as the prepared index keyed it (prepared_corpus.file_state); () when
+  """The file's metadata as the prepared index keyed it (line_index_cache.file_state); () when
   it cannot be read."""
   try:
-    return prepared_corpus.file_state(os.stat(path))
+    return line_index_cache.file_state(os.stat(path))
   except OSError:
     return ()
 

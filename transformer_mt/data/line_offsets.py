@@ -1,4 +1,4 @@
-"""One pass over a text file: the start offset of every line (the index prepared_corpus.py
+"""One pass over a text file: the start offset of every line (the index line_index_cache.py
 keeps), a check that it is UTF-8 as `text_files.read_lines` checks, and a digest of its bytes.
 
 The digest is what the file's content is, wherever it lies: a corpus copied to a node's local

@@ -26,7 +26,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 
-from transformer_mt.data import cache_writes, prepared_corpus, text_files
+from transformer_mt.data import cache_writes, line_index_cache, prepared_corpus, text_files
 
 # Bump when what is stored changes meaning (the key's layout or the files' contents).
 CACHE_VERSION = 2  # 2: keyed by the files' contents, not their paths and metadata
@@ -66,7 +66,7 @@ def load_or_train(
     try:
       os.makedirs(os.path.dirname(path), exist_ok=True)
       stack.enter_context(
-        cache_writes.locked(path.removesuffix(".model") + ".lock", prepared_corpus.cannot_write)
+        cache_writes.locked(path.removesuffix(".model") + ".lock", line_index_cache.cannot_write)
       )
     except (OSError, text_files.DataError) as e:
       _warn(path, e)
