@@ -51,6 +51,8 @@ from mutant_list_io import IO_MUTANTS
 MUTANTS = CORE_MUTANTS + IO_MUTANTS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+# pytest-xdist processes of the baseline run (the test extra installs xdist; CI uses 2).
+BASELINE_WORKERS = 2
 
 
 @dataclasses.dataclass
@@ -119,12 +121,16 @@ def pytest_env(repo: pathlib.Path, cache_dir: str) -> dict[str, str]:
   return env
 
 
-def run_pytest(repo: pathlib.Path, tests, env, timeout: float, stop_at_first: bool) -> Outcome:
-  """Runs `tests` in `repo`; the per-test results come from pytest's JUnit XML."""
+def run_pytest(
+  repo: pathlib.Path, tests, env, timeout: float, stop_at_first: bool, workers: int = 0
+) -> Outcome:
+  """Runs `tests` in `repo` (on `workers` pytest-xdist processes, by file, when > 0); the
+  per-test results come from pytest's JUnit XML."""
   report = repo.parent / "report.xml"
   report.unlink(missing_ok=True)
   command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs"]
   command += ["-x"] if stop_at_first else []
+  command += ["-n", str(workers), "--dist", "loadfile"] if workers else []
   command += [f"--junitxml={report}", *tests]
   start = time.perf_counter()
   try:
@@ -209,6 +215,12 @@ def main(argv=None) -> int:
     "--timeout", type=float, default=900.0, help="seconds per pytest run (default 900)"
   )
   parser.add_argument(
+    "--baseline_timeout",
+    type=float,
+    default=3600.0,
+    help="seconds for the unmutated run of every selected test (default 3600)",
+  )
+  parser.add_argument(
     "--cache-dir",
     default=os.path.join(tempfile.gettempdir(), "transformer_mt-mutants-jax-cache"),
     help="JAX compilation cache shared by the runs (default: one in the temp directory)",
@@ -234,7 +246,11 @@ def main(argv=None) -> int:
     env = pytest_env(repo, args.cache_dir)
     tests = list(dict.fromkeys(t for m in mutants for t in m.tests))
     print(f"baseline: {len(tests)} test selections on the unmutated copy ...", flush=True)
-    baseline = run_pytest(repo, tests, env, args.timeout, stop_at_first=False)
+    # Every selected test, on both cores: serially they took over the 900 s of --timeout
+    # (2026-11-29, 90 selections); a mutant's own run stops at its first failure.
+    baseline = run_pytest(
+      repo, tests, env, args.baseline_timeout, stop_at_first=False, workers=BASELINE_WORKERS
+    )
     if baseline.result != "survived" or baseline.skipped:
       print(baseline.log, file=sys.stderr)
       problem = f"skipped: {', '.join(baseline.skipped)}" if baseline.skipped else "see above"
