@@ -1,8 +1,6 @@
-"""The cache folder of line indexes that data/prepared_corpus.py reads a local corpus through:
-one index per file content, found by a record of each file version, made once under a lock,
-removed only when no process has used it for days.
+"""The cache folder of line indexes through which data/prepared_corpus.py reads a local corpus.
 
-The cache folder holds one index per content, `index-vFORMAT-DIGEST/` (`offsets.npy` and
+It holds one index per content, `index-vFORMAT-DIGEST/` (`offsets.npy` and
 `manifest.json`), named by the SHA-256 of the file's bytes, so identical copies (each node of a
 cluster staging the corpus at its local path, a job staging it anew each time) share one index.
 Beside it, per file version, `NAME-PATHHASH-STATEHASH.json` records that the file at that
@@ -57,7 +55,7 @@ MIN_UNUSED_DAYS = 1.0
 # 1-3 (NAME-PATHHASH-STATEHASH), each holding a manifest.
 _INDEX_NAME = re.compile(r"index-v\d+-[0-9a-f]{32}|.+-[0-9a-f]{16}-[0-9a-f]{16}")
 _RECORD_NAME = re.compile(r".+-[0-9a-f]{16}-[0-9a-f]{16}\.json")
-# A record's names for the values of `file_state`, in its order.
+# The names of `file_state`'s values, in its order: a record's keys and FileIndex's fields.
 _STATE_FIELDS = ("size", "mtime_ns", "inode", "ctime_ns")
 
 
@@ -86,7 +84,7 @@ class FileIndex:
   @property
   def state(self) -> tuple[int, int, int, int]:
     """What `file_state` of the file gave when it was prepared."""
-    return self.size, self.mtime_ns, self.inode, self.ctime_ns
+    return tuple(getattr(self, name) for name in _STATE_FIELDS)
 
 
 def prepare_file(path: str, folder: str) -> tuple[FileIndex, bool]:
