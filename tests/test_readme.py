@@ -18,7 +18,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SECTIONS = ("Quick start", "Commands")
+SECTIONS = ("Install and quick start", "Commands")
 # Appended to the commands that train. Step counts only: 30 steps, a checkpoint every 10 (so
 # `average --last 2` has two to average). Later overrides win over the README's own.
 STEP_OVERRIDES = ["train.num_steps=30", "train.checkpoint_every=10"]
