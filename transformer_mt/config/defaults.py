@@ -212,9 +212,9 @@ def base_config() -> ml_collections.ConfigDict:
   # only at steps where a beam changed parent), "gather" (every position at every step, no
   # lax.cond or inner loop: for GPUs, where each may be a host round trip), "ancestry" (never:
   # the keys/values stay where they were written and each beam attends to its ancestors'
-  # through a mask; the CPU path from 8 sentences a batch, 1.11x chunked on the Base shape at
-  # batch 32) or "auto" (ancestry on CPU, chunked there below 8 sentences, gather on GPU/TPU:
-  # the proposed GPU default, not yet measured). The same translations either way; ancestry's
+  # through a mask; the faster CPU path from 8 sentences a batch) or "auto" (ancestry on CPU,
+  # chunked there below 8 sentences, gather on GPU/TPU: the proposed GPU default, not yet
+  # measured). The same translations either way; ancestry's
   # scores may differ in the last float32 bits (decoding/beam_search.py).
   config.decode.cache_reorder = "auto"
   # Beam search reads its stopping condition once every this many decoder steps (1: after

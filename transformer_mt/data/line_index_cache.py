@@ -11,12 +11,12 @@ the index it uses, the existing one if the content is the same. A corpus folder 
 read-only; only the cache folder is written.
 
 No preparation removes an index: the cache folder is shared by hosts whose file at one path may
-differ, and another host's job may be reading any index in it (a process that removed "stale
-versions of this path" killed such readers with a FileNotFoundError, issue 41). Readers mark
-the indexes they use: each preparation that finds or makes one, and each reading process once
-an hour (`MARK_SECONDS`), sets the index folder's modification time. `remove_unused`, run only
-by `run.py prepare --remove_unused_days DAYS`, removes indexes no process has marked for DAYS
-days (at least 1), so no lock is needed across hosts.
+differ, and another host's job may be reading any index in it (removing an index under a reader
+kills it with a FileNotFoundError). Readers mark the indexes they use: each preparation that
+finds or makes one, and each reading process once an hour (`MARK_SECONDS`), sets the index
+folder's modification time. `remove_unused`, run only by `run.py prepare --remove_unused_days
+DAYS`, removes indexes no process has marked for DAYS days (at least 1), so no lock is needed
+across hosts.
 
 Preparation holds an exclusive `flock` on `NAME-PATHHASH.lock` and writes into a `.tmp-...`
 folder renamed into place once its manifest (written last) is on disk, then the record: so

@@ -28,7 +28,7 @@ from transformer_mt.decoding import incremental as decode
 
 # beam_decode grows a cache kept in place when one layer's keys and values (all beams) take at
 # least this many bytes (beam_search's module docstring, "Growing cache"). A threshold chosen,
-# not measured at its edge: the Base shape at 32 sentences (33 MB a layer) gains 1.07x; a small
+# not measured at its edge: the Base shape at 32 sentences (33 MB a layer) is above it; a small
 # model's cache is read quickly anyway, and each size is one more compiled copy of the step (~10%
 # more compile time for the tests' tiny model).
 GROW_CACHE_FROM_BYTES = 16 * 2**20

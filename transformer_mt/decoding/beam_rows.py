@@ -36,8 +36,8 @@ GatherCache = Callable[[Any, jax.Array], Any]
 CACHE_REORDERS = ("chunked", "gather", "ancestry", "auto")
 # Platforms where "auto" gathers whole leaves; elsewhere (CPU) it keeps the cache where it was
 # written ("ancestry") from this many sentences a batch, and copies the written chunks below:
-# on 2 CPU cores, the Base shape decodes 1.11x / 1.37x faster with "ancestry" at batch 32 /
-# 128 and 0.92x at batch 1 (docs/performance.md, "Beam search against CTranslate2").
+# on CPU "ancestry" is the faster of the two for batches of many sentences and the slower for
+# one sentence (docs/performance.md).
 GATHER_PLATFORMS = ("gpu", "tpu")
 ANCESTRY_FROM_BATCH = 8
 
@@ -109,10 +109,8 @@ def gather_rows(tree: Any, rows: jax.Array, per_sentence: tuple[str, ...] = ()) 
 
 
 # Each batch size of a shrinking search is this many times smaller than the one before: every
-# size is one more compiled copy of the
-# decoder step, ~3 s each for the Multi30k tiny model on 2 CPU cores. Quartering keeps most of
-# halving's gain (the tiny model at batch 128: 1.95x the whole batch's speed, halving 2.11x)
-# for about half its compile time (docs/performance.md, "Beam search against CTranslate2").
+# size is one more compiled copy of the decoder step. Quartering keeps most of halving's gain
+# in decoding speed for about half its compile time (docs/performance.md).
 SHRINK_FACTOR = 4
 
 

@@ -121,9 +121,9 @@ tests/test_beam_decode.py):
   in the caller's batch (`beam_rows.shrunk`, `beam_rows.with_results_of`). The decoder's
   rows are computed independently of each other, so every sentence gets the hypotheses and
   scores of the whole batch run to the end, bit for bit; only `num_reorders` (a step reorders
-  when any row present needs it) and `sentence_steps` (the work done) change. On 2 CPU cores
-  the Multi30k tiny model translates 1.44x / 1.95x faster at batch 32 / 128; each size is one
-  more compiled copy of the step (docs/performance.md, "Beam search against CTranslate2").
+  when any row present needs it) and `sentence_steps` (the work done) change. It saves the
+  decoder work of the sentences already done, so large batches of mixed lengths gain most;
+  each size is one more compiled copy of the step (docs/performance.md).
 * Growing cache (`cache_positions`; beam_decode's `grow_cache_from_bytes`). A step attends to
   every position its self-attention cache holds (the unwritten ones masked), so a cache of max_len
   positions is read whole at every step, though a hypothesis at step t has written t of them. For
@@ -311,7 +311,7 @@ def beam_search(
       anyway).
     always_gather: the reference path for tests and benchmarks (same results, slower):
       the cache is reordered whole with `gather_rows` at the end of every step, even
-      when no beam changed parent, as beam search did before reordering was made lazy.
+      when no beam changed parent.
     length_penalty: "gnmt" divides by ((5 + len) / 6) ** alpha, "power" by len ** alpha
       (transformers' `length_penalty`); see the module docstring.
     candidate_pool: "beam", "2beam", "hf" or "fairseq": which extensions are kept at each

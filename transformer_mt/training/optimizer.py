@@ -13,9 +13,8 @@ parameters at once, where Adam's normalisation would hide it: the equivalence te
 The schedule's scale and warm-up (`train.lr_scale`, `train.warmup_steps`: what a sweep varies
 most, experiments/demo.py's grid) reach the compiled train step as inputs (`schedule_inputs`),
 not as constants folded into it: the trials of such a sweep compile one train step, the first
-trial's, and the others read it from the persistent compilation cache (the README's 4-trial demo
-sweep compiled it 4 times, ~6.5 s each on 2 Intel Xeon cores). The cosine schedule's warm-up and
-length stay constants (optax builds its pieces from Python numbers).
+trial's, and the others read it from the persistent compilation cache. The cosine schedule's
+warm-up and length stay constants (optax builds its pieces from Python numbers).
 """
 
 from __future__ import annotations
