@@ -10,14 +10,14 @@ Prints, for the first device:
     GPU or TPU, float32 parameters, Adam and loss; float32 on a CPU, whose XLA runtime has no
     bf16 x bf16 -> f32 matmul at these sizes): target tokens/s on full rows (one sentence
     pair filling each packed row, no padding), MFU against the device's published dense
-    bf16 peak (PEAK_BF16, by device kind; "n/a" for a device not in the table, such as a
-    CPU), and the step's memory as XLA's analysis of the very program timed reports it
+    bf16 peak (harness.steps.PEAK_BF16, by device kind; "n/a" for a device not in the table,
+    such as a CPU), and the step's memory as XLA's analysis of the very program timed reports it
     (arguments, outputs and temporaries; the process's peak so far, `memory_stats()`, beside
     it, is cumulative: Big's line includes what Base took);
   * beam-4 decoding of the Base model, sentences/s: random weights seldom emit EOS, so every
     sentence runs to its length limit (source + 50 at most), an upper bound on the work;
   * our beam 4 against transformers' `generate` on a Base-shaped Marian model, same weights,
-    256 sentences, bf16 on both sides (benchmarks/_beam_vs_generate.py);
+    256 sentences, bf16 on both sides (benchmarks/harness/models.py);
   * which attention implementation XLA chose for the training attention (a cuDNN fused
     attention custom call in the compiled program, or XLA's own dot/softmax ops);
   * whether a bfloat16 step's loss is within BF16_TOLERANCE (relative) of float32's, on the
@@ -25,20 +25,21 @@ Prints, for the first device:
     compiles);
   * the Base step on packed rows (several pairs a row, padding) under each attention
     implementation: time, fused kernels compiled, loss and gradient norm against "auto"
-    (benchmarks/_packed_attention.py; what decides whether "auto" may pick cuDNN's packed
+    (benchmarks/harness/packed_attention.py; what decides whether "auto" may pick cuDNN's packed
     kernel);
   * on a GPU, the Base step under XLA's GPU flags (Triton GEMMs, command buffers) and with
-    model.fuse_qkv, each in its own process, as ratios (benchmarks/_xla_gpu_flags.py);
+    model.fuse_qkv, each in its own process, as ratios (benchmarks/harness/xla_gpu_flags.py);
   * the Base step with each of issue 42's levers on alone (LEVERS: unsafe_rbg dropout, the
     chunked loss, the vocabulary padded to 128, fused Q/K/V), beside the plain Base line;
   * Base and Big with all of them on and cuDNN attention (on a GPU), at the paper's 3.1k target
     tokens per GPU (12 rows of 256), at SIZES' rows and at twice them.
 Each is a named section (--sections), run in this order.
 
-Useful FLOPs are counted as benchmarks/train_step.py counts them (`useful_flops`: parameters
-x tokens x 6, the vocabulary projection, and the attention scores over the full rows).
-Nothing is asserted about speed: figures depend on the machine. tests/test_benchmarks.py
-runs `--tiny` on CPU so this script cannot rot before an accelerator is lent.
+Useful FLOPs are counted by benchmarks/harness/steps.py's `useful_flops` (parameters x tokens
+x 6, the vocabulary projection, and the attention scores over the full rows), as train_step.py
+and torch_reference.py count them. Nothing is asserted about speed: figures depend on the
+machine. tests/test_benchmarks.py runs `--tiny` on CPU so this script cannot rot before an
+accelerator is lent; at --tiny, "levers" runs one lever and "combined" one batch size.
 """
 
 from __future__ import annotations
@@ -54,51 +55,32 @@ sys.path.insert(0, str(ROOT))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import linen as nn  # noqa: E402
 
-from benchmarks import _beam_vs_generate, _packed_attention, _timing, _xla_gpu_flags  # noqa: E402
-from benchmarks.memory import compile_train_step, peak_bytes  # noqa: E402
-from benchmarks.train_step import full_rows_batch, useful_flops  # noqa: E402
+from benchmarks.harness import models, packed_attention, timing, xla_gpu_flags  # noqa: E402
+from benchmarks.harness.steps import (  # noqa: E402
+  SIZES,
+  TINY,
+  TrainStepBench,
+  full_rows_batch,
+  model_config,
+  one_device_mesh,
+  peak_of,
+  useful_flops,
+)
 from transformer_mt.config import defaults as _defaults  # noqa: E402
 from transformer_mt.decoding import beam_decode  # noqa: E402
 from transformer_mt.model import attention  # noqa: E402
 from transformer_mt.model.transformer import Transformer  # noqa: E402
-from transformer_mt.model.transformer_config import TransformerConfig  # noqa: E402
 from transformer_mt.runtime import sharding  # noqa: E402
 from transformer_mt.training import train_step  # noqa: E402
 from transformer_mt.training.setup import training_setup  # noqa: E402
 
-# Dense bf16 peaks (no sparsity), FLOP/s, from the vendors' datasheets; matched by substring of
-# `device_kind`, first match wins (so "H100 PCIe" before "H100").
-PEAK_BF16 = (
-  ("H100 PCIe", 756e12),
-  ("H100", 989e12),  # SXM
-  ("H200", 989e12),
-  ("GH200", 989e12),
-  ("A100", 312e12),
-  ("L40S", 362e12),
-  ("L4", 121e12),
-  ("A10", 125e12),
-  ("TPU v6", 918e12),
-  ("TPU v5p", 459e12),
-  ("TPU v5", 197e12),  # v5e ("TPU v5 lite")
-  ("TPU v4", 275e12),
-)
 # |loss_bf16 / loss_f32 - 1| allowed: bf16 has an 8-bit mantissa (relative steps of 2^-8 =
 # 0.4% per rounding), and LayerNorm statistics, softmax, logits and loss stay float32.
 BF16_TOLERANCE = 0.02
 
-SIZES = {
-  # name: (d_model, d_ff, heads, layers, vocabulary, rows, max_len)
-  "Base": (512, 2048, 8, 6, 37_000, 96, 256),
-  "Big": (1024, 4096, 16, 6, 37_000, 48, 256),
-}
-TINY = {
-  "Base": (64, 128, 4, 2, 1000, 8, 32),
-  "Big": (128, 256, 4, 2, 1000, 4, 32),
-}
 # Issue 42's levers of the train step, each on alone: name -> (TransformerConfig changes,
 # config.train changes). Off is the plain Base line.
 LEVERS = {
@@ -134,33 +116,6 @@ SECTIONS = (
 CPU_BF16_CHECK = (32, 64, 4, 2, 64, 8, 12)
 
 
-def peak_of(device_kind: str) -> float | None:
-  for name, peak in PEAK_BF16:
-    if name.lower() in device_kind.lower():
-      return peak
-  return None
-
-
-def model_config(size, dtype: str, attention_implementation="auto") -> TransformerConfig:
-  d_model, d_ff, heads, layers, vocab, _, _ = size
-  return TransformerConfig(
-    attention_implementation=attention_implementation,
-    vocab_size=vocab,
-    d_model=d_model,
-    d_ff=d_ff,
-    num_heads=heads,
-    num_encoder_layers=layers,
-    num_decoder_layers=layers,
-    dtype=dtype,
-  )
-
-
-def one_device_mesh():
-  return sharding.make_mesh(
-    ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1}), devices=jax.devices()[:1]
-  )
-
-
 def peak_memory() -> str:
   stats = jax.devices()[0].memory_stats() or {}
   peak = stats.get("peak_bytes_in_use")
@@ -173,54 +128,41 @@ def train_step_figures(name, size, reps, peak, attention_implementation="auto", 
   model_changes, train_changes = LEVERS[lever]
   config = model_config(size, "auto", attention_implementation).replace(**model_changes)
   rows, max_len = size[5], size[6]
-  mesh = one_device_mesh()
-  base = _defaults.base_config()
-  base.train.update(train_changes)
-  setup = training_setup(base, None, mesh, model_config=config)
-  holder = {
-    "state": train_step.create_sharded_state(0, setup.model, setup.tx, mesh, setup.prng_impl)
-  }
+  bench = TrainStepBench(config, train_changes)
   batch = full_rows_batch(rows, max_len, config.vocab_size, seed=0)
-  device_batch = sharding.global_batch_from_local(batch, mesh, batch_dim=1)
-  # Compiled once: the program timed is the one whose memory XLA reports.
-  step = compile_train_step(setup, mesh, device_batch, 0.1, base.train.loss_chunk_tokens)
-  stats = step.memory_analysis()
-
-  def call():
-    with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
-      holder["state"], metrics = step(holder["state"], device_batch)
-    return metrics
-
-  timing = _timing.time_calls(call, warmup=2, reps=reps)
+  step_timing = bench.time(batch, warmup=2, reps=reps)
   tokens = rows * max_len
   lengths = np.full(rows, max_len)
   flops = useful_flops(config, lengths, lengths)["total"]
-  mfu = f"{flops / timing.best / peak:.1%}" if peak else "n/a (no published peak)"
+  mfu = f"{flops / step_timing.best / peak:.1%}" if peak else "n/a (no published peak)"
   print(
     f"{name} train step{f' ({lever})' if lever else ''}, {config.dtype}, "
     f"attention {attention_implementation}, "
     f"{rows} x {max_len} target tokens: "
-    f"{timing.best * 1e3:.1f} ms "
-    f"(median {timing.median * 1e3:.1f}), {tokens / timing.best:,.0f} tokens/s, "
-    f"{flops / timing.best / 1e12:.2f} TFLOP/s useful, MFU {mfu}, "
-    f"XLA's peak for the step {peak_bytes(stats) / 2**30:.2f} GiB "
+    f"{step_timing.best * 1e3:.1f} ms "
+    f"(median {step_timing.median * 1e3:.1f}), {tokens / step_timing.best:,.0f} tokens/s, "
+    f"{flops / step_timing.best / 1e12:.2f} TFLOP/s useful, MFU {mfu}, "
+    f"XLA's peak for the step {bench.memory(batch) / 2**30:.2f} GiB "
     f"(process peak so far {peak_memory()})"
   )
 
 
-def lever_figures(size, reps, peak):
-  """The Base step with each lever of LEVERS on alone, a line each (the plain step is "base")."""
-  for lever in LEVERS:
-    if lever and lever != "all levers":
-      train_step_figures("Base", size, reps, peak, lever=lever)
+def lever_figures(size, reps, peak, tiny=False):
+  """The Base step with each lever of LEVERS on alone, a line each (the plain step is "base");
+  `tiny`: the first lever only (the "combined" section runs them all at once)."""
+  levers = [lever for lever in LEVERS if lever and lever != "all levers"]
+  for lever in levers[:1] if tiny else levers:
+    train_step_figures("Base", size, reps, peak, lever=lever)
 
 
-def combined_figures(sizes, reps, peak, attention_implementation):
+def combined_figures(sizes, reps, peak, attention_implementation, tiny=False):
   """Base and Big with every lever on and `attention_implementation` (cuDNN on a GPU), at the
-  paper's 3.1k target tokens per GPU, at SIZES' rows and at twice them: a line each."""
+  paper's 3.1k target tokens per GPU, at SIZES' rows and at twice them: a line each
+  (`tiny`: at TINY's rows only)."""
   for name in ("Base", "Big"):
     size = sizes[name]
-    for rows in sorted({min(PAPER_ROWS, size[5]), size[5], 2 * size[5]}):
+    row_counts = {size[5]} if tiny else {min(PAPER_ROWS, size[5]), size[5], 2 * size[5]}
+    for rows in sorted(row_counts):
       shape = (*size[:5], rows, size[6])
       train_step_figures(name, shape, reps, peak, attention_implementation, lever="all levers")
 
@@ -251,12 +193,12 @@ def decode_figures(size, reps, beam=4, sentences=64, source_len=32):
       max_lengths=max_lengths,
       shrink_batch=False,
     ).compile()
-    timing = _timing.time_calls(
+    decode_timing = timing.time_calls(
       lambda: compiled(params, inputs, max_lengths=max_lengths), warmup=1, reps=reps
     )
   print(
     f"Base beam-{beam} decode, {config.dtype}, {sentences} sentences of {source_len} tokens, up to "
-    f"{max_len} out: {sentences / timing.best:,.1f} sentences/s"
+    f"{max_len} out: {sentences / decode_timing.best:,.1f} sentences/s"
   )
 
 
@@ -310,7 +252,7 @@ def bf16_loss_check(size, attention_implementations=("auto",)) -> str:
   return "\n".join(lines)
 
 
-def main():
+def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--tiny", action="store_true", help="toy sizes: the CI run on CPU")
   parser.add_argument("--reps", type=int, default=None, help="timed steps (default 10, tiny 2)")
@@ -320,7 +262,7 @@ def main():
     help=f"comma-separated sections to run, in their order (default: all): "
     f"{', '.join(SECTIONS)}; a rerun takes only what failed",
   )
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
   chosen = args.sections.split(",") if args.sections else list(SECTIONS)
   unknown = [name for name in chosen if name not in SECTIONS]
   if unknown:
@@ -337,12 +279,12 @@ def main():
   sections = {
     "base": lambda: train_step_figures("Base", sizes["Base"], reps, peak),
     "big": lambda: train_step_figures("Big", sizes["Big"], reps, peak),
-    "decode": lambda: decode_figures(sizes["Base"], reps, source_len=8 if args.tiny else 32),
+    "decode": lambda: decode_figures(
+      sizes["Base"], reps, sentences=8 if args.tiny else 64, source_len=8 if args.tiny else 32
+    ),
     # Issue 42's decoding anchor: our beam 4 against transformers' generate, same weights.
     "generate": lambda: print(
-      "\n".join(
-        _beam_vs_generate.comparison_lines(8 if args.tiny else 256, min(reps, 3), args.tiny)
-      )
+      "\n".join(models.comparison_lines(8 if args.tiny else 256, min(reps, 3), args.tiny))
     ),
     "attention": lambda: print(f"attention: {attention_choice(sizes['Base'])}"),
     "bf16": lambda: print(
@@ -361,7 +303,7 @@ def main():
     # cuDNN's packed kernel (fused_kernels.AUTO_PICKS_CUDNN_PACKED_ON_GPU).
     "packed": lambda: print(
       "\n".join(
-        _packed_attention.comparison_lines(
+        packed_attention.comparison_lines(
           model_config(sizes["Base"], "auto"), *sizes["Base"][5:7], reps=min(reps, 5)
         )
       )
@@ -369,12 +311,18 @@ def main():
     # XLA's GPU flags and model.fuse_qkv (lever e), each variant in its own process; off a GPU
     # one line says they are GPU-only.
     "xla_flags": lambda: print(
-      "\n".join(_xla_gpu_flags.ab_lines(tiny=args.tiny and not on_cpu, reps=reps))
+      "\n".join(
+        xla_gpu_flags.ab_lines(
+          tiny=args.tiny and not on_cpu, reps=reps, backend=jax.default_backend()
+        )
+      )
     ),
     # Levers c, d and e of the Base step, each on alone, beside the "base" line.
-    "levers": lambda: lever_figures(sizes["Base"], reps, peak),
+    "levers": lambda: lever_figures(sizes["Base"], reps, peak, args.tiny),
     # Every lever at once with cuDNN attention (on a GPU), Base and Big, three batch sizes.
-    "combined": lambda: combined_figures(sizes, reps, peak, "auto" if on_cpu else "cudnn"),
+    "combined": lambda: combined_figures(
+      sizes, reps, peak, "auto" if on_cpu else "cudnn", args.tiny
+    ),
   }
   assert tuple(sections) == SECTIONS
   failed = 0

@@ -5,9 +5,13 @@ step, RSS per process and pipeline throughput for N pairs, read as local text fi
     python benchmarks/corpus_scale.py --pairs N [--workers K] [--corpus DIR/PREFIX]
                                       [--source {local,tfds}] [--tfds-data-dir DIR]
                                       [--workdir-root DIR] [--keep]
+    python benchmarks/corpus_scale.py --tiny [--workers K] [--source tfds]   # seconds (CI)
+
+--tiny: 300 generated pairs, a 200-piece vocabulary, 3 batches and 2,000 random reads, the
+pipeline timed at --workers only.
 
 1. The corpus: `--corpus DIR/PREFIX` (PREFIX.en / PREFIX.de, taken as they are), or N generated
-   pairs written to WORKDIR_ROOT/corpus/gen.{en,de} by benchmarks/_generated_corpus.py: words
+   pairs written to WORKDIR_ROOT/corpus/gen.{en,de} by benchmarks/harness/corpus.py: words
    sampled from the running text of the EN-DE news files in ../shared/data (a fixed pseudo-word
    list when that folder is missing), so word frequencies are Zipf-like as in news; source
    lengths log-normal (mean --mean_words, 25 by default, with a long tail up to 150 words, as
@@ -15,7 +19,7 @@ step, RSS per process and pipeline throughput for N pairs, read as local text fi
    Vectorised NumPy, so 4.5M pairs take seconds to a minute; its time (`generate_s`) is not
    part of anything else.
    With `--source tfds`, the corpus is then written as the prepared TFDS dataset
-   wmt14_translate/de-en (array_record) by benchmarks/_tfds_corpus.py, with TFDS's own example
+   wmt14_translate/de-en (array_record) by benchmarks/tfds_corpus.py, with TFDS's own example
    serializer, shard layout and dataset_info (train: the corpus in file order; validation and
    test: its first 300 pairs, since the tfds source always opens all three splits), to
    WORKDIR_ROOT/tfds, or to --tfds-data-dir DIR when DIR does not hold it yet; a DIR that does
@@ -61,18 +65,6 @@ step, RSS per process and pipeline throughput for N pairs, read as local text fi
    a time at up to 200k random indices (30 s at most), twice (--drop-caches empties the page
    cache before the first pass, as root, so that pass reads from disk).
 
-Measured on the 2-core, 24 GiB machine at its commit, before preparation existed (prepare_s
-null: the in-memory path), load average 6.8-8.6 throughout (other jobs on the 2 cores), so the
-times are upper bounds and the pipeline rate swings with the load:
-
-  | pairs | workers | first step | of it: setup, compile | main RSS | worker | total | tokens/s |
-  |---|---|---|---|---|---|---|---|
-  | 100k | 0 | 24.0 s | 12.8 s, 9.5 s | 1.28 GB | - | 1.28 GB | 318k |
-  | 100k | 2 | 24.2 s | 11.2 s, 8.4 s | 1.32 GB | 0.31 GB | 1.95 GB | 253k |
-  | 1M | 0 | 30.4 s | 18.3 s, 9.9 s | 1.80 GB | - | 1.80 GB | 301k |
-  | 1M | 2 | 49.5 s | 17.3 s, 16.4 s | 2.24 GB | 1.15 GB | 4.55 GB | 180k |
-  | 4.5M | 0 | 58.1 s | 35.3 s, 19.1 s | 5.73 GB | - | 5.73 GB | 146k |
-
 Prints a table and one JSON line. Generated corpora, TFDS datasets and workdirs are deleted at
 the end unless --keep (a given --corpus or --tfds-data-dir is never touched). Figures depend on
 the machine and its load (/proc/loadavg is printed before and after); nothing is asserted.
@@ -98,9 +90,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-from benchmarks import _tfds_corpus  # noqa: E402
-from benchmarks._generated_corpus import SOURCE_LANG, TARGET_LANG, generate_corpus  # noqa: E402
-from benchmarks._process_memory import TreeSampler  # noqa: E402
+from benchmarks.harness import tfds_corpus  # noqa: E402
+from benchmarks.harness.corpus import SOURCE_LANG, TARGET_LANG, generate_corpus  # noqa: E402
+from benchmarks.harness.process_memory import TreeSampler  # noqa: E402
 
 EXPERIMENT = "news_ende_small"
 # Pairs held as Python strings for the in-memory reference rate (2M would be ~1 GB per copy).
@@ -134,8 +126,8 @@ def overrides(args, root: str, prefix: str, workers: int, folder: str, tfds_dir:
   """The run's `key=value` overrides: the corpus (the text files DIR/PREFIX, or the TFDS data
   directory `tfds_dir` with --source tfds), no held-out splits, a small model."""
   if tfds_dir:
-    # The tfds source always opens all three splits: _tfds_corpus gives them a few hundred pairs.
-    keys = ["data.source='tfds'", f"data.tfds_name={_tfds_corpus.DATASET!r}"]
+    # The tfds source always opens all three splits: tfds_corpus gives them a few hundred pairs.
+    keys = ["data.source='tfds'", f"data.tfds_name={tfds_corpus.DATASET!r}"]
     keys.append(f"data.tfds_data_dir={tfds_dir!r}")
   else:
     keys = [
@@ -227,7 +219,12 @@ def train_and_measure(keys: list[str], workdir: str, env: dict) -> dict:
 
 
 def pipeline_throughput(
-  keys: list[str], workdir: str, workers: int, batches: int, drop_caches: bool = False
+  keys: list[str],
+  workdir: str,
+  workers: int,
+  batches: int,
+  drop_caches: bool = False,
+  tiny: bool = False,
 ) -> dict:
   """Non-pad target tokens/s of the training batches alone, with the run's tokenizer, at 0, 1 and
   `workers` worker processes: over the training pairs as the run reads them (from disk for a
@@ -245,9 +242,9 @@ def pipeline_throughput(
   tokenizer = Tokenizer.load(os.path.join(workdir, MODEL_FILENAME))
   max_len = config.data.max_len
   rows = input_pipeline.rows_per_batch(config.train.batch_tokens, max_len, 1, 1)
-  result = random_read_rate(pairs, drop_caches=drop_caches)
+  result = random_read_rate(pairs, reads=2000 if tiny else 200_000, drop_caches=drop_caches)
   in_memory = first_pairs(pairs, REFERENCE_PAIRS)
-  for count in sorted({0, 1, workers}):
+  for count in sorted({workers} if tiny else {0, 1, workers}):
     rate, filled = pipeline_rate(pairs, tokenizer, rows, max_len, count, batches)
     reference, _ = pipeline_rate(in_memory, tokenizer, rows, max_len, count, batches)
     result[f"target_tokens_per_s_w{count}"] = round(rate)
@@ -298,8 +295,9 @@ def random_read_rate(
   return result
 
 
-def main():
+def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--tiny", action="store_true", help="300 pairs, a toy vocabulary (CI)")
   parser.add_argument("--pairs", type=int, default=100_000, help="pairs to generate")
   parser.add_argument("--workers", type=int, default=0, help="data.num_workers")
   parser.add_argument("--corpus", default="", help="DIR/PREFIX of an existing corpus to use")
@@ -326,7 +324,9 @@ def main():
     action="store_true",
     help="empty the page cache (/proc/sys/vm/drop_caches, needs root) before the random reads",
   )
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
+  if args.tiny:
+    args.pairs, args.vocab_size, args.sample_size, args.batches = 300, 200, 300, 3
   if args.workdir_root:
     os.makedirs(args.workdir_root, exist_ok=True)
   # Everything this run writes is under `folder`, so deleting it never touches anything else.
@@ -352,9 +352,9 @@ def measure(args, folder: str) -> dict:
   result = {"pairs": args.pairs, "workers": args.workers, "source": args.source}
   result["load_before"] = loadavg()
   tfds_dir = os.path.abspath(args.tfds_data_dir) if args.tfds_data_dir else ""
-  if args.source == "tfds" and tfds_dir and _tfds_corpus.dataset_dir(tfds_dir).is_dir():
+  if args.source == "tfds" and tfds_dir and tfds_corpus.dataset_dir(tfds_dir).is_dir():
     prefix = ""  # An existing dataset: no text corpus needed.
-    result["pairs"] = _tfds_corpus.train_pairs(tfds_dir)
+    result["pairs"] = tfds_corpus.train_pairs(tfds_dir)
     result["generate_s"] = None
   elif args.corpus:
     prefix = os.path.abspath(args.corpus)
@@ -389,7 +389,9 @@ def measure(args, folder: str) -> dict:
     result["prepare_s"] = round(run_command(argv + keys, log, env)["seconds"], 2)
   workdir = os.path.join(folder, f"train_w{args.workers}")
   result.update(train_and_measure(keys, workdir, env))
-  result.update(pipeline_throughput(keys, workdir, args.workers, args.batches, args.drop_caches))
+  result.update(
+    pipeline_throughput(keys, workdir, args.workers, args.batches, args.drop_caches, args.tiny)
+  )
   result["load_after"] = loadavg()
   return result
 
@@ -398,11 +400,11 @@ def tfds_dataset(args, prefix: str, data_dir: str) -> dict:
   """The prepared TFDS dataset in `data_dir`: reused when there, else written from the text
   corpus at `prefix` (a generated one is deleted then, unless --keep: only the dataset is read).
   Returns {"write_tfds_s" (None when reused), "tfds_gb" (on disk), "tfds_shards", "tfds_dir"}."""
-  path = _tfds_corpus.dataset_dir(data_dir)
+  path = tfds_corpus.dataset_dir(data_dir)
   written = None
   if not path.is_dir():
     start = time.perf_counter()
-    _tfds_corpus.write_tfds_dataset(prefix, data_dir, workers=args.write_workers)
+    tfds_corpus.write_tfds_dataset(prefix, data_dir, workers=args.write_workers)
     written = round(time.perf_counter() - start, 2)
     if not args.corpus and not args.keep:
       for lang in (SOURCE_LANG, TARGET_LANG):

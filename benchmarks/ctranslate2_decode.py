@@ -1,6 +1,7 @@
 """Our beam search against CTranslate2 (float32 and int8) on the same weights and sentences.
 
     python benchmarks/ctranslate2_decode.py        # the Base shape alone, ~2.5 minutes
+    python benchmarks/ctranslate2_decode.py --tiny # a 1+1-layer toy shape on generated text (CI)
     python benchmarks/ctranslate2_decode.py [--base_shape] --model tiny=WORKDIR [--model ...]
                                             [--batch_sizes 1,32,128] [--sentences 4,32,128]
                                             [--rounds 1] [--threads 2] [--data_root D]
@@ -66,7 +67,7 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -81,7 +82,8 @@ if __name__ == "__main__":  # glibc's allocator settings, as run.py runs ours (m
 
 import jax  # noqa: E402
 
-from benchmarks import _random_model  # noqa: E402
+from benchmarks.harness import corpus, models  # noqa: E402
+from benchmarks.harness.timing import cpu_name  # noqa: E402
 from transformer_mt.config import registry  # noqa: E402
 from transformer_mt.decoding import translator as translate  # noqa: E402
 from transformer_mt.evaluation import corpus_scores  # noqa: E402
@@ -114,29 +116,40 @@ BASE_SHAPE = (
   "model.num_encoder_layers=6",
   "model.num_decoder_layers=6",
 )
+# --tiny: the same program at a toy shape, on a generated corpus (no data, seconds).
+TINY_SHAPE = (
+  "model.d_model=32",
+  "model.d_ff=64",
+  "model.num_heads=2",
+  "model.num_encoder_layers=1",
+  "model.num_decoder_layers=1",
+  "tokenizer.vocab_size=256",
+)
 # CTranslate2 warms up on this many lines (it compiles nothing; its first call allocates).
 CT2_WARM_UP_LINES = 1
 
 
-def base_shape_workdir(workdir: str, data_root: str) -> str:
-  """A workdir of the Base shape at random initialization (seed 0), with a SentencePiece
-  vocabulary of the Multi30k recipe's size trained on 20k of its training sentences."""
-  config = registry.load_experiment("multi30k_ende", list(BASE_SHAPE))
+def base_shape_workdir(workdir: str, data_root: str, tiny: bool = False) -> str:
+  """A workdir of the Base shape (`tiny`: TINY_SHAPE) at random initialization (seed 0), with a
+  SentencePiece vocabulary of the Multi30k recipe's size trained on 20k of its training
+  sentences."""
+  config = registry.load_experiment("multi30k_ende", list(TINY_SHAPE if tiny else BASE_SHAPE))
   config.data.root = data_root
   mesh = sharding.make_mesh(sharding.inference_mesh_config("data=1"), jax.devices()[:1])
-  _, params, tokenizer = _random_model.random_model(config, mesh)
+  sample = 1000 if tiny else models.VOCABULARY_SAMPLE
+  _, params, tokenizer = models.random_model(config, mesh, sample)
   checkpointing.save_inference(workdir, 0, params, config, tokenizer)
   return workdir
 
 
-def cpu_name() -> str:
-  try:
-    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-      if line.startswith("model name"):
-        return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or "unknown CPU"
+def tiny_data_root(folder: str) -> str:
+  """A data root holding generated stand-ins for Multi30k's train and test2016 files."""
+  os.makedirs(os.path.join(folder, "multi30k"))
+  prefix = os.path.join(folder, "multi30k", "train.lc.norm.tok")
+  corpus.generate_corpus(prefix, 1000, seed=0, mean_words=6)
+  for lang in ("en", "de"):
+    shutil.copy(f"{prefix}.{lang}", os.path.join(folder, f"{SOURCES}.{lang}"))
+  return folder
 
 
 def read_lines(data_root: str, language: str, count: int) -> list[str]:
@@ -220,8 +233,11 @@ def measure(engines: Engines, lines, references, batch_size: int, rounds: int) -
   return result
 
 
-def main() -> None:
+def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument(
+    "--tiny", action="store_true", help="a toy shape on 4 generated lines at batch 4 (CI)"
+  )
   parser.add_argument("--model", action="append", default=[], metavar="NAME=WORKDIR")
   parser.add_argument(
     "--base_shape", action="store_true", help="the random Base shape too (alone without --model)"
@@ -235,7 +251,16 @@ def main() -> None:
   parser.add_argument(
     "--decode", action="append", default=[], metavar="KEY=VALUE", help="our decode setting"
   )
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
+  with tempfile.TemporaryDirectory() as scratch:
+    if args.tiny:
+      args.data_root = tiny_data_root(os.path.join(scratch, "data"))
+      args.model, args.batch_sizes, args.sentences = [], "4", "4"
+    run(args, scratch)
+
+
+def run(args, scratch: str) -> None:
+  """The table for the models of `args`, with temporary files under `scratch`."""
   sources = pathlib.Path(args.data_root) / f"{SOURCES}.en"
   if not sources.is_file():
     print(
@@ -243,7 +268,8 @@ def main() -> None:
       file=sys.stderr,
     )
     sys.exit(2)
-  compile_cache.enable()
+  if not args.tiny:  # (a --tiny run in a test process leaves JAX's configuration alone)
+    compile_cache.enable()
   batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
   counts = [int(n) for n in args.sentences.split(",")]
   tunables = os.environ.get("GLIBC_TUNABLES")
@@ -263,40 +289,40 @@ def main() -> None:
     "(tokens/s, sentences/s) | BLEU | equal to ours |"
   )
   rows = [header, "|" + "---|" * 9]
-  with tempfile.TemporaryDirectory() as scratch:
-    models = [(*spec.partition("=")[::2], TRAINED_POOL) for spec in args.model]
-    if args.base_shape or not models:
-      workdir = base_shape_workdir(os.path.join(scratch, "base_shape_workdir"), args.data_root)
-      models.insert(0, ("base_shape (random)", workdir, RANDOM_POOL))
-      phases.append(f"Base shape built {time.perf_counter() - start:.0f} s")
-    for index, (name, workdir, pool) in enumerate(models):
-      directory = os.path.join(scratch, f"ct2_{index}")
+  entries = [(*spec.partition("=")[::2], TRAINED_POOL) for spec in args.model]
+  if args.base_shape or not entries:
+    workdir = os.path.join(scratch, "base_shape_workdir")
+    workdir = base_shape_workdir(workdir, args.data_root, args.tiny)
+    entries.insert(0, ("base_shape (random)", workdir, RANDOM_POOL))
+    phases.append(f"Base shape built {time.perf_counter() - start:.0f} s")
+  for index, (name, workdir, pool) in enumerate(entries):
+    directory = os.path.join(scratch, f"ct2_{index}")
+    phase = time.perf_counter()
+    ct2_export.export_ctranslate2(workdir, directory)
+    engines = Engines(workdir, directory, args.threads, pool, tuple(args.decode))
+    phases.append(f"{name} exported and loaded {time.perf_counter() - phase:.0f} s")
+    for batch_size, count in zip(batch_sizes, counts):
+      lines = read_lines(args.data_root, "en", count)
+      references = read_lines(args.data_root, "de", count)
       phase = time.perf_counter()
-      ct2_export.export_ctranslate2(workdir, directory)
-      engines = Engines(workdir, directory, args.threads, pool, tuple(args.decode))
-      phases.append(f"{name} exported and loaded {time.perf_counter() - phase:.0f} s")
-      for batch_size, count in zip(batch_sizes, counts):
-        lines = read_lines(args.data_root, "en", count)
-        references = read_lines(args.data_root, "de", count)
-        phase = time.perf_counter()
-        result = measure(engines, lines, references, batch_size, args.rounds)
-        phases.append(f"{name} at batch {batch_size} {time.perf_counter() - phase:.0f} s")
-        ours_seconds, ours_texts, ours_tokens, _ = result["ours"]
-        for engine in ENGINES:
-          seconds, texts, tokens, bleu = result[engine]
-          ratio = (
-            "–"
-            if engine == "ours"
-            else (
-              f"{(ours_tokens / ours_seconds) / (tokens / seconds):.2f}x, "
-              f"{seconds / ours_seconds:.2f}x"
-            )
+      result = measure(engines, lines, references, batch_size, args.rounds)
+      phases.append(f"{name} at batch {batch_size} {time.perf_counter() - phase:.0f} s")
+      ours_seconds, ours_texts, ours_tokens, _ = result["ours"]
+      for engine in ENGINES:
+        seconds, texts, tokens, bleu = result[engine]
+        ratio = (
+          "–"
+          if engine == "ours"
+          else (
+            f"{(ours_tokens / ours_seconds) / (tokens / seconds):.2f}x, "
+            f"{seconds / ours_seconds:.2f}x"
           )
-          same = sum(a == b for a, b in zip(texts, ours_texts))
-          rows.append(
-            f"| {name} | {batch_size} | {len(lines)} | {engine} | {len(lines) / seconds:.1f} | "
-            f"{tokens / seconds:.0f} | {ratio} | {bleu:.2f} | {same}/{len(lines)} |"
-          )
+        )
+        same = sum(a == b for a, b in zip(texts, ours_texts))
+        rows.append(
+          f"| {name} | {batch_size} | {len(lines)} | {engine} | {len(lines) / seconds:.1f} | "
+          f"{tokens / seconds:.0f} | {ratio} | {bleu:.2f} | {same}/{len(lines)} |"
+        )
   print("\n".join(rows))
   print(
     f"load average after {os.getloadavg()[0]:.2f} (1 min); "

@@ -1,24 +1,26 @@
-"""How fast is beam search? Sentences/s and generated tokens/s on newstest2014, compile time per
-length bucket, and what reordering the beams' cache costs per decode step.
+"""How fast is beam search? Sentences/s and generated tokens/s on newstest2014 and compile time
+per length bucket; with `--regime issue`, against transformers' `generate` and the compute floor.
 
     python benchmarks/decode.py [--workdir W | --experiment news_ende_small] [--sentences 100]
                                 [--batch_size 32] [--beam_sizes 1,4,8] [--reps 1] [--data_root D]
     python benchmarks/decode.py --regime issue [--reps 2]
+    python benchmarks/decode.py --tiny [--regime issue]   # toy model, no data, seconds (CI)
 
---regime issue measures only the fixed regime of issue 13 (item 8), no data needed
-(benchmarks/_decode_regime.py): a random Marian model (2+2 layers, d_model 512, d_ff 2048, 8
-heads, vocabulary 32000), 32 sentences of 32 random source tokens, beam 4, exactly 64
-generated tokens (EOS set outside the vocabulary on both sides, so nothing ends early). In
-this process: our beam_decode (transformers' scoring, candidate_pool "hf"), transformers'
-MarianMTModel.generate on the same weights (num_beams 4, use_cache, torch.inference_mode;
-torch on all the cores this process may use and on one thread, the faster counts; skipped
-with a line when transformers or torch is missing), both after a warm-up, best of --reps;
-sentences/s, the ratio (wall and CPU time), how many sentences got the same best hypothesis
-on both sides, and the compute floor: the matmul FLOPs per sentence (formula printed:
-decoder projections, FFN, attention scores/values and vocabulary projection per generated
-token and beam; encoder and cross-attention keys/values once per sentence) divided by the
-f32 matmul peak measured here (_timing.matmul_peak), with our share of it (and the same per
-CPU-second, which other processes on a shared machine disturb less).
+--tiny decodes 8 generated sentences of a few words with a 1+1-layer d_model-32 random model
+(the issue regime: 2+2 layers at toy widths). --regime issue measures only the fixed regime of
+issue 13 (item 8), no data needed (benchmarks/harness/models.py): a random Marian model (2+2
+layers, d_model 512, d_ff 2048, 8 heads, vocabulary 32000), 32 sentences of 32 random source
+tokens, beam 4, exactly 64 generated tokens (EOS set outside the vocabulary on both sides, so
+nothing ends early). In this process: our beam_decode (transformers' scoring, candidate_pool
+"hf"), transformers' MarianMTModel.generate on the same weights (num_beams 4, use_cache,
+torch.inference_mode; torch on all the cores this process may use and on one thread, the faster
+counts; skipped with a line when transformers or torch is missing), both after a warm-up, best
+of --reps; sentences/s, the ratio (wall and CPU time), how many sentences got the same best
+hypothesis on both sides, and the compute floor: the matmul FLOPs per sentence (formula
+printed: decoder projections, FFN, attention scores/values and vocabulary projection per
+generated token and beam; encoder and cross-attention keys/values once per sentence) divided by
+the f32 matmul peak measured here (harness.timing.matmul_peak), with our share of it (and the
+same per CPU-second, which other processes on a shared machine disturb less).
 
 Input: the first --sentences lines of news/en-de/newstest2014.en under --data_root (default
 ../shared/data beside the repository; `sacrebleu -t wmt14/full -l en-de --echo src` prints it). With
@@ -41,15 +43,6 @@ average is printed. Measured in this process:
   source length   one full batch per source bucket at beam 4: run time, ms per decoder step and
                   compile time. Compile = `jax.jit(...).lower(...).compile()`, what the first call
                   with a new shape adds to the run (tracing + XLA); later calls reuse it.
-  cache reorder   ms per decoder step at beam 4, in jitted loops of 10 steps on one batch of
-                  bucket 32, starting with the cache filled to `position`; every beam changes
-                  parent at every step. step: decode_step alone. old: step, then the whole cache
-                  (cross-attention keys/values included) gathered, as beam search did at every
-                  step before. new: the written self-attention positions gathered, then the step,
-                  as it does now at steps where some beam changed parent. skipped: new when none
-                  did (lax.cond skips the copy). old-step, new-step: the reorder's cost, and its
-                  share of the step it belongs to. old copy, new copy: the gathers alone. Then the
-                  whole search, `always_gather=True` (the old behaviour) against now.
 """
 
 from __future__ import annotations
@@ -59,6 +52,7 @@ import json
 import os
 import pathlib
 import sys
+import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -67,7 +61,7 @@ sys.path.insert(0, str(ROOT))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks import _cache_reorder, _decode_regime, _random_model, _timing  # noqa: E402
+from benchmarks.harness import corpus, models, timing  # noqa: E402
 from transformer_mt.config import registry  # noqa: E402
 from transformer_mt.data import sources as data_sources  # noqa: E402
 from transformer_mt.data.input_pipeline import bucket_length  # noqa: E402
@@ -80,6 +74,15 @@ from transformer_mt.runtime import sharding  # noqa: E402
 
 TEST_SET = "news/en-de/newstest2014.en"  # under --data_root
 SOURCE_BUCKETS = (16, 32, 48, 64)
+# --tiny: the experiment at toy size, on generated text (its sentences and tokenizer).
+TINY_MODEL = (
+  "model.d_model=32",
+  "model.d_ff=64",
+  "model.num_heads=2",
+  "model.num_encoder_layers=1",
+  "model.num_decoder_layers=1",
+  "tokenizer.vocab_size=256",
+)
 
 
 def load_model(args):
@@ -87,11 +90,17 @@ def load_model(args):
   if args.workdir:
     translator = translate.load_translator(args.workdir)
     return translator, f"checkpoint {args.workdir}"
-  config = registry.load_experiment(args.experiment)
+  if args.tiny:
+    overrides = [*TINY_MODEL, "data.source='local'", f"data.root={args.data_root!r}"]
+    overrides += ["data.train_prefixes=['tiny']", "data.validation_prefixes=[]"]
+    config = registry.load_experiment(args.experiment, overrides + ["data.test_prefixes=[]"])
+  else:
+    config = registry.load_experiment(args.experiment)
   if config.data.source == "local":
     config.data.root = args.data_root
   mesh = sharding.make_mesh(sharding.inference_mesh_config())
-  setup, params, tokenizer = _random_model.random_model(config, mesh)
+  sample = 1000 if args.tiny else models.VOCABULARY_SAMPLE
+  setup, params, tokenizer = models.random_model(config, mesh, sample)
   params = jax.device_put(params, sharding.replicated(setup.mesh))
   translator = translate.Translator(
     params=params,
@@ -120,10 +129,10 @@ class Decoder:
   def __init__(self, translator, reps):
     self.t, self.reps, self.compiled, self.compile_seconds = translator, reps, {}, {}
 
-  def __call__(self, beam, inputs, max_lengths, max_len, always_gather=False):
+  def __call__(self, beam, inputs, max_lengths, max_len):
     """(outputs, run Timing, compile seconds, or 0 when this shape was compiled before)."""
     t = self.t
-    key = (beam, inputs.shape, max_len, always_gather)
+    key = (beam, inputs.shape, max_len)
     compile_seconds = 0.0
     with jax.set_mesh(t.mesh):
       if key not in self.compiled:
@@ -141,7 +150,6 @@ class Decoder:
             max_len=max_len,
             alpha=t.alpha,
             max_lengths=max_lengths,
-            always_gather=always_gather,
           )
         self.compiled[key] = lowered.compile()
         compile_seconds = self.compile_seconds[key] = time.perf_counter() - start
@@ -153,8 +161,8 @@ class Decoder:
         ]
         return outputs[0]
 
-      timing = _timing.time_calls(call, warmup=0, reps=self.reps)
-    return outputs[0], timing, compile_seconds
+      run_timing = timing.time_calls(call, warmup=0, reps=self.reps)
+    return outputs[0], run_timing, compile_seconds
 
 
 def hypothesis_stats(outputs, num_real):
@@ -226,7 +234,7 @@ def source_length_table(decoder, translator, all_encoded, beam):
         "sentences_per_s": len(sources) / timing.best,
         "tokens_per_s": tokens / timing.best,
         "ended_in_eos": eos,
-        "compile_s": decoder.compile_seconds[(beam, inputs.shape, max_len, False)],
+        "compile_s": decoder.compile_seconds[(beam, inputs.shape, max_len)],
       }
     )
   print(f"\nSource length: beam {beam}, one batch of {translator.batch_size} per bucket")
@@ -243,7 +251,7 @@ def source_length_table(decoder, translator, all_encoded, beam):
   return results
 
 
-def main():
+def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--workdir", help="a checkpoint directory; default: random init")
   parser.add_argument(
@@ -267,31 +275,42 @@ def main():
   parser.add_argument("--beam_sizes", default="1,4,8")
   parser.add_argument("--reps", type=int, default=1, help="timed runs of each decode (best kept)")
   parser.add_argument(
-    "--loop_reps", type=int, default=5, help="timed rounds of the cache reorder loops (best kept)"
-  )
-  parser.add_argument(
     "--regime",
     choices=("newstest", "issue"),
     default="newstest",
     help="newstest: the tables below on the test set; issue: only issue 13's fixed regime "
     "against transformers' generate and the compute floor (no data needed)",
   )
-  args = parser.parse_args()
+  parser.add_argument("--tiny", action="store_true", help="toy model, no data, seconds (CI)")
+  args = parser.parse_args(argv)
+  print(timing.machine_line())
   if args.regime == "issue":
     load_start = os.getloadavg()[0]
     print(
       f"{jax.device_count()} {jax.default_backend()} device(s); load average {load_start:.1f} "
       f"on {os.cpu_count()} CPUs"
     )
-    result = _decode_regime.issue_table(args.reps)
+    result = models.issue_table(args.reps, args.tiny)
     load_end = os.getloadavg()[0]
     print(f"load average {load_start:.1f} at the start, {load_end:.1f} at the end")
     result["load_average"] = [load_start, load_end]
     print(json.dumps({"benchmark": "decode", "regime": "issue", **result}))
     return
+  if args.tiny:
+    with tempfile.TemporaryDirectory(prefix="decode_tiny_") as folder:
+      # Short sentences (one source bucket) and a tokenizer trained on the same text.
+      corpus.generate_corpus(os.path.join(folder, "tiny"), 1000, seed=0, mean_words=4)
+      args.data_root, args.workdir = folder, None
+      args.sentences, args.batch_size, args.beam_sizes = 8, 4, "1,4"
+      newstest(args, os.path.join(folder, "tiny.en"))
+    return
   args.data_root = os.path.abspath(os.path.expanduser(args.data_root))
   args.workdir = args.workdir and os.path.abspath(os.path.expanduser(args.workdir))
-  test_set = os.path.join(args.data_root, TEST_SET)
+  newstest(args, os.path.join(args.data_root, TEST_SET))
+
+
+def newstest(args, test_set: str) -> None:
+  """The beam sizes and source length tables on the first --sentences lines of `test_set`."""
   if not os.path.exists(test_set):
     sys.exit(
       f"error: {test_set} does not exist; pass --data_root DIR. {data_sources.HOW_TO_GET_NEWS}"
@@ -317,10 +336,6 @@ def main():
   decoder = Decoder(translator, args.reps)
   beams = beam_sizes_table(decoder, translator, encoded, beam_sizes)
   lengths = source_length_table(decoder, translator, all_encoded, beam=4)
-  reorder_sources = [s for s in all_encoded if bucket_length(len(s)) == 32][: translator.batch_size]
-  reorder = _cache_reorder.reorder_table(
-    decoder, translator, make_batch(translator, reorder_sources), beam=4, reps=args.loop_reps
-  )
   load_end = os.getloadavg()[0]
   print(f"load average {load_start:.1f} at the start, {load_end:.1f} at the end")
   print(
@@ -332,7 +347,6 @@ def main():
         "batch_size": translator.batch_size,
         "beam_sizes": beams,
         "source_length": lengths,
-        "cache_reorder": reorder,
         "load_average": [load_start, load_end],
       }
     )

@@ -1,5 +1,12 @@
 #!/usr/bin/env bash
-# The prepared device call of issue 42, on one H100/H200 (benchmarks/device_prepare.sh first):
+# The GPU check, from the repository root, on a machine with one NVIDIA GPU (H100/H200 class):
+#   bash benchmarks/device_run.sh            # everything below, ~8 minutes on an H200
+#   bash benchmarks/device_run.sh prepare    # first, on a machine with internet access, when the
+#                                            # GPU machine has none: see "prepare" below
+# The run takes its packages and data from the tree: the wheels in .whl/ (installed into
+# /tmp/site, when .whl/ exists; otherwise the Python environment must have the project
+# installed) and Multi30k from device_data/multi30k/ (otherwise from data.root's default,
+# ../shared/data). It runs, in this order (a run cut short loses the end):
 #   1. benchmarks/accelerator.py, the sections of ACCELERATOR_SECTIONS (default: the train
 #      steps and decoding, what the PyTorch reference is compared with);
 #   2. benchmarks/torch_reference.py, the same Base and Big steps in PyTorch, in its own
@@ -9,16 +16,39 @@
 #      the input wait share and test2016 BLEU), unless SKIP_REPRODUCE=1; stopped after
 #      REPRODUCE_LIMIT seconds (default 330: the goal is 300), so the sections after it run;
 #   4. benchmarks/accelerator.py again for ACCELERATOR_LATER (default: every other section);
-#      a section named nowhere is not run, and "none" runs none.
-# The order puts what the acceptance compares first: a call cut by its time limit loses the end.
-# Everything is also written under $OUT (logs, results.json), which comes back with the reply.
+#      "none" runs none.
+# Everything is also written under $OUT (default /tmp/device_out): logs, results.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = prepare ]; then
+  # What a GPU machine without internet lacks, put into two ignored folders of the tree:
+  #   .whl/               wheels for Python 3.12 of the packages a CUDA image of jax, flax,
+  #                       optax, orbax, torch, transformers, sacrebleu and sentencepiece lacks
+  #                       (the versions this checkout is tested with);
+  #   device_data/multi30k/  Multi30k's lowercased, tokenized files.
+  set -e
+  mkdir -p .whl device_data/multi30k
+  cp ../shared/data/multi30k/{train,val,test_2016_flickr}.lc.norm.tok.{en,de} device_data/multi30k/
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    --platform manylinux1_x86_64 -d .whl grain==0.2.18 array-record==0.8.6 \
+    ml-collections==1.1.0 sacremoses==0.2.0 tensorboardX==2.6.5 portpicker==1.6.0
+  du -sh .whl device_data
+  exit 0
+fi
+
 OUT="${OUT:-/tmp/device_out}"
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit
-export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit
+  export PYTHONPATH="/tmp/site:$PWD"
+fi
+data_root=()
+if [ -d device_data/multi30k ]; then data_root=(data.root=device_data); fi
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   git rev-parse --short HEAD 2>/dev/null || echo "commit: (no .git)"
@@ -34,10 +64,9 @@ if [ "${SKIP_TORCH:-0}" != 1 ]; then
 fi
 if [ "${SKIP_REPRODUCE:-0}" != 1 ]; then
   start=$(date +%s)
-  # JAX_LOG_COMPILES: each compilation and its seconds in the log (on the first GPU run, 2026-11-28,
-  # training paused for over a minute after the first epoch's step: compiles were suspected).
+  # JAX_LOG_COMPILES: each compilation and its seconds in the log, summed below.
   JAX_LOG_COMPILES=1 timeout "${REPRODUCE_LIMIT:-330}" python3 run.py reproduce \
-    --experiment transformer_tiny_multi30k_ende --workdir /tmp/m30k data.root=device_data 2>&1 | tee "$OUT/reproduce.txt"
+    --experiment transformer_tiny_multi30k_ende --workdir /tmp/m30k "${data_root[@]}" 2>&1 | tee "$OUT/reproduce.txt"
   echo "reproduce: $(( $(date +%s) - start )) s for the whole command" | tee -a "$OUT/reproduce.txt"
   grep -o "Finished XLA compilation of .* in [0-9.]* sec" "$OUT/reproduce.txt" \
     | awk '{n++; s+=$(NF-1)} END {printf "compilations: %d, %.1f s in all\n", n, s}' \

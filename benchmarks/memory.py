@@ -4,6 +4,7 @@ much does translating with NLLB-200 3.3B need, in float32 and bfloat16 (`--infer
 
     python benchmarks/memory.py [--experiments transformer_base_wmt14_ende ...] [--rows 12]
     python benchmarks/memory.py --inference [--beam 4 --batch 16 --src_len 64]
+    python benchmarks/memory.py --tiny [--inference]     # toy shapes, seconds (CI)
 
 Nothing large is allocated: the step is lowered and compiled for abstract inputs
 (`train_step.state_layout`, `jax.ShapeDtypeStruct` batches), as `jit_train_step` compiles
@@ -41,7 +42,6 @@ float32's; the parameter bytes are what bfloat16 halves on every backend.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
 import pathlib
@@ -54,8 +54,9 @@ sys.path.insert(0, str(ROOT))
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import ml_collections  # noqa: E402
 
+from benchmarks.harness import timing  # noqa: E402
+from benchmarks.harness.steps import compile_train_step, one_device_mesh, peak_bytes  # noqa: E402
 from transformer_mt.config import registry  # noqa: E402
 from transformer_mt.decoding import beam_decode  # noqa: E402
 from transformer_mt.interop import hf_convert  # noqa: E402
@@ -98,50 +99,36 @@ NLLB_200_3_3B = {
 }
 
 
-def peak_bytes(stats) -> int:
-  """XLA's peak of a compiled program: arguments + outputs - aliased (donated buffers
-  reused) + temporaries."""
-  return (
-    stats.argument_size_in_bytes
-    + stats.output_size_in_bytes
-    - stats.alias_size_in_bytes
-    + stats.temp_size_in_bytes
-  )
+# --tiny: the same programs at toy shapes (the train step of each experiment, and the beam
+# search of a shrunk NLLB-200), seconds on a CPU.
+TINY_MODEL = (
+  "model.d_model=32",
+  "model.d_ff=64",
+  "model.num_heads=2",
+  "model.num_encoder_layers=1",
+  "model.num_decoder_layers=1",
+  "tokenizer.vocab_size=256",
+  "data.max_len=16",
+)
+TINY_NLLB = dict(
+  d_model=32,
+  encoder_layers=1,
+  decoder_layers=1,
+  encoder_attention_heads=2,
+  decoder_attention_heads=2,
+  encoder_ffn_dim=64,
+  decoder_ffn_dim=64,
+  vocab_size=256,
+)
 
 
-def compile_train_step(setup, mesh, batch, label_smoothing: float, loss_chunk_tokens: int = 0):
-  """One train step compiled ahead of time as train_step.jit_train_step compiles it (sharded
-  in/out, the state donated); `batch` may be abstract (ShapeDtypeStruct). Its
-  `memory_analysis()` is the program's own figure, where a backend's `peak_bytes_in_use` is
-  the whole process's peak so far; call it under `jax.set_mesh(mesh)` and the logical axis
-  rules. `loss_chunk_tokens`: train.loss_chunk_tokens (0: the loss from the full logits)."""
-  step = functools.partial(
-    train_step.train_step,
-    model=setup.model,
-    tx=setup.tx,
-    schedule=setup.schedule,
-    label_smoothing=label_smoothing,
-    loss_chunk_tokens=loss_chunk_tokens,
-    # The dropout key's PRNG the setup's state was made for (train.prng_impl).
-    prng_impl=setup.prng_impl,
-  )
-  jitted = jax.jit(
-    step,
-    in_shardings=(setup.state_shardings, sharding.batch_sharding(mesh, 3, batch_dim=1)),
-    out_shardings=(setup.state_shardings, sharding.replicated(mesh)),
-    donate_argnums=0,
-  )
-  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
-    return jitted.lower(setup.abstract_state, batch).compile()
-
-
-def step_memory(experiment: str, remat: bool, rows: int, accum: int) -> dict[str, float]:
-  """Bytes XLA assigns to one train step of `experiment` on one device, and the bytes of
-  the residuals jax saves for its backward pass."""
-  config = registry.load_experiment(experiment)
-  mesh = sharding.make_mesh(
-    ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1}), devices=jax.devices()[:1]
-  )
+def step_memory(
+  experiment: str, remat: bool, rows: int, accum: int, overrides=()
+) -> dict[str, float]:
+  """Bytes XLA assigns to one train step of `experiment` (with `overrides`) on one device, and
+  the bytes of the residuals jax saves for its backward pass."""
+  config = registry.load_experiment(experiment, list(overrides))
+  mesh = one_device_mesh()
   model_config = run_setup.model_config_for(config).replace(remat=remat)
   setup = training_setup(config, None, mesh, model_config=model_config)
   model, state = setup.model, setup.abstract_state
@@ -173,12 +160,14 @@ def step_memory(experiment: str, remat: bool, rows: int, accum: int) -> dict[str
   }
 
 
-def inference_memory(dtype: str, batch: int, beam: int, src_len: int) -> dict[str, float]:
-  """Bytes XLA assigns to beam search with NLLB-200 3.3B in `dtype` on one device."""
-  model_config = hf_convert.config_from_hf(NLLB_200_3_3B).replace(dtype=dtype, param_dtype=dtype)
-  mesh = sharding.make_mesh(
-    ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1}), devices=jax.devices()[:1]
-  )
+def inference_memory(
+  dtype: str, batch: int, beam: int, src_len: int, tiny: bool = False
+) -> dict[str, float]:
+  """Bytes XLA assigns to beam search with NLLB-200 3.3B (`tiny`: TINY_NLLB's shape) in
+  `dtype` on one device."""
+  hf_config = {**NLLB_200_3_3B, **(TINY_NLLB if tiny else {})}
+  model_config = hf_convert.config_from_hf(hf_config).replace(dtype=dtype, param_dtype=dtype)
+  mesh = one_device_mesh()
   params = train_step.abstract_params(Transformer(model_config), mesh)
   max_len = src_len + 50
   inputs = jax.ShapeDtypeStruct((batch, src_len), jnp.int32)
@@ -201,7 +190,7 @@ def main_inference(args) -> None:
   results = {}
   print(f"{'NLLB-200 3.3B':16}{'params':>9}{'params GiB':>12}{'temp GiB':>10}{'peak GiB':>10}")
   for dtype in ("float32", "bfloat16"):
-    m = inference_memory(dtype, args.batch, args.beam, args.src_len)
+    m = inference_memory(dtype, args.batch, args.beam, args.src_len, args.tiny)
     results[dtype] = m
     print(
       f"{dtype:16}{m['parameters'] / 1e9:8.2f}B{m['param_bytes'] / GIB:12.2f}"
@@ -212,7 +201,7 @@ def main_inference(args) -> None:
     json.dumps(
       {
         "benchmark": "inference_memory",
-        "model": "nllb-200-3.3B",
+        "model": "nllb-200-3.3B" + (" (tiny shape)" if args.tiny else ""),
         "backend": jax.default_backend(),
         "batch": args.batch,
         "beam": args.beam,
@@ -223,7 +212,7 @@ def main_inference(args) -> None:
   )
 
 
-def main():
+def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument(
     "--experiments",
@@ -243,7 +232,14 @@ def main():
   parser.add_argument("--batch", type=int, default=16, help="--inference: sentences per batch")
   parser.add_argument("--beam", type=int, default=4, help="--inference: beam size")
   parser.add_argument("--src_len", type=int, default=64, help="--inference: source tokens")
-  args = parser.parse_args()
+  parser.add_argument("--tiny", action="store_true", help="toy shapes, seconds on a CPU (CI)")
+  args = parser.parse_args(argv)
+  print(timing.machine_line())
+  overrides = ()
+  if args.tiny:
+    args.rows, args.batch, args.src_len, args.beam = 2, 2, 8, 2
+    args.experiments = args.experiments[:1]
+    overrides = TINY_MODEL
   if args.inference:
     main_inference(args)
     return
@@ -255,7 +251,7 @@ def main():
   )
   for experiment in args.experiments:
     for remat in (False, True):
-      m = step_memory(experiment, remat, args.rows, args.accum)
+      m = step_memory(experiment, remat, args.rows, args.accum, overrides)
       results[f"{experiment}{'+remat' if remat else ''}"] = m
       print(
         f"{experiment:30}{remat!s:>6}{m['parameters'] / 1e6:8.1f}M"

@@ -12,8 +12,8 @@ on embeddings and sub-layer outputs, none on attention, no key bias; the same pa
 parameters, Adam and loss, as ours), `F.scaled_dot_product_attention` (flash on a GPU: no mask
 tensor, `is_causal` for the decoder), label-smoothed cross-entropy (eps 0.1 spread over the whole
 vocabulary, as ours), `torch.optim.Adam(fused=True)` (betas 0.9/0.98, eps 1e-9), the model under
-`torch.compile` (default mode; `--no-compile` without). Batches: benchmarks.train_step's
-`full_rows_batch`, seed 0, the shapes of accelerator.SIZES (one pair filling each row of 256,
+`torch.compile` (default mode; `--no-compile` without). Batches: benchmarks/harness/steps.py's
+`full_rows_batch`, seed 0, at its SIZES, accelerator.py's (one pair filling each row of 256,
 so no padding and no mask). Printed per size: best and median step time of --reps steps after
 3 warm-ups (the first compiles), target tokens/s, useful TFLOP/s and MFU with FLOPs counted by
 our `useful_flops` (the same count as accelerator.py's lines, so the two lines' ratio is the
@@ -39,8 +39,14 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from benchmarks.accelerator import SIZES, TINY, model_config, peak_of  # noqa: E402
-from benchmarks.train_step import full_rows_batch, useful_flops  # noqa: E402
+from benchmarks.harness.steps import (  # noqa: E402
+  SIZES,
+  TINY,
+  full_rows_batch,
+  model_config,
+  peak_of,
+  useful_flops,
+)
 
 DROPOUT, LABEL_SMOOTHING, LN_EPS = 0.1, 0.1, 1e-6
 
@@ -189,13 +195,13 @@ def parameter_count(model: nn.Module) -> int:
   return sum(p.numel() for p in model.parameters())
 
 
-def main():
+def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--tiny", action="store_true", help="toy sizes on the CPU: tests and CI")
   parser.add_argument("--sizes", default="Base,Big", help="comma-separated: Base, Big")
   parser.add_argument("--reps", type=int, default=None, help="timed steps (default 10, tiny 2)")
   parser.add_argument("--no-compile", action="store_true", help="eager PyTorch, no torch.compile")
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
   sizes = TINY if args.tiny else SIZES
   unknown = [name for name in args.sizes.split(",") if name not in sizes]
   if unknown:

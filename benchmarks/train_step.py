@@ -1,7 +1,8 @@
 """How fast is our train step? Target tokens/s, achieved FLOP/s against this machine's matmul
 peak, and a strong plain Flax Linen reference, all measured in one run, in two modes:
 
-    python benchmarks/train_step.py [--mode both|packed|full_rows] [--layers 2] ...
+    python benchmarks/train_step.py [--mode both|packed|full_rows|scaling] [--layers 2] ...
+    python benchmarks/train_step.py --tiny [--mode ...]      # toy sizes, seconds (CI)
 
   packed      (today's end-to-end comparison) ours on one packed batch, the reference on the
               *same sentences* one per row, padded to the batch's longest source / target:
@@ -11,13 +12,20 @@ peak, and a strong plain Flax Linen reference, all measured in one run, in two m
               pair whose source and target fill all max_len slots (segment ids all 1,
               positions 0..max_len-1, no padding, no packing), so the ratio isolates per-slot
               speed: how fast each implementation turns a real token into a training update.
-`--mode both` (the default) runs both and prints both ratios.
+  scaling     ours alone on full rows: step time against sequence length at a fixed token
+              budget (--lengths at --tokens), and against the budget at a fixed length
+              (--token_budgets at --length), with the exponent b of step_seconds ~ a * x^b
+              fitted on log-log: ~0 for length if attention is a small share of the work, ~1
+              for tokens if the step is throughput-bound (below 1 when small batches leave
+              the cores partly idle).
+`--mode both` (the default) runs packed and full_rows and prints both ratios.
 
 Measures (after compilation; best of --reps steps, median shown too):
   peak        a jitted [--matmul_size]^2 matmul in float32 (and bfloat16 where the hardware
               has it): the denominator of "fraction of peak".
-  ours        `train_step.jit_train_step` exactly as `train.py` builds it (sharded state on a
-              1-device mesh, Adam, label smoothing 0.1, dropout 0.1) on [1, batch_tokens /
+  ours        our step as `run.py train` builds it (benchmarks/harness/steps.py's
+              TrainStepBench: sharded state on a 1-device mesh, Adam, label smoothing 0.1,
+              dropout 0.1, the state donated) on [1, batch_tokens /
               max_len rows, max_len]: packed by the training pipeline's own first-fit packer
               (`input_pipeline.packed_rows`, 256 open rows), or full rows.
   reference   what a strong user writes, in the style of google/flax examples/wmt: a Linen
@@ -27,34 +35,22 @@ Measures (after compilation; best of --reps steps, median shown too):
               state donated. Like examples/wmt it is packing-aware (segment-id masks and
               per-sentence positions when the batch has them): on full rows it gets the very
               batch ours gets; in packed mode it gets the padded batch described above.
-              Its code: benchmarks/_linen_reference.py.
+              Its code: benchmarks/harness/linen_reference.py.
 
 Sentence lengths (packed mode): (source, target) word counts of the real newstest2014 EN-DE
 pairs (../shared/data/news/en-de/newstest2014.{en,de}) times --tokens_per_word (1.4, about
 what a 37k BPE gives on WMT news: mean ~27 tokens) plus EOS, drawn in random order; a
 log-normal with mean ~27 tokens (sigma 0.5) if the files are absent. Token ids are random.
 
-Useful FLOPs per step, counted analytically over real (non-pad) tokens only, the same for
-both models (so FLOP/s ratios equal token/s ratios); in full_rows mode every slot is real
-(s_i = t_i = max_len):
-  6 x P_enc x S                                     encoder layers
-  + 6 x (P_dec - P_xkv) x T + 6 x P_xkv x S         decoder layers; cross-attention keys and
-                                                    values (P_xkv) are projected per source token
-  + 6 x d_model x V x T                             output projection onto the vocabulary
-  + 12 x d_attn x (L_enc x sum s_i^2 + L_dec x sum (t_i^2 + t_i s_i))   attention scores and
-                                                    weighted values (forward 4 x, backward 8 x)
-P_* are parameter counts of our model (biases and LayerNorm included, embeddings excluded),
-S / T the real source / target tokens, s_i / t_i one sentence's lengths, d_attn =
-heads x head_dim, V the vocabulary. Causal self-attention is counted in full (t_i^2), as
-in the PaLM MFU convention. Packed rows compute attention across the whole row; that extra
-work is not counted as useful.
+Useful FLOPs per step: benchmarks/harness/steps.py's `useful_flops` (its docstring gives the
+formula), over real (non-pad) tokens only, the same for both models (so FLOP/s ratios equal
+token/s ratios); in full_rows mode every slot is real.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import pathlib
 import sys
@@ -65,19 +61,19 @@ sys.path.insert(0, str(ROOT))
 import grain  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks import _timing  # noqa: E402
-from benchmarks._linen_reference import ReferenceTransformer, reference_train_step  # noqa: E402
+from benchmarks.harness import timing  # noqa: E402
+from benchmarks.harness.linen_reference import (  # noqa: E402
+  ReferenceTransformer,
+  reference_train_step,
+)
+from benchmarks.harness.steps import TrainStepBench, full_rows_batch, useful_flops  # noqa: E402
 from transformer_mt.config import defaults as _defaults  # noqa: E402
 from transformer_mt.data import input_pipeline  # noqa: E402
 from transformer_mt.data.tokenizer import BOS_ID, PAD_ID  # noqa: E402
-from transformer_mt.model.transformer import parameter_shapes  # noqa: E402
 from transformer_mt.model.transformer_config import TransformerConfig  # noqa: E402
-from transformer_mt.runtime import sharding  # noqa: E402
-from transformer_mt.training import optimizer, train_step  # noqa: E402
-from transformer_mt.training.setup import training_setup  # noqa: E402
+from transformer_mt.training import optimizer  # noqa: E402
 
 NEWS = ROOT.parent / "shared" / "data" / "news" / "en-de" / "newstest2014"
 
@@ -87,11 +83,14 @@ NEWS = ROOT.parent / "shared" / "data" / "news" / "en-de" / "newstest2014"
 # ---------------------------------------------------------------------------------------------
 
 
-def sentence_lengths(max_len: int, tokens_per_word: float, seed: int) -> tuple[np.ndarray, str]:
-  """(source, target) token lengths [n, 2] in random order, each in [2, max_len], and a label."""
+def sentence_lengths(
+  max_len: int, tokens_per_word: float, seed: int, news: bool = True
+) -> tuple[np.ndarray, str]:
+  """(source, target) token lengths [n, 2] in random order, each in [2, max_len], and a label;
+  from newstest2014 when `news` and its files are there."""
   rng = np.random.default_rng(seed)
   source, target = NEWS.with_suffix(".en"), NEWS.with_suffix(".de")
-  if source.exists() and target.exists():
+  if news and source.exists() and target.exists():
     words = [
       [len(line.split()) for line in path.read_text(encoding="utf-8").splitlines()]
       for path in (source, target)
@@ -148,95 +147,16 @@ def padded_batch(packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   return batch
 
 
-def full_rows_batch(rows: int, max_len: int, vocab: int, seed: int) -> dict[str, np.ndarray]:
-  """[1, rows, max_len]: one sentence pair per row filling every slot, in the packed layout
-  (segment ids all 1, positions 0..max_len-1, targets_in = BOS + targets[:-1])."""
-  rng = np.random.default_rng(seed)
-  shape = (1, rows, max_len)
-  targets = rng.integers(4, vocab, size=shape).astype(np.int32)
-  targets_in = np.concatenate([np.full((*shape[:2], 1), BOS_ID, np.int32), targets[..., :-1]], -1)
-  ones = np.ones(shape, np.int32)
-  positions = np.broadcast_to(np.arange(max_len, dtype=np.int32), shape).copy()
-  return {
-    "inputs": rng.integers(4, vocab, size=shape).astype(np.int32),
-    "targets": targets,
-    "targets_in": targets_in,
-    "inputs_segment_ids": ones,
-    "targets_segment_ids": ones.copy(),
-    "inputs_positions": positions,
-    "targets_positions": positions.copy(),
-  }
-
-
-# ---------------------------------------------------------------------------------------------
-# FLOPs
-# ---------------------------------------------------------------------------------------------
-
-
-def parameter_groups(config: TransformerConfig) -> dict[str, int]:
-  """Non-embedding parameter counts: encoder layers, decoder layers, cross-attention K/V."""
-  shapes = parameter_shapes(config)
-  counts = {"encoder": 0, "decoder": 0, "cross_kv": 0}
-  for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]:
-    names = [p.key for p in path]
-    size = math.prod(leaf.shape)
-    if names[0].startswith("encoder_layers"):
-      counts["encoder"] += size
-    elif names[0].startswith("decoder_layers"):
-      counts["decoder"] += size
-      if names[1] == "cross_attention" and names[2] in ("key", "value"):
-        counts["cross_kv"] += size
-  return counts
-
-
-def useful_flops(
-  config: TransformerConfig, source_lengths: np.ndarray, target_lengths: np.ndarray
-) -> dict[str, float]:
-  """The docstring's formula, term by term, for one step over these sentences."""
-  p = parameter_groups(config)
-  s, t = source_lengths.astype(np.float64), target_lengths.astype(np.float64)
-  d_attn = config.num_heads * config.per_head_dim
-  terms = {
-    "encoder": 6.0 * p["encoder"] * s.sum(),
-    "decoder": 6.0 * (p["decoder"] - p["cross_kv"]) * t.sum() + 6.0 * p["cross_kv"] * s.sum(),
-    "vocab_projection": 6.0 * config.d_model * config.output_vocab_size * t.sum(),
-    "attention": 12.0
-    * d_attn
-    * (
-      config.num_encoder_layers * np.sum(s * s) + config.num_decoder_layers * np.sum(t * t + t * s)
-    ),
-  }
-  terms["total"] = sum(terms.values())
-  return terms
-
-
 # ---------------------------------------------------------------------------------------------
 # Measurement
 # ---------------------------------------------------------------------------------------------
 
 
 def ours_timer(config, label_smoothing, reps):
-  """Builds our state and jitted step once; the returned function times it on a batch
-  [1, rows, max_len] (one compilation per batch shape, the state carried across batches)."""
-  mesh = sharding.make_mesh(
-    ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1}), devices=jax.devices()[:1]
-  )
-  setup = training_setup(_defaults.base_config(), None, mesh, model_config=config)
-  step = train_step.jit_train_step(
-    setup.model, setup.tx, setup.schedule, label_smoothing, mesh, setup.state_shardings
-  )
-  holder = {"state": train_step.create_sharded_state(0, setup.model, setup.tx, mesh)}
-
-  def time_batch(batch):
-    device_batch = sharding.global_batch_from_local(batch, mesh, batch_dim=1)
-
-    def call():
-      holder["state"], metrics = step(holder["state"], device_batch)
-      return metrics
-
-    return _timing.time_calls(call, warmup=1, reps=reps)
-
-  return time_batch
+  """Our step (TrainStepBench: one state, one compilation per batch shape); the returned
+  function times it on a batch [1, rows, max_len]."""
+  bench = TrainStepBench(config, label_smoothing=label_smoothing)
+  return lambda batch: bench.time(batch, warmup=1, reps=reps)
 
 
 def reference_timer(config, label_smoothing, reps):
@@ -257,7 +177,7 @@ def reference_timer(config, label_smoothing, reps):
       holder["state"], loss = step(holder["state"], device_batch)
       return loss
 
-    return _timing.time_calls(call, warmup=1, reps=reps)
+    return timing.time_calls(call, warmup=1, reps=reps)
 
   return time_batch
 
@@ -288,28 +208,109 @@ def mode_batches(mode, args, lengths, length_source):
   return packed, padded, chosen, line
 
 
-def main():
+# Each flag's default, and at --tiny (seconds on 2 CPU cores).
+DEFAULTS = dict(
+  layers=2,
+  d_model=512,
+  d_ff=2048,
+  heads=8,
+  vocab_size=37000,
+  batch_tokens=2048,
+  max_len=128,
+  reps=3,
+  matmul_size=2048,
+  lengths=[64, 128, 256, 512],
+  tokens=4096,
+  token_budgets=[1024, 2048, 4096, 8192],
+  length=128,
+)
+TINY = dict(
+  layers=1,
+  d_model=32,
+  d_ff=64,
+  heads=2,
+  vocab_size=256,
+  batch_tokens=128,
+  max_len=16,
+  reps=1,
+  matmul_size=256,
+  lengths=[8, 16],
+  tokens=64,
+  token_budgets=[32, 64],
+  length=16,
+)
+
+
+def fitted_exponent(x: list[float], seconds: list[float]) -> float:
+  """b of seconds = a * x^b by least squares on (log x, log seconds)."""
+  return float(np.polyfit(np.log(x), np.log(seconds), 1)[0])
+
+
+def scaling(config, args) -> None:
+  """--mode scaling: our step's time against length and against tokens per step, on full rows
+  (one state and compiled step per shape), a line per shape and the fitted exponents."""
+  sweeps = {
+    "length": [(length, args.tokens) for length in args.lengths],
+    "tokens": [(args.length, tokens) for tokens in args.token_budgets],
+  }
+  record = {"benchmark": "train_step", "mode": "scaling", "config": vars(args)}
+  print(
+    f"{'sweep':8}{'length':>8}{'rows':>6}{'tokens':>8}{'step s (best)':>15}{'median':>9}"
+    f"{'tokens/s':>10}"
+  )
+  time_batch = ours_timer(config, 0.1, args.reps)
+  for sweep, shapes in sweeps.items():
+    points = []
+    for length, tokens in shapes:
+      rows = tokens // length
+      step = time_batch(full_rows_batch(rows, length, args.vocab_size, args.seed))
+      points.append(
+        {"length": length, "rows": rows, "tokens": rows * length, "step_seconds": step.best}
+      )
+      print(
+        f"{sweep:8}{length:8d}{rows:6d}{rows * length:8d}{step.best:15.3f}"
+        f"{step.median:9.3f}{rows * length / step.best:10,.0f}",
+        flush=True,
+      )
+    exponent = fitted_exponent([r[sweep] for r in points], [r["step_seconds"] for r in points])
+    print(f"  step time ~ {sweep}^{exponent:.2f}")
+    record[sweep] = {"points": points, "exponent": exponent}
+  print(json.dumps(record))
+
+
+def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument(
     "--mode",
     default="both",
-    choices=["both", "packed", "full_rows"],
-    help="packed: ours packed vs the reference padded; full_rows: both on the same full rows",
+    choices=["both", "packed", "full_rows", "scaling"],
+    help="packed: ours packed vs the reference padded; full_rows: both on the same full rows; "
+    "scaling: ours alone, step time against length and tokens per step",
   )
-  parser.add_argument("--layers", type=int, default=2, help="encoder and decoder layers")
-  parser.add_argument("--d_model", type=int, default=512)
-  parser.add_argument("--d_ff", type=int, default=2048)
-  parser.add_argument("--heads", type=int, default=8)
-  parser.add_argument("--vocab_size", type=int, default=37000)
-  parser.add_argument("--batch_tokens", type=int, default=2048, help="target slots per step")
-  parser.add_argument("--max_len", type=int, default=128)
+  parser.add_argument("--tiny", action="store_true", help="toy sizes, seconds on a CPU (CI)")
+  parser.add_argument("--layers", type=int, help="encoder and decoder layers (default 2)")
+  parser.add_argument("--d_model", type=int, help="default 512")
+  parser.add_argument("--d_ff", type=int, help="default 2048")
+  parser.add_argument("--heads", type=int, help="default 8")
+  parser.add_argument("--vocab_size", type=int, help="default 37000")
+  parser.add_argument("--batch_tokens", type=int, help="target slots per step (default 2048)")
+  parser.add_argument("--max_len", type=int, help="default 128")
   parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   parser.add_argument("--tokens_per_word", type=float, default=1.4)
-  parser.add_argument("--reps", type=int, default=3, help="timed steps per model and mode")
-  parser.add_argument("--matmul_size", type=int, default=2048)
+  parser.add_argument("--reps", type=int, help="timed steps per model and mode (default 3)")
+  parser.add_argument("--matmul_size", type=int, help="default 2048")
   parser.add_argument("--skip_reference", action="store_true")
   parser.add_argument("--seed", type=int, default=0)
-  args = parser.parse_args()
+  parser.add_argument("--lengths", type=int, nargs="+", help="scaling: lengths (64 ... 512)")
+  parser.add_argument("--tokens", type=int, help="scaling: tokens/step of the length sweep (4096)")
+  parser.add_argument(
+    "--token_budgets", type=int, nargs="+", help="scaling: tokens/step (1024 ... 8192)"
+  )
+  parser.add_argument("--length", type=int, help="scaling: length of the tokens sweep (128)")
+  args = parser.parse_args(argv)
+  for key, value in (TINY if args.tiny else DEFAULTS).items():
+    if getattr(args, key) is None:
+      setattr(args, key, value)
 
   config = TransformerConfig(
     vocab_size=args.vocab_size,
@@ -321,8 +322,14 @@ def main():
     dropout_rate=0.1,
     dtype=args.dtype,
   )
+  print(timing.machine_line())
+  if args.mode == "scaling":
+    scaling(config, args)
+    return
   modes = ["packed", "full_rows"] if args.mode == "both" else [args.mode]
-  lengths, length_source = sentence_lengths(args.max_len, args.tokens_per_word, args.seed)
+  lengths, length_source = sentence_lengths(
+    args.max_len, args.tokens_per_word, args.seed, news=not args.tiny
+  )
   setups = {}
   for mode in modes:
     ours_batch, reference_batch, chosen, line = mode_batches(mode, args, lengths, length_source)
@@ -335,10 +342,10 @@ def main():
     )
 
   dtypes = {"float32": jnp.float32}
-  if _timing.hardware_has_bf16():
+  if timing.hardware_has_bf16():
     dtypes["bfloat16"] = jnp.bfloat16
   load_before = os.getloadavg()[0]
-  peaks = {name: _timing.matmul_peak(args.matmul_size, dtype) for name, dtype in dtypes.items()}
+  peaks = {name: timing.matmul_peak(args.matmul_size, dtype) for name, dtype in dtypes.items()}
   timers = {"ours": ours_timer(config, 0.1, args.reps)}
   if not args.skip_reference:
     timers["reference"] = reference_timer(config, 0.1, args.reps)
@@ -350,7 +357,7 @@ def main():
   # The peak again after the steps, keeping the better one: on a shared machine a quiet
   # moment during either measurement is the closer estimate of what the hardware does.
   peaks = {
-    name: tuple(map(max, peaks[name], _timing.matmul_peak(args.matmul_size, dtype)))
+    name: tuple(map(max, peaks[name], timing.matmul_peak(args.matmul_size, dtype)))
     for name, dtype in dtypes.items()
   }
   peak, cpu_peak = peaks.get(args.dtype, peaks["float32"])
@@ -380,19 +387,19 @@ def main():
       "useful_flops_per_step": flops["total"],
       "flops_terms": flops,
     }
-    for name, timing in results[mode].items():
-      achieved = timing.rate(flops["total"])
-      cpu_fraction = timing.cpu_rate(flops["total"]) / cpu_peak
+    for name, measured in results[mode].items():
+      achieved = measured.rate(flops["total"])
+      cpu_fraction = measured.cpu_rate(flops["total"]) / cpu_peak
       label = f"{mode} {name} ({args.dtype})"
       print(
-        f"{label:30}{timing.best:10.3f} / {timing.median:7.3f}"
-        f"{timing.rate(target_tokens):13,.0f}{achieved / 1e9:9.1f}{achieved / peak:9.1%}"
+        f"{label:30}{measured.best:10.3f} / {measured.median:7.3f}"
+        f"{measured.rate(target_tokens):13,.0f}{achieved / 1e9:9.1f}{achieved / peak:9.1%}"
         f"{cpu_fraction:19.1%}"
       )
       record[mode][name] = {
-        "step_seconds": timing.best,
-        "step_seconds_median": timing.median,
-        "target_tokens_per_second": timing.rate(target_tokens),
+        "step_seconds": measured.best,
+        "step_seconds_median": measured.median,
+        "target_tokens_per_second": measured.rate(target_tokens),
         "flops_per_second": achieved,
         "fraction_of_peak": achieved / peak,
         "fraction_of_peak_cpu_time": cpu_fraction,

@@ -16,7 +16,7 @@ import pathlib
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SOURCE_LANG, TARGET_LANG = "en", "de"
 DEFAULT_DATA_ROOT = ROOT.parent / "shared" / "data"
 MAX_WORDS = 150

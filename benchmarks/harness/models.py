@@ -1,14 +1,19 @@
-"""The regime of issue 13, item 8: our beam search against transformers' `generate` and the
-compute floor, measured side by side in one process (`python benchmarks/decode.py --regime
-issue`; the module docstring of benchmarks/decode.py says what is measured).
+"""The models the decoding benchmarks run, at random initialization, and our beam search
+against transformers' `generate` on the same weights.
 
-One random Marian model (2+2 layers, d_model 512, d_ff 2048, 8 heads, vocabulary 32000;
-swish, scaled and tied embeddings, final logits bias) runs on both sides: built as a
-transformers MarianMTModel and converted with `hf_convert`, or, without transformers, as the
-same `TransformerConfig` with our own random init (and then no reference is timed). 32
-sentences of 32 random source tokens, beam 4, exactly 64 generated tokens on both sides: the
-EOS id is set outside the vocabulary, so no hypothesis ends before the maximum length, and both
-sides mask PAD (ours always does; `generate` gets it as `suppress_tokens`).
+`random_model`: a model of an experiment's shape with a SentencePiece vocabulary of its size
+trained on its training text: what benchmarks decode when the speed, not the translation, is
+measured (a random model emits no EOS, so every sentence runs to its limit).
+
+The `generate` regime (`python benchmarks/decode.py --regime issue`, and accelerator.py's
+"generate" section through `comparison_lines`): one random Marian model (2+2 layers, d_model
+512, d_ff 2048, 8 heads, vocabulary 32000; swish, scaled and tied embeddings, final logits
+bias) runs on both sides: built as a transformers MarianMTModel and converted with
+`hf_convert`, or, without transformers, as the same `TransformerConfig` with our own random
+init (and then no reference is timed). 32 sentences of 32 random source tokens, beam 4, exactly
+64 generated tokens on both sides: the EOS id is set outside the vocabulary, so no hypothesis
+ends before the maximum length, and both sides mask PAD (ours always does; `generate` gets it
+as `suppress_tokens`).
 """
 
 from __future__ import annotations
@@ -20,12 +25,35 @@ import time
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
-from benchmarks import _timing
+from benchmarks.harness import timing
+from transformer_mt.data import sources as data_sources
+from transformer_mt.data.tokenizer import Tokenizer, train_tokenizer
 from transformer_mt.decoding import beam_decode
 from transformer_mt.interop import hf_convert
+from transformer_mt.model import setup as run_setup
 from transformer_mt.model.transformer import Transformer
+
+# Sentences a random model's vocabulary is trained on (~10 s on 2 cores).
+VOCABULARY_SAMPLE = 20_000
+
+
+def random_model(
+  config: ml_collections.ConfigDict, mesh, vocabulary_sample: int = VOCABULARY_SAMPLE
+) -> tuple[run_setup.ModelSetup, dict, Tokenizer]:
+  """(the model setup on `mesh`, parameters at seed 0, the tokenizer) for `config`, whose
+  data section names the training text."""
+  pairs = data_sources.load_pairs(config.data)["train"]
+  tokenizer = train_tokenizer(
+    pairs, config.tokenizer.vocab_size, config.tokenizer.model_type, sample_size=vocabulary_sample
+  )
+  setup = run_setup.model_setup(config, tokenizer, mesh)
+  dummy = jnp.ones((1, 2), jnp.int32)
+  params = nn.unbox(setup.model.init(jax.random.key(0), dummy, dummy)["params"])
+  return setup, params, tokenizer
+
 
 SENTENCES, SOURCE_TOKENS, BEAM, NEW_TOKENS = 32, 32, 4, 64
 MARIAN = dict(
@@ -133,8 +161,7 @@ def time_ours(params, config, sources, reps):
     outputs[:] = [compiled(params, inputs)]
     return outputs[0]
 
-  timing = _timing.time_calls(call, warmup=1, reps=reps)
-  return outputs[0], timing
+  return outputs[0], timing.time_calls(call, warmup=1, reps=reps)
 
 
 def generate_settings(config) -> dict:
@@ -177,21 +204,21 @@ def time_generate(model, config, sources, reps):
       )
       best = cpu = np.inf
       for _ in range(reps):
-        start, cpu_start = time.perf_counter(), _timing._cpu_seconds()
+        start, cpu_start = time.perf_counter(), timing.cpu_seconds()
         sequences = model.generate(input_ids=inputs, attention_mask=mask, **settings)
         best = min(best, time.perf_counter() - start)
-        cpu = min(cpu, _timing._cpu_seconds() - cpu_start)
+        cpu = min(cpu, timing.cpu_seconds() - cpu_start)
       timings[threads] = (best, cpu)
   return sequences.numpy()[:, 1:], timings  # without the decoder start token
 
 
-def issue_table(reps: int) -> dict:
+def issue_table(reps: int, tiny: bool = False) -> dict:
   """Sentences/s of ours and of transformers' generate, their ratio, and our share of the
-  compute floor, all measured in this process."""
-  model, config, params = build_model()
+  compute floor, all measured in this process (`tiny`: TINY_MARIAN's widths, for CI)."""
+  model, config, params = build_model(**(TINY_MARIAN if tiny else {}))
   sources = random_sources(config)
   flops, formula = flops_per_sentence(config)
-  peak, cpu_peak = _timing.matmul_peak()
+  peak, cpu_peak = timing.matmul_peak(512 if tiny else 2048)
   floor = peak / flops
   outputs, ours = time_ours(params, config, sources, reps)
   result = {
@@ -213,7 +240,7 @@ def issue_table(reps: int) -> dict:
   )
   print(f"compute floor: {formula}\n  = {flops / 1e9:.2f} GFLOP per sentence")
   print(
-    f"  / f32 matmul peak {peak / 1e9:.0f} GFLOP/s (benchmarks/_timing.matmul_peak) = "
+    f"  / f32 matmul peak {peak / 1e9:.0f} GFLOP/s (benchmarks/timing.matmul_peak) = "
     f"{floor:.1f} sentences/s"
   )
   print(
@@ -249,3 +276,74 @@ def issue_table(reps: int) -> dict:
     f"the floor; best hypotheses identical on both sides: {same:.0%} of sentences"
   )
   return result
+
+
+# The --tiny CI run's model: 2 + 2 layers at toy widths (the program, not the figures).
+TINY_MARIAN = dict(
+  d_model=64,
+  encoder_ffn_dim=128,
+  decoder_ffn_dim=128,
+  encoder_attention_heads=4,
+  decoder_attention_heads=4,
+  vocab_size=1000,
+  decoder_vocab_size=1000,
+  pad_token_id=999,
+  decoder_start_token_id=999,
+)
+
+
+def comparison_lines(sentences: int, reps: int, tiny: bool) -> list[str]:
+  """accelerator.py's "generate" section: our beam 4 against `generate` at the Base shape
+  (6 + 6 layers; --tiny: 2 + 2 at TINY_MARIAN's widths), `sentences` sources; on a GPU both
+  sides in bfloat16 (transformers' model cast as a whole, its usual GPU setup), on a CPU in
+  float32. Lines: sentences/s and target tokens/s of each, the ratio, and how many sentences
+  got the same best hypothesis (bf16 rounds differently on the two sides: fewer on a GPU)."""
+  on_gpu = jax.default_backend() == "gpu"
+  layers = 2 if tiny else 6
+  model, config, params = build_model(
+    encoder_layers=layers, decoder_layers=layers, **(TINY_MARIAN if tiny else {})
+  )
+  config = config.replace(dtype="bfloat16" if on_gpu else "float32")
+  sources = random_sources(config, sentences=sentences)
+  outputs, ours = time_ours(params, config, sources, reps)
+  new = NEW_TOKENS
+  shape = (
+    f"random Marian {layers}+{layers} layers, d_model {config.d_model}, vocab "
+    f"{config.vocab_size}, {config.dtype}; {sentences} sentences x "
+    f"{SOURCE_TOKENS} source tokens, beam {BEAM}, exactly {new} out"
+  )
+  lines = [
+    f"beam-4 vs generate ({shape}): ours {sentences / ours.best:,.1f} sentences/s, "
+    f"{sentences * new / ours.best:,.0f} target tokens/s ({ours.best:.3f} s)"
+  ]
+  if model is None:
+    return lines + ["transformers generate: not measured (transformers/torch not importable)"]
+  sequences, seconds = time_generate_on_device(model, config, sources, reps, on_gpu)
+  same = float(np.mean(np.all(sequences == np.asarray(outputs.sequences), axis=1)))
+  lines.append(
+    f"transformers generate: {sentences / seconds:,.1f} sentences/s, "
+    f"{sentences * new / seconds:,.0f} target tokens/s ({seconds:.3f} s); "
+    f"ours / generate {seconds / ours.best:.2f}x; same best hypothesis for {same:.0%} of sentences"
+  )
+  return lines
+
+
+def time_generate_on_device(model, config, sources, reps, on_gpu) -> tuple[np.ndarray, float]:
+  """(sequences [sentences, NEW_TOKENS], best seconds) of transformers' beam search."""
+  import torch
+
+  device = torch.device("cuda" if on_gpu else "cpu")
+  model = model.to(device, torch.bfloat16 if on_gpu else torch.float32)
+  settings = generate_settings(config)
+  inputs = torch.tensor(sources, dtype=torch.long, device=device)
+  mask = torch.ones_like(inputs)
+  best = np.inf
+  with torch.inference_mode():
+    for rep in range(reps + 1):  # the first is the warm-up
+      start = time.perf_counter()
+      sequences = model.generate(input_ids=inputs, attention_mask=mask, **settings)
+      if on_gpu:
+        torch.cuda.synchronize()
+      if rep:
+        best = min(best, time.perf_counter() - start)
+  return sequences.cpu().numpy()[:, 1:], best

@@ -17,58 +17,14 @@ run exercises the section.
 from __future__ import annotations
 
 import jax
-import ml_collections
-import numpy as np
-from flax import linen as nn
 
-from benchmarks import _timing
-from benchmarks.memory import compile_train_step, peak_bytes
-from transformer_mt.config import defaults as _defaults
-from transformer_mt.data.tokenizer import BOS_ID, PAD_ID
+from benchmarks.harness.steps import TrainStepBench, packed_rows_batch, peak_bytes
 from transformer_mt.model import fused_kernels
 from transformer_mt.model.transformer_config import TransformerConfig
-from transformer_mt.runtime import errors, sharding
-from transformer_mt.training import train_step
-from transformer_mt.training.setup import training_setup
+from transformer_mt.runtime import errors
 
 # "xla" is measured too when "auto" stands for something else here (fused_kernels.resolve).
 IMPLEMENTATIONS = ("auto", "cudnn", "cudnn_packed", "pallas")
-
-
-def packed_rows_batch(rows: int, max_len: int, vocab: int, seed: int) -> dict[str, np.ndarray]:
-  """[1, rows, max_len] packed like the training pipeline's rows: per row, sentence pairs of
-  random lengths (2 to max_len / 4 tokens a side, sources and targets of different lengths)
-  until the next would not fit, then trailing padding; segment ids 1, 2, ..., positions
-  restarting per sentence, targets_in shifted right within each sentence."""
-  rng = np.random.default_rng(seed)
-  shape = (1, rows, max_len)
-  batch = {name: np.zeros(shape, np.int32) for name in ("inputs", "targets", "targets_in")}
-  for side in ("inputs", "targets"):
-    batch[f"{side}_segment_ids"] = np.zeros(shape, np.int32)
-    batch[f"{side}_positions"] = np.zeros(shape, np.int32)
-  longest = max(2, max_len // 4)
-  for row in range(rows):
-    used = {"inputs": 0, "targets": 0}
-    segment = 0
-    while True:
-      lengths = {side: int(rng.integers(2, longest + 1)) for side in used}
-      if any(used[side] + lengths[side] > max_len for side in used):
-        break
-      segment += 1
-      for side, n in lengths.items():
-        where = slice(used[side], used[side] + n)
-        batch[side][0, row, where] = rng.integers(4, vocab, size=n)
-        batch[f"{side}_segment_ids"][0, row, where] = segment
-        batch[f"{side}_positions"][0, row, where] = np.arange(n)
-        if side == "targets":
-          batch["targets_in"][0, row, where] = np.concatenate(
-            [[BOS_ID], batch[side][0, row, where][:-1]]
-          )
-        used[side] += n
-  for side in ("inputs", "targets", "targets_in"):
-    segments = batch["inputs_segment_ids" if side == "inputs" else "targets_segment_ids"]
-    batch[side] = np.where(segments > 0, batch[side], PAD_ID).astype(np.int32)
-  return batch
 
 
 def fused_kernel_calls(compiled_text: str) -> tuple[int, int]:
@@ -87,22 +43,11 @@ def fused_kernel_calls(compiled_text: str) -> tuple[int, int]:
 
 def _measure(config: TransformerConfig, batch, reps: int):
   """The compiled train step of `config` on `batch`: its first step's metrics (from seed 0's
-  parameters) and the timing of the following ones."""
-  mesh = sharding.make_mesh(
-    ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1}), devices=jax.devices()[:1]
-  )
-  setup = training_setup(_defaults.base_config(), None, mesh, model_config=config)
-  holder = {"state": train_step.create_sharded_state(0, setup.model, setup.tx, mesh)}
-  device_batch = sharding.global_batch_from_local(batch, mesh, batch_dim=1)
-  step = compile_train_step(setup, mesh, device_batch, 0.1)
-
-  def call():
-    with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
-      holder["state"], metrics = step(holder["state"], device_batch)
-    return metrics
-
-  first = jax.device_get(call())
-  return first, _timing.time_calls(call, warmup=1, reps=reps), step
+  parameters), the timing of the following ones, and the compiled program."""
+  bench = TrainStepBench(config)
+  device_batch = bench.put(batch)
+  first = jax.device_get(bench.step(device_batch))
+  return first, bench.time(batch, warmup=1, reps=reps), bench.compiled(device_batch)
 
 
 def comparison_lines(

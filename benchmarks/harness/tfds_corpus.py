@@ -1,10 +1,8 @@
 """A line-aligned corpus written as a prepared TFDS dataset, for benchmarks/corpus_scale.py's
 `--source tfds`: `wmt14_translate/de-en` in array_record format, which `tfds.data_source` (and so
 the project's `load_tfds_pairs` with data.tfds_data_dir=DIR) opens as already prepared, with no
-download.
-
-    python benchmarks/_tfds_corpus.py --data-dir DIR (--corpus DIR/PREFIX | --pairs N)
-                                      [--workers K] [--held-out H]
+download. `python benchmarks/corpus_scale.py --source tfds --tfds-data-dir DIR` writes one into
+DIR (and keeps it) when DIR does not hold it yet.
 
 Nothing in the format is written by hand: each pair is serialized by TFDS's own serializer from
 the real builder's `info.features` (a Translation feature: a tf.train.Example), the shards are
@@ -24,22 +22,15 @@ over the files, so memory stays at one shard's buffers whatever the corpus size.
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import importlib
 import multiprocessing
 import os
 import pathlib
 import shutil
-import sys
 import tempfile
-import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-  sys.path.insert(0, str(ROOT))
-
-from benchmarks._generated_corpus import SOURCE_LANG, TARGET_LANG  # noqa: E402
+from benchmarks.harness.corpus import SOURCE_LANG, TARGET_LANG
 
 DATASET, CONFIG = "wmt14_translate", "de-en"
 NAME = f"{DATASET}/{CONFIG}"
@@ -250,33 +241,3 @@ def _run(tasks: list[dict], workers: int) -> list[tuple[int, int]]:
   with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
     futures = {i: pool.submit(write_shard, tasks[i]) for i in order}
     return [futures[i].result() for i in range(len(tasks))]
-
-
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--data-dir", required=True, help="TFDS data directory to write into")
-  parser.add_argument("--corpus", default="", help="DIR/PREFIX of a line-aligned corpus")
-  parser.add_argument("--pairs", type=int, default=0, help="else: generate this many pairs")
-  parser.add_argument("--workers", type=int, default=0, help="processes (0: all cores)")
-  parser.add_argument("--held-out", type=int, default=300, help="validation and test pairs")
-  args = parser.parse_args()
-  with tempfile.TemporaryDirectory(prefix="tfds_corpus_") as scratch:
-    prefix = args.corpus
-    if not prefix:
-      from benchmarks._generated_corpus import generate_corpus
-
-      prefix = os.path.join(scratch, "gen")
-      start = time.perf_counter()
-      generate_corpus(prefix, args.pairs)
-      print(f"generated {args.pairs} pairs in {time.perf_counter() - start:.1f} s")
-    start = time.perf_counter()
-    result = write_tfds_dataset(prefix, args.data_dir, args.workers, args.held_out)
-  seconds = time.perf_counter() - start
-  print(
-    f"wrote {result['pairs']} pairs in {result['shards']} train shards, "
-    f"{result['bytes'] / 1e9:.3f} GB, to {result['dir']} in {seconds:.1f} s"
-  )
-
-
-if __name__ == "__main__":
-  main()

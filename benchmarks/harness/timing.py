@@ -1,4 +1,5 @@
-"""Timing helpers shared by the benchmarks: wall time of jitted calls, and the matmul peak.
+"""Timing shared by every benchmark: wall and CPU time of jitted calls, the matmul peak, and
+the machine's description (CPU model, load) printed beside the figures.
 
 JAX dispatches asynchronously, so every timed call ends in `jax.block_until_ready`;
 the first calls (compilation, allocator warm-up) are run but not timed. On a shared
@@ -12,6 +13,9 @@ when the machine is busy.
 from __future__ import annotations
 
 import dataclasses
+import os
+import pathlib
+import platform
 import resource
 import statistics
 import time
@@ -40,7 +44,8 @@ class Timing:
     return amount / self.cpu
 
 
-def _cpu_seconds() -> float:
+def cpu_seconds() -> float:
+  """User + system seconds of this process so far, all threads."""
   usage = resource.getrusage(resource.RUSAGE_SELF)
   return usage.ru_utime + usage.ru_stime
 
@@ -52,15 +57,13 @@ def time_calls(call: Callable[[], Any], warmup: int = 1, reps: int = 5) -> Timin
   """
   for _ in range(warmup):
     jax.block_until_ready(call())
-  seconds, cpu_seconds = [], []
+  seconds, cpu_used = [], []
   for _ in range(reps):
-    start, cpu_start = time.perf_counter(), _cpu_seconds()
+    start, cpu_start = time.perf_counter(), cpu_seconds()
     jax.block_until_ready(call())
     seconds.append(time.perf_counter() - start)
-    cpu_seconds.append(_cpu_seconds() - cpu_start)
-  return Timing(
-    best=min(seconds), median=statistics.median(seconds), cpu=min(cpu_seconds), reps=reps
-  )
+    cpu_used.append(cpu_seconds() - cpu_start)
+  return Timing(best=min(seconds), median=statistics.median(seconds), cpu=min(cpu_used), reps=reps)
 
 
 def matmul_peak(size: int = 2048, dtype: Any = jnp.float32, reps: int = 5) -> tuple[float, float]:
@@ -87,3 +90,23 @@ def hardware_has_bf16() -> bool:
   except OSError:
     return False
   return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def cpu_name() -> str:
+  """The CPU model, as /proc/cpuinfo names it."""
+  try:
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("model name"):
+        return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or "unknown CPU"
+
+
+def machine_line() -> str:
+  """One line for the head of a benchmark's output: CPU, cores, 1-minute load, JAX's device."""
+  device = jax.devices()[0]
+  return (
+    f"machine: {cpu_name()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}; "
+    f"jax {jax.__version__} on {device.device_kind} ({device.platform})"
+  )

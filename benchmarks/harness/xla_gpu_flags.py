@@ -1,22 +1,18 @@
-"""XLA's GPU flags and model.fuse_qkv, A/B: the Base train step under each variant, each in its
-own process, as a ratio to the defaults measured in the same call.
+"""accelerator.py's "xla_flags" section: XLA's GPU flags and model.fuse_qkv, A/B, the Base train
+step under each variant, each in its own process, as a ratio to the defaults measured in the
+same call (`python benchmarks/accelerator.py --sections xla_flags`).
 
-    python benchmarks/_xla_gpu_flags.py            # on a GPU: every variant, ~1 min each
-    python benchmarks/_xla_gpu_flags.py --tiny     # the same machinery at toy sizes (CPU too)
-    python benchmarks/_xla_gpu_flags.py --variants default fuse_qkv
-
-XLA reads XLA_FLAGS once, when its backend starts, so each variant is a fresh process (this
-file again, with `--child`) that compiles and times the step and prints one JSON line.
-Variants (VARIANTS): XLA's defaults; `model.fuse_qkv=True`; Triton GEMMs off
-(`--xla_gpu_enable_triton_gemm=false`: cuBLAS for every matmul); command buffers off
+XLA reads XLA_FLAGS once, when its backend starts, so each variant is a fresh process
+(`python -m benchmarks.harness.xla_gpu_flags --child ...`) that compiles and times the step and
+prints one JSON line. Variants (VARIANTS): XLA's defaults; `model.fuse_qkv=True`; Triton GEMMs
+off (`--xla_gpu_enable_triton_gemm=false`: cuBLAS for every matmul); command buffers off
 (`--xla_gpu_enable_command_buffer=`: every kernel launched on its own instead of as CUDA
-graphs). The flags only mean something to XLA's GPU backend: on another device the script
-says so and runs nothing, unless `--tiny` asks for the machinery to run anyway (CI).
+graphs). The flags only mean something to XLA's GPU backend: on another device one line says
+so and nothing runs, unless `tiny` asks for the machinery to run anyway.
 
-benchmarks/accelerator.py can call `ab_lines()`. The children share the GPU with the caller,
-so they run with XLA_PYTHON_CLIENT_PREALLOCATE=false; a caller that has already started JAX
-on the GPU holds 75% of its memory by default, and should call this first or start with
-XLA_PYTHON_CLIENT_PREALLOCATE=false itself.
+The children share the GPU with the caller, so they run with XLA_PYTHON_CLIENT_PREALLOCATE=false;
+a caller that has already started JAX on the GPU holds 75% of its memory by default, and should
+run this section first or start with XLA_PYTHON_CLIENT_PREALLOCATE=false itself.
 """
 
 from __future__ import annotations
@@ -28,7 +24,7 @@ import pathlib
 import subprocess
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # name: (extra XLA_FLAGS, model overrides)
 VARIANTS = {
@@ -45,41 +41,23 @@ def _child(size_name: str, tiny: bool, reps: int, overrides: dict) -> None:
   sys.path.insert(0, str(ROOT))
   import jax
   import numpy as np
-  from flax import linen as nn
 
-  from benchmarks import _timing, accelerator
-  from benchmarks.memory import compile_train_step
-  from benchmarks.train_step import full_rows_batch
-  from transformer_mt.config import defaults
-  from transformer_mt.runtime import sharding
-  from transformer_mt.training import train_step
-  from transformer_mt.training.setup import training_setup
+  from benchmarks.harness import steps
 
-  size = (accelerator.TINY if tiny else accelerator.SIZES)[size_name]
-  config = accelerator.model_config(size, "auto").replace(**overrides)
+  size = (steps.TINY if tiny else steps.SIZES)[size_name]
+  config = steps.model_config(size, "auto").replace(**overrides)
   rows, max_len = size[5], size[6]
-  mesh = accelerator.one_device_mesh()
-  setup = training_setup(defaults.base_config(), None, mesh, model_config=config)
-  holder = {"state": train_step.create_sharded_state(0, setup.model, setup.tx, mesh)}
-  batch = full_rows_batch(rows, max_len, config.vocab_size, seed=0)
-  device_batch = sharding.global_batch_from_local(batch, mesh, batch_dim=1)
-  step = compile_train_step(setup, mesh, device_batch, 0.1)
-
-  def call():
-    with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
-      holder["state"], metrics = step(holder["state"], device_batch)
-    return metrics
-
-  timing = _timing.time_calls(call, warmup=2, reps=reps)
-  loss = float(np.asarray(call()["loss"]))
-  tokens = rows * max_len
+  bench = steps.TrainStepBench(config)
+  batch = steps.full_rows_batch(rows, max_len, config.vocab_size, seed=0)
+  timing = bench.time(batch, warmup=2, reps=reps)
+  loss = float(np.asarray(bench.step(bench.put(batch))["loss"]))
   print(
     json.dumps(
       dict(
         backend=jax.default_backend(),
         ms=timing.best * 1e3,
         median_ms=timing.median * 1e3,
-        tokens_per_s=tokens / timing.best,
+        tokens_per_s=rows * max_len / timing.best,
         loss=loss,
       )
     )
@@ -90,7 +68,8 @@ def _run_child(variant: str, size: str, tiny: bool, reps: int) -> dict:
   flags, overrides = VARIANTS[variant]
   env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
   env["XLA_FLAGS"] = " ".join(f for f in (os.environ.get("XLA_FLAGS", ""), flags) if f)
-  command = [sys.executable, __file__, "--child", "--size", size, "--reps", str(reps)]
+  command = [sys.executable, "-m", "benchmarks.harness.xla_gpu_flags", "--child"]
+  command += ["--size", size, "--reps", str(reps)]
   command += ["--overrides", json.dumps(overrides)] + (["--tiny"] if tiny else [])
   result = subprocess.run(
     command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S
@@ -112,11 +91,16 @@ def _backend() -> str:
 
 
 def ab_lines(
-  variants=tuple(VARIANTS), size: str = "Base", tiny: bool = False, reps: int | None = None
+  variants=tuple(VARIANTS),
+  size: str = "Base",
+  tiny: bool = False,
+  reps: int | None = None,
+  backend: str | None = None,
 ) -> list[str]:
   """One line per variant: step time, tokens/s and the ratio of its tokens/s to the first
-  variant's (the defaults), each measured in its own process in this call."""
-  backend = _backend()
+  variant's (the defaults), each measured in its own process in this call. `backend`: JAX's
+  default backend when the caller knows it (else a child process is asked)."""
+  backend = backend or _backend()
   if backend != "gpu" and not tiny:
     return [f"XLA GPU flags: GPU-only, and this device is {backend}: nothing run"]
   reps = reps or (2 if tiny else 10)
@@ -140,21 +124,17 @@ def ab_lines(
   return lines
 
 
-def main(argv=None) -> int:
+def _child_main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--tiny", action="store_true", help="toy sizes; runs off a GPU too")
-  parser.add_argument("--reps", type=int, default=None, help="timed steps (default 10, tiny 2)")
+  parser.add_argument("--child", action="store_true", required=True)
+  parser.add_argument("--tiny", action="store_true")
+  parser.add_argument("--reps", type=int, default=2)
   parser.add_argument("--size", default="Base", choices=("Base", "Big"))
-  parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-  parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-  parser.add_argument("--overrides", default="{}", help=argparse.SUPPRESS)
+  parser.add_argument("--overrides", default="{}")
   args = parser.parse_args(argv)
-  if args.child:
-    _child(args.size, args.tiny, args.reps or 2, json.loads(args.overrides))
-    return 0
-  print("\n".join(ab_lines(args.variants, args.size, args.tiny, args.reps)))
+  _child(args.size, args.tiny, args.reps, json.loads(args.overrides))
   return 0
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  sys.exit(_child_main())
