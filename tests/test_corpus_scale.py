@@ -1,4 +1,4 @@
-"""The parts of benchmarks/corpus_scale.py (and of its corpus, benchmarks/_generated_corpus.py)
+"""The parts of benchmarks/corpus_scale.py (and of its corpus, benchmarks/harness/corpus.py)
 that decide what it measures: the generated corpus must be line-aligned with news-like lengths
 (a misaligned or empty-line corpus would measure another workload), and the /proc sampler must
 read the memory of a live process. The benchmark itself runs for minutes and is never run
@@ -15,7 +15,9 @@ from helpers import ROOT
 
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import _generated_corpus, _process_memory, corpus_scale  # noqa: E402
+from benchmarks import corpus_scale  # noqa: E402
+from benchmarks.harness import corpus as _generated_corpus  # noqa: E402
+from benchmarks.harness import process_memory as _process_memory  # noqa: E402
 
 
 def _lines(path) -> list[str]:
@@ -48,7 +50,7 @@ def test_generated_corpus_is_aligned_with_news_like_lengths(tmp_path, words_from
 
 
 def test_novel_words_are_two_pool_words_written_together():
-  """The Heaps tail of the generated corpus (benchmarks/_generated_corpus.py render): each line
+  """The Heaps tail of the generated corpus (benchmarks/harness/corpus.py render): each line
   keeps its word count, and the words not in the pool are each two pool words glued."""
   pool = _generated_corpus.pool_from_tokens("a bb ccc dddd a bb a".split())
   lengths = np.full(50, 10)
@@ -95,7 +97,7 @@ def test_tfds_dataset_opens_prepared_with_the_pairs_of_the_text_files(tmp_path, 
   reads: opened by the project's tfds source with the benchmark's overrides (so with no
   download), every line pair in file order, EN source and DE target, whichever process wrote
   which shard. Small blocks make the shard offsets cross block boundaries."""
-  from benchmarks import _tfds_corpus
+  from benchmarks.harness import tfds_corpus as _tfds_corpus
   from transformer_mt.config import registry
   from transformer_mt.data import sources
 
