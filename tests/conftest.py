@@ -1,10 +1,11 @@
 """Test setup: 8 simulated CPU devices (unless XLA_FLAGS already asks for a count), the CPU
-platform (unless JAX_PLATFORMS is set), no compilation cache in the user's cache directory,
+platform (unless JAX_PLATFORMS is set), one compilation cache for the run (never the user's),
 the repository root on sys.path (so the tests also run from a checkout that is not
 installed), and no skipped test under CI."""
 
 import os
 import pathlib
+import shutil
 import sys
 import tempfile
 
@@ -21,9 +22,16 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 # mesh.fsdp=8, which takes jax.devices()).
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-# Tests never write the user's compilation cache (compile_cache.py): an empty directory turns the
-# cache off, in this process and in the run.py processes tests start. CI sets a temporary one.
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", "")
+# One persistent compilation cache for the whole run, never the user's (compile_cache.py): a
+# temporary directory made by the first process (pytest itself, or the xdist controller) and
+# inherited by the xdist workers and every run.py process the tests start, so a program that
+# several processes compile (a tiny demo run's train step, its decoder) compiles once. A
+# JAX_COMPILATION_CACHE_DIR already set wins ("" turns the cache off).
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="transformer_mt_test_jax_")
+  _OWN_COMPILATION_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"]
+else:
+  _OWN_COMPILATION_CACHE = None
 
 # Nor the user's prepared-corpus cache (data/line_index_cache.py: $XDG_CACHE_HOME/transformer_mt/
 # prepared when data.prepared_dir is ""): one temporary cache for the session and its children.
@@ -45,6 +53,11 @@ def pytest_configure(config):
     "shared_data(*paths): needs these files under ../shared/data (tests/shared_data.py); "
     "skipped when absent, failed under CI",
   )
+
+
+def pytest_unconfigure(config):
+  if _OWN_COMPILATION_CACHE:  # only the process that made it: workers end before it does
+    shutil.rmtree(_OWN_COMPILATION_CACHE, ignore_errors=True)
 
 
 @pytest.hookimpl(tryfirst=True)  # before the fixtures, which may read the files
