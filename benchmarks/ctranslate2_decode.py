@@ -143,12 +143,13 @@ def base_shape_workdir(workdir: str, data_root: str, tiny: bool = False) -> str:
 
 
 def tiny_data_root(folder: str) -> str:
-  """A data root holding generated stand-ins for Multi30k's train and test2016 files."""
+  """A data root holding generated stand-ins for Multi30k's train, val and test2016 files."""
   os.makedirs(os.path.join(folder, "multi30k"))
   prefix = os.path.join(folder, "multi30k", "train.lc.norm.tok")
   corpus.generate_corpus(prefix, 1000, seed=0, mean_words=6)
   for lang in ("en", "de"):
-    shutil.copy(f"{prefix}.{lang}", os.path.join(folder, f"{SOURCES}.{lang}"))
+    for split in ("val.lc.norm.tok", SOURCES.split("/")[1]):
+      shutil.copy(f"{prefix}.{lang}", os.path.join(folder, "multi30k", f"{split}.{lang}"))
   return folder
 
 

@@ -141,6 +141,7 @@ def rates(args, folder: str) -> None:
     corpus.generate_corpus(os.path.join(folder, "pairs"), 1000, seed=0)
     data_config.root = folder
     data_config.train_prefixes = ["pairs"]
+    data_config.validation_prefixes = data_config.test_prefixes = []
   else:
     data_config.root = args.data_root and os.path.abspath(os.path.expanduser(args.data_root))
   pairs = data_sources.load_pairs(data_config)["train"]

@@ -161,7 +161,8 @@ def time_ours(params, config, sources, reps):
     outputs[:] = [compiled(params, inputs)]
     return outputs[0]
 
-  return outputs[0], timing.time_calls(call, warmup=1, reps=reps)
+  measured = timing.time_calls(call, warmup=1, reps=reps)
+  return outputs[0], measured
 
 
 def generate_settings(config) -> dict:
@@ -181,7 +182,7 @@ def generate_settings(config) -> dict:
   )
 
 
-def time_generate(model, config, sources, reps):
+def time_generate(model, config, sources, reps, one_thread_count=False):
   """(sequences [SENTENCES, NEW_TOKENS], {torch threads: (best seconds, CPU seconds)}) of
   transformers' beam search, after one small warm-up call per thread count.
 
@@ -197,7 +198,8 @@ def time_generate(model, config, sources, reps):
   mask = torch.ones_like(inputs)
   timings = {}
   with torch.inference_mode():
-    for threads in sorted({len(os.sched_getaffinity(0)), 1}, reverse=True):
+    counts = {len(os.sched_getaffinity(0))} | (set() if one_thread_count else {1})
+    for threads in sorted(counts, reverse=True):
       torch.set_num_threads(threads)
       model.generate(
         input_ids=inputs[:2], attention_mask=mask[:2], **dict(settings, max_new_tokens=4)
@@ -214,28 +216,30 @@ def time_generate(model, config, sources, reps):
 
 def issue_table(reps: int, tiny: bool = False) -> dict:
   """Sentences/s of ours and of transformers' generate, their ratio, and our share of the
-  compute floor, all measured in this process (`tiny`: TINY_MARIAN's widths, for CI)."""
+  compute floor, all measured in this process (`tiny`: TINY_MARIAN's shape, 8 sentences, torch
+  on one thread count, for CI)."""
   model, config, params = build_model(**(TINY_MARIAN if tiny else {}))
-  sources = random_sources(config)
+  sentences = 8 if tiny else SENTENCES
+  sources = random_sources(config, sentences=sentences)
   flops, formula = flops_per_sentence(config)
   peak, cpu_peak = timing.matmul_peak(512 if tiny else 2048)
   floor = peak / flops
   outputs, ours = time_ours(params, config, sources, reps)
   result = {
-    "sentences_per_s": SENTENCES / ours.best,
+    "sentences_per_s": sentences / ours.best,
     "run_s": ours.best,
     "cpu_s": ours.cpu,
     "flops_per_sentence": flops,
     "matmul_peak_flops": peak,
     "floor_sentences_per_s": floor,
-    "share_of_floor": SENTENCES / ours.best / floor,
+    "share_of_floor": sentences / ours.best / floor,
     # The same per CPU-second (all threads), less disturbed by other processes.
-    "cpu_share_of_floor": SENTENCES / ours.cpu / (cpu_peak / flops),
+    "cpu_share_of_floor": sentences / ours.cpu / (cpu_peak / flops),
   }
   print(
     f"\nIssue regime: random Marian {config.num_encoder_layers}+{config.num_decoder_layers} "
     f"layers, d_model {config.d_model}, d_ff {config.d_ff}, {config.num_heads} heads, vocab "
-    f"{config.vocab_size}; {SENTENCES} sentences x {SOURCE_TOKENS} source tokens, beam {BEAM}, "
+    f"{config.vocab_size}; {sentences} sentences x {SOURCE_TOKENS} source tokens, beam {BEAM}, "
     f"exactly {NEW_TOKENS} generated tokens; best of {reps}"
   )
   print(f"compute floor: {formula}\n  = {flops / 1e9:.2f} GFLOP per sentence")
@@ -251,23 +255,23 @@ def issue_table(reps: int, tiny: bool = False) -> dict:
   if model is None:
     print("transformers generate:  not measured (transformers/torch not importable)")
     return result
-  sequences, timings = time_generate(model, config, sources, reps)
+  sequences, timings = time_generate(model, config, sources, reps, tiny)
   for threads, (seconds, cpu) in timings.items():
     print(
-      f"transformers generate:  {SENTENCES / seconds:6.2f} sentences/s ({seconds:.2f} s, "
+      f"transformers generate:  {sentences / seconds:6.2f} sentences/s ({seconds:.2f} s, "
       f"{cpu:.2f} CPU s), torch on {threads} thread(s)"
     )
   threads, (hf_seconds, hf_cpu) = min(timings.items(), key=lambda item: item[1][0])
   same = float(np.mean(np.all(sequences == np.asarray(outputs.sequences), axis=1)))
   result.update(
-    hf_sentences_per_s=SENTENCES / hf_seconds,
+    hf_sentences_per_s=sentences / hf_seconds,
     hf_run_s=hf_seconds,
     hf_cpu_s=hf_cpu,
     hf_threads=threads,
     hf_timings={str(t): list(v) for t, v in timings.items()},
     ratio=hf_seconds / ours.best,
     cpu_ratio=hf_cpu / ours.cpu,
-    hf_share_of_floor=SENTENCES / hf_seconds / floor,
+    hf_share_of_floor=sentences / hf_seconds / floor,
     same_sequences=same,
   )
   print(
@@ -278,8 +282,10 @@ def issue_table(reps: int, tiny: bool = False) -> dict:
   return result
 
 
-# The --tiny CI run's model: 2 + 2 layers at toy widths (the program, not the figures).
+# The --tiny CI run's model: 1 + 1 layers at toy widths (the program, not the figures).
 TINY_MARIAN = dict(
+  encoder_layers=1,
+  decoder_layers=1,
   d_model=64,
   encoder_ffn_dim=128,
   decoder_ffn_dim=128,
@@ -294,14 +300,14 @@ TINY_MARIAN = dict(
 
 def comparison_lines(sentences: int, reps: int, tiny: bool) -> list[str]:
   """accelerator.py's "generate" section: our beam 4 against `generate` at the Base shape
-  (6 + 6 layers; --tiny: 2 + 2 at TINY_MARIAN's widths), `sentences` sources; on a GPU both
+  (6 + 6 layers; --tiny: TINY_MARIAN's 1 + 1), `sentences` sources; on a GPU both
   sides in bfloat16 (transformers' model cast as a whole, its usual GPU setup), on a CPU in
   float32. Lines: sentences/s and target tokens/s of each, the ratio, and how many sentences
   got the same best hypothesis (bf16 rounds differently on the two sides: fewer on a GPU)."""
   on_gpu = jax.default_backend() == "gpu"
-  layers = 2 if tiny else 6
+  layers = 1 if tiny else 6
   model, config, params = build_model(
-    encoder_layers=layers, decoder_layers=layers, **(TINY_MARIAN if tiny else {})
+    **{"encoder_layers": layers, "decoder_layers": layers, **(TINY_MARIAN if tiny else {})}
   )
   config = config.replace(dtype="bfloat16" if on_gpu else "float32")
   sources = random_sources(config, sentences=sentences)

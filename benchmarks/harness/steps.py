@@ -62,10 +62,14 @@ SIZES = {
   "Big": (1024, 4096, 16, 6, 37_000, 48, 256),
 }
 # --tiny: the same programs at the smallest shapes that still have every part (CI, on CPU).
+# Big is Base's shape there, so that one compiled step serves both (`TrainStepBench`).
 TINY = {
   "Base": (32, 64, 2, 1, 256, 4, 16),
-  "Big": (64, 128, 4, 1, 256, 2, 16),
+  "Big": (32, 64, 2, 1, 256, 4, 16),
 }
+# Compiled train steps of this process, by what the program depends on (TrainStepBench.compiled):
+# a script that times one configuration in several sections compiles it once.
+_COMPILED = {}
 
 
 def peak_of(device_kind: str) -> float | None:
@@ -243,7 +247,7 @@ def compile_train_step(setup, mesh, batch, label_smoothing: float, loss_chunk_to
 
 class TrainStepBench:
   """Our train step on one device, ready to time: `time(batch)` compiles the batch's shape once
-  and times steps that carry the state from call to call.
+  and times steps that carry the state (seed 0's at the start) from call to call.
 
   `train_changes` update config.train (e.g. {"prng_impl": "unsafe_rbg"}); the model is
   `config` itself, not an experiment's."""
@@ -258,25 +262,27 @@ class TrainStepBench:
     base = defaults.base_config()
     base.train.update(dict(train_changes or {}))
     self.setup = training_setup(base, None, self.mesh, model_config=config)
+    self.key = (config, base.train.to_json(sort_keys=True), label_smoothing)
     self.label_smoothing = label_smoothing
     self.loss_chunk_tokens = base.train.loss_chunk_tokens
     self.state = train_step.create_sharded_state(
       0, self.setup.model, self.setup.tx, self.mesh, self.setup.prng_impl
     )
-    self._compiled = {}
 
   def put(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     """A [1, rows, len] host batch on the mesh."""
     return sharding.global_batch_from_local(batch, self.mesh, batch_dim=1)
 
   def compiled(self, device_batch):
-    """The compiled step for this batch's shapes (compiled on first use)."""
-    key = tuple(sorted((name, value.shape) for name, value in device_batch.items()))
-    if key not in self._compiled:
-      self._compiled[key] = compile_train_step(
+    """The compiled step for this batch's shapes: compiled on first use in this process, by
+    any bench of the same model, train config and label smoothing."""
+    shapes = tuple(sorted((name, value.shape, value.dtype) for name, value in device_batch.items()))
+    key = (*self.key, shapes)
+    if key not in _COMPILED:
+      _COMPILED[key] = compile_train_step(
         self.setup, self.mesh, device_batch, self.label_smoothing, self.loss_chunk_tokens
       )
-    return self._compiled[key]
+    return _COMPILED[key]
 
   def step(self, device_batch) -> dict[str, jax.Array]:
     """One step; the state moves on. Returns the step's metrics (loss, grad_norm, ...)."""
