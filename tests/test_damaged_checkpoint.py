@@ -10,15 +10,17 @@ import signal
 import subprocess
 
 import pytest
-from helpers import ROOT, assert_same_params, final_params, losses_by_step, run_py, tiny_overrides
+import trained_runs
+from helpers import ROOT, assert_same_params, final_params, losses_by_step, run_py
 
 from transformer_mt import cli
 from transformer_mt.config import registry
 from transformer_mt.runtime import distributed
 from transformer_mt.training import resume, train, train_step
+from transformer_mt.training import setup as run_setup
 from transformer_mt.workdir import checkpointing
 
-TINY = tiny_overrides("model.dropout_rate=0.1")  # test_fault_tolerance.py's
+TINY = trained_runs.TINY  # test_fault_tolerance.py's
 SET_ASIDE = re.compile(r"Moved the damaged checkpoint of step (\d+) \((.+)\) to (\S+); ")
 
 
@@ -28,13 +30,10 @@ def config(steps):
   )
 
 
-def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
-  config = lambda steps: registry.load_experiment(  # noqa: E731
-    "demo", TINY + [f"train.num_steps={steps}", "train.checkpoint_every=5"]
-  )
-  reference = train.train(config(10), str(tmp_path / "reference"), progress=False)
-  workdir = str(tmp_path / "run")
-  train.train(config(10), workdir, progress=False)
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous(ten_steps, tmp_path, caplog):
+  """The reference is the 10-step run itself; a copy of it has its latest checkpoint damaged."""
+  assert checkpointing.all_steps(str(ten_steps)) == [5, 10]
+  workdir = str(trained_runs.copy_of(ten_steps, tmp_path / "run"))
   # Truncate every array file of the latest checkpoint, as a full disk or a crash would.
   for path in (pathlib.Path(workdir) / "checkpoints" / "10" / "params").rglob("*"):
     if path.is_file() and path.stat().st_size > 0 and path.parent.name == "d":
@@ -44,8 +43,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
   assert "Checkpoint 10" in caplog.text and "falling back to the previous one" in caplog.text
   # Resumed from step 5, it recomputes 6..10 exactly, then continues to 15.
   assert resumed["step"] == 15
-  assert losses_by_step(workdir)[10] == losses_by_step(str(tmp_path / "reference"))[10]
-  assert reference["step"] == 10
+  assert losses_by_step(workdir)[10] == losses_by_step(str(ten_steps))[10]
 
 
 def _array_files(step_dir):
@@ -81,13 +79,9 @@ def _delete_data_iterator(step_dir):
 
 @pytest.fixture(scope="module")
 def ten_steps(tmp_path_factory):
-  """A finished 10-step run with checkpoints at 5 and 10, copied by each test that damages it."""
-  workdir = tmp_path_factory.mktemp("ten_steps") / "run"
-  config = registry.load_experiment(
-    "demo", TINY + ["train.num_steps=10", "train.checkpoint_every=5"]
-  )
-  train.train(config, str(workdir), progress=False)
-  return workdir
+  """A finished 10-step run with checkpoints at 5 and 10 (trained_runs.py, built once per
+  session), copied by each test that damages it."""
+  return trained_runs.ten_steps(tmp_path_factory)
 
 
 def _snapshot(directory):
@@ -110,14 +104,16 @@ def _snapshot(directory):
   ],
 )
 def test_only_a_damaged_checkpoint_is_skipped(ten_steps, tmp_path, caplog, damage, reason):
+  """The resume alone (setup_run, which restores the newest readable checkpoint): training on
+  from it is test_corrupt_latest_checkpoint_falls_back_to_the_previous's."""
   workdir = tmp_path / "run"
   shutil.copytree(ten_steps, workdir)
   damage(workdir / "checkpoints" / "10")
   caplog.set_level("INFO")
-  config = registry.load_experiment(
-    "demo", TINY + ["train.num_steps=12", "train.checkpoint_every=5"]
-  )
-  assert train.train(config, str(workdir), progress=False)["step"] == 12
+  run = run_setup.setup_run(config(12), str(workdir))
+  run.writer.close()
+  run.manager.close()
+  assert run.start == 5 and run.restored_step == 5
   warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
   skipped = [w for w in warnings if w.startswith("Checkpoint 10 in ")]
   assert len(skipped) == 1 and "is damaged (" in skipped[0] and reason in skipped[0], warnings

@@ -10,14 +10,8 @@ import time
 
 import numpy as np
 import pytest
-from helpers import (
-  ROOT,
-  assert_same_params,
-  final_params,
-  losses_by_step,
-  run_py,
-  tiny_overrides,
-)
+import trained_runs
+from helpers import ROOT, assert_same_params, final_params, losses_by_step, run_py
 
 from transformer_mt import cli
 from transformer_mt.training import preemption
@@ -35,7 +29,9 @@ RESUMED_STEPS = 5
 # the interrupted runs on a loaded 2-core machine (where they are stopped after ~5-20 steps).
 # A later final step (a faster machine) gets an uninterrupted run to exactly that step.
 REFERENCE_STEPS = 40
-TINY = tiny_overrides("model.dropout_rate=0.1")
+# The tiny run with dropout, without the decoding after the last step (parameters and losses
+# are compared here): test_damaged_checkpoint.py's too.
+TINY = trained_runs.TINY
 
 
 def final_step(resumed_from, every=CHECKPOINT_EVERY):
@@ -283,22 +279,18 @@ def test_a_stop_off_the_checkpoint_grid_leaves_what_an_uninterrupted_run_keeps(
   assert_same_params(final_params(stopped, 20), final_params(reference, 20))
 
 
-def test_model_config_that_does_not_fit_the_checkpoint(tmp_path, capsys):
-  workdir = str(tmp_path / "run")
+def test_model_config_that_does_not_fit_the_checkpoint(tmp_path_factory, tmp_path, capsys):
+  """A copy of the session's 10-step run (trained_runs.py), resumed with another d_ff."""
+  workdir = str(trained_runs.copy_of(trained_runs.ten_steps(tmp_path_factory), tmp_path / "run"))
+  before = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
   assert (
-    cli.main(
-      ["train", "--workdir", workdir, *TINY, "train.num_steps=5", "train.checkpoint_every=5"]
-    )
-    == 0
-  )
-  capsys.readouterr()
-  assert (
-    cli.main(["train", "--workdir", workdir, *TINY, "model.d_ff=48", "train.num_steps=10"]) == 2
+    cli.main(["train", "--workdir", workdir, *TINY, "model.d_ff=48", "train.num_steps=15"]) == 2
   )
   err = capsys.readouterr().err.strip()
-  assert err.startswith("error: The model config does not match the checkpoint of step 5")
+  assert err.startswith("error: The model config does not match the checkpoint of step 10")
   assert "['wi']['kernel']: checkpoint (32, 64) vs model (32, 48)" in err
   assert len(err.splitlines()) == 1
+  assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == before
 
 
 @pytest.mark.parametrize(

@@ -155,14 +155,9 @@ def subprocess_env(devices):
 def test_interrupted_sweep_resumes_without_rerunning_finished_trials(tmp_path, capsys):
   root = tmp_path / "sweep"
   # --dry-run: one command per trial, as a SLURM array would run them.
-  commands = subprocess.run(
-    sweep_command(root, "--dry-run"),
-    cwd=ROOT,
-    env=subprocess_env(1),
-    capture_output=True,
-    text=True,
-    check=True,
-  ).stdout.splitlines()
+  dry_run = ["sweep", "--experiment", "demo", "--workdir", str(root), *TINY, "--dry-run"]
+  assert cli.main(dry_run) == 0
+  commands = capsys.readouterr().out.splitlines()
   assert len(commands) == 4 and all(f"--trial {i}" in c for i, c in enumerate(commands))
   assert not root.exists()  # a dry run writes nothing
 

@@ -15,7 +15,8 @@ import sys
 import time
 
 import pytest
-from helpers import ROOT, run_py, tiny_overrides
+import trained_runs
+from helpers import ROOT, run_py
 
 from transformer_mt import cli
 from transformer_mt.workdir import lock as workdir_lock
@@ -25,7 +26,9 @@ STEPS = 40
 # A run that must still be running when the test acts on it is endless: it can only end by
 # the signal the test sends it, whatever the machine's speed.
 ENDLESS = 1_000_000
-TINY = tiny_overrides("train.checkpoint_every=5", "train.keep_checkpoints=100")
+# trained_runs.TINY (test_fault_tolerance.py's run processes: the same compiled programs, which
+# the compilation cache shares) with every checkpoint kept.
+TINY = trained_runs.TINY + ["train.checkpoint_every=5", "train.keep_checkpoints=100"]
 # A process (not this one: its pid would nest) that holds the lock of argv[1] until killed.
 HOLDER = (
   "import sys, time\n"
