@@ -45,7 +45,7 @@ first two rows: 0.4 between averaged models of two seeds, 0.9 between single che
     2 host devices, data=2 (XLA:CPU)              +10-14% loaded, none idle      no
     rbg / unsafe_rbg dropout RNG                  nothing measurable             no
     XLA:CPU flags (legacy runtime, oneDNN,        step 0.94-1.04x                no
-      XNNPACK, fast math; xla_cpu_flags.py)
+      XNNPACK, fast math; see docs/reports)
 
 None reaches the 42-43 validation BLEU that 41.0 on test2016 needs (the published row's
 test2016 was 1.9 below its validation): the published recipe got there only past ~35M target

@@ -20,7 +20,8 @@ of the last step's parameters.
 
 Hardware: 2 CPU cores (see the README's results table for what the 1800 steps give).
 
-The recipe search (issue 26). `python benchmarks/recipe_ablation.py --variants V ... --steps
+The recipe search (docs/reports/2026-11-26-tatoeba-recipe-search.md; the script lived until
+9e1907c). `python benchmarks/recipe_ablation.py --variants V ... --steps
 400 --root DIR` runs variants side by side, one CPU core each, with the test split never read:
 validation BLEU (all 500 sentences, beam 4) after a budget of ~20 minutes of one core's
 training loop, i.e. 400 steps of 4096 target slots, with half the steps of warm-up (400 of

@@ -1,6 +1,6 @@
 """The launcher's allocator settings: re-executed once with GLIBC_TUNABLES, never over a user's
 own. That they remove the page faults of XLA's large per-call temporaries depends on the load
-and is measured by benchmarks/page_faults.py, not asserted here."""
+and is not asserted here (CHANGELOG.md: benchmarks/page_faults.py measured it)."""
 
 import os
 import subprocess
@@ -15,8 +15,7 @@ pytestmark = pytest.mark.skipif(
   not (sys.platform.startswith("linux") and launch.uses_glibc()), reason="glibc tunables only"
 )
 
-# Prints its pid and the GLIBC_TUNABLES it runs with, re-executed first in "launch" mode. What
-# the settings do to page faults is a measurement: benchmarks/page_faults.py.
+# Prints its pid and the GLIBC_TUNABLES it runs with, re-executed first in "launch" mode.
 CHILD = """
 import os, sys
 from transformer_mt.runtime import allocator as launch

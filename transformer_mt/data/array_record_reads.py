@@ -5,8 +5,8 @@ A globally shuffled Grain pipeline reads its source one index at a time. Through
 array_record 0.8.6 (the newest) costs time in proportion to the records in the shard: 28 us
 at 10k records, 0.60 ms at 250k (TFDS writes ~280k per WMT14 shard), i.e. under 2,000 pairs/s
 per process, far below what one training process consumes. The same reader's range read
-`read(position, position + 1)` takes 4-6 us at any shard size (benchmarks/array_record_reads.py;
-the figures of docs/data.md).
+`read(position, position + 1)` takes 4-6 us at any shard size (CHANGELOG.md names the commit
+of the benchmark that measured both).
 
 `SingleRecordReads` wraps the TFDS source: a single index goes to that range read, and is then
 decoded exactly as TFDS decodes it; batches (`__getitems__`) and everything else go to TFDS

@@ -5,9 +5,8 @@ it when the step ends. glibc hands a block that large to `mmap`, and worker thre
 from per-thread arenas that give their memory back after every free, so every step faults its
 buffers in afresh (for the demo, a third of a step's CPU time went to system time). With one
 arena that keeps what it frees and serves large blocks from the heap, steps take no such faults
-and give bit-identical results (allocation never changes the arithmetic). The measurements are
-in docs/performance.md ("Where a small model's time went"); `benchmarks/page_faults.py` repeats
-them.
+and give bit-identical results (allocation never changes the arithmetic); CHANGELOG.md gives
+what the settings did to the page faults (0.16-0.28x those of glibc's defaults).
 
 Those settings are glibc tunables, read only when a process starts, so the command re-executes
 itself once with `GLIBC_TUNABLES` set (the same pid, so `timeout`, SLURM and signals see one
