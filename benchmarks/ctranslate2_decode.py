@@ -49,9 +49,8 @@ Allocator: the benchmark re-executes itself once with run.py's glibc allocator s
 (transformer_mt/runtime/allocator.py: one arena that keeps what it frees, large blocks from the
 heap), so ours runs as `run.py translate` runs it, and CTranslate2, in the same process, runs
 with them too: each engine at its best. Under glibc's defaults CTranslate2 pays for it at large
-batches (alone, 128 lines at batch 128: 32.9 s and 10.5 million minor page faults, against 17.8 s
-with the settings, 2 Intel Xeon cores; docs/performance.md, "Sixth measurement"), and ours
-beside it too. `GLIBC_TUNABLES= python benchmarks/ctranslate2_decode.py` runs both under glibc's
+batches (up to 1.8x slower at batch 128 on 2 Intel Xeon cores, CHANGELOG.md), and ours beside
+it too. `GLIBC_TUNABLES= python benchmarks/ctranslate2_decode.py` runs both under glibc's
 defaults; the first line printed says which.
 
 Printed per model and batch size: sentences/s and target tokens/s (tokens of each best
@@ -102,7 +101,7 @@ ENGINES = ("ours", "ct2 f32", "ct2 int8")
 # a sentence once beam_size hypotheses have finished: our candidate pool "fairseq" (the default
 # pool "beam" searches on until no live beam can beat the finished ones, which with len ** 1.0
 # can take a weak model's repetitions to the limit: ~2x the tokens of CTranslate2 on a briefly
-# trained Base model, docs/performance.md, "Seventh measurement"). At the length limit
+# trained Base model, docs/performance.md, "Beam search against CTranslate2"). At the length limit
 # fairseq's rule ends a hypothesis with EOS where CTranslate2 cuts it, so the random Base shape,
 # which emits no EOS and always runs to the limit, takes "beam", which cuts there as
 # CTranslate2 does (and, with no EOS, stops nowhere else).
