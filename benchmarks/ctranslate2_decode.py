@@ -49,7 +49,7 @@ Allocator: the benchmark re-executes itself once with run.py's glibc allocator s
 (transformer_mt/runtime/allocator.py: one arena that keeps what it frees, large blocks from the
 heap), so ours runs as `run.py translate` runs it, and CTranslate2, in the same process, runs
 with them too: each engine at its best. Under glibc's defaults CTranslate2 pays for it at large
-batches (up to 1.8x slower at batch 128 on 2 Intel Xeon cores, CHANGELOG.md), and ours beside
+batches (docs/performance.md, "Beam search against CTranslate2"), and ours beside
 it too. `GLIBC_TUNABLES= python benchmarks/ctranslate2_decode.py` runs both under glibc's
 defaults; the first line printed says which.
 
