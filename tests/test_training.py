@@ -26,10 +26,11 @@ from transformer_mt.workdir import checkpointing
 # (a missing 1/N, a shard counted twice) moves the parameters by as much as it scales g. Adam
 # would hide it (it divides g by its own running magnitude), and so would clipping.
 # Sharded and single-device runs sum gradients in a different order (float32 rounding): after
-# 3 steps at lr 5.6e-3, 1.1e-2, 1.7e-2 (lr_scale 1, warm-up 10, d_model 32) the parameters
-# differ by at most 6e-8 and have moved by 2.6e-3. They must agree to PARAMS_ATOL and move at
-# least MIN_MOVEMENT_OVER_ATOL times it (asserted; both in tests/helpers.py), so the tolerance
-# is small against what it checks. Measured mutants: the first data shard's rows counted twice
+# 3 steps at lr 5.6e-3, 1.1e-2, 1.7e-2 (lr_scale 1, warm-up 10, d_model 32, 1+1 layers) the
+# parameters differ by at most 1.2e-7 (data 8; 3e-8 on 2 x 2 x 2) and have moved by 5.7e-3.
+# They must agree to PARAMS_ATOL and move at least MIN_MOVEMENT_OVER_ATOL times it (asserted;
+# both in tests/helpers.py), so the tolerance is small against what it checks. Mutants measured
+# on the 2+2-layer model these tests used before: the first data shard's rows counted twice
 # put the 8-device params 7.6e-5 off; the whole gradient doubled on a sharded mesh (a double
 # psum) 3.2e-4, which the Adam version of these tests passed; one tensor shard of the FFN
 # gradient doubled 1.1e-5.
@@ -41,8 +42,8 @@ TINY_MODEL = TransformerConfig(
   d_model=32,
   num_heads=8,  # 8 divides it: the tensor-parallel test shards the heads over 8 devices
   d_ff=64,
-  num_encoder_layers=2,
-  num_decoder_layers=2,
+  num_encoder_layers=1,  # each layer kind once: compilations are what these tests cost
+  num_decoder_layers=1,
   dropout_rate=0.1,
   attention_dropout_rate=0.1,
   relu_dropout_rate=0.1,
@@ -73,7 +74,8 @@ def random_batch(seed: int, accum: int, micro: int, length: int, vocab: int = 64
 
 @dataclasses.dataclass
 class Run:
-  initial_params: Any  # on the host, before the first step
+  initial_state: train_step.TrainState  # on the host, before the first step
+  initial_params: Any  # its params
   state: train_step.TrainState  # on the host, after the last step
   losses: list[float]  # each step's mean training loss
   live_state: train_step.TrainState  # the device arrays, sharded over the mesh
@@ -88,22 +90,27 @@ def run_steps(
   model_config=TINY_MODEL,
   seed=0,
   train_changes=EQUIVALENCE_TRAIN,
+  initial_state=None,
 ) -> Run:
+  """`num_steps` steps from seed `seed`'s state, or from `initial_state` (a host state of the
+  same model and optimizer, put in this mesh's layout: no initialization compiled)."""
   mesh = sharding.make_mesh(ml_collections.ConfigDict(mesh_axes), devices)
   model = Transformer(model_config)
   tx, schedule = optimizer.make_optimizer(tiny_train_config(**train_changes), model_config.d_model)
-  state = train_step.create_sharded_state(seed, model, tx, mesh)
-  initial_params = jax.device_get(state.params)
-  step = train_step.jit_train_step(
-    model, tx, schedule, 0.1, mesh, train_step.state_shardings(model, tx, mesh)
-  )
+  shardings = train_step.state_shardings(model, tx, mesh)
+  if initial_state is None:
+    state = train_step.create_sharded_state(seed, model, tx, mesh)
+  else:
+    state = jax.device_put(initial_state, shardings)
+  host_initial = jax.device_get(state)
+  step = train_step.jit_train_step(model, tx, schedule, 0.1, mesh, shardings)
   losses_seen = []
   for i in range(num_steps):
     batch = random_batch(100 + i, 1, accum * micro, 12)
     batch = {k: v.reshape(accum, micro, -1) for k, v in batch.items()}
     state, metrics = step(state, sharding.global_batch_from_local(batch, mesh, batch_dim=1))
     losses_seen.append(float(metrics["loss"]))
-  return Run(initial_params, jax.device_get(state), losses_seen, state)
+  return Run(host_initial, host_initial.params, jax.device_get(state), losses_seen, state)
 
 
 def test_learning_rate_at_chosen_steps():
@@ -150,7 +157,7 @@ def test_a_sweeps_learning_rate_settings_are_inputs_of_one_compiled_step():
   mesh = sharding.make_mesh(
     ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1}), jax.devices()[:1]
   )
-  model = Transformer(dataclasses.replace(TINY_MODEL, num_encoder_layers=1, num_decoder_layers=1))
+  model = Transformer(TINY_MODEL)
   batch = sharding.global_batch_from_local(random_batch(7, 1, 4, 8), mesh, batch_dim=1)
   programs = []
   for scale, warmup in ((0.5, 40), (2.0, 10)):
@@ -264,8 +271,10 @@ def single_device_run(cpu_devices):
   ids=["data_parallel", "fsdp", "tensor", "data_fsdp_tensor"],
 )
 def test_sharded_steps_match_single_device(single_device_run, cpu_devices, mesh_axes):
-  """3 SGD steps (dropout on) give the same losses and params on 8 CPU devices as on 1."""
-  run = run_steps(mesh_axes, cpu_devices)
+  """3 SGD steps (dropout on) give the same losses and params on 8 CPU devices as on 1, from
+  the one-device run's initial state put in the mesh's layout (that a sharded initialization
+  is the one-device one is test_a_sharded_state_initializes_as_on_one_device's)."""
+  run = run_steps(mesh_axes, cpu_devices, initial_state=single_device_run.initial_state)
   np.testing.assert_allclose(run.losses, single_device_run.losses, rtol=LOSS_RTOL)
   assert_same_params_after_real_movement(
     run.state.params, single_device_run.state.params, single_device_run.initial_params
@@ -284,12 +293,42 @@ def test_sharded_steps_match_single_device(single_device_run, cpu_devices, mesh_
     assert {shard.data.shape for shard in kernel.addressable_shards} == {split}, kernel.sharding
 
 
-def test_gradient_accumulation_equals_large_batch(cpu_devices):
-  """4 micro-batches of 4 give the SGD update of one batch of 16 (no dropout)."""
+def test_a_sharded_state_initializes_as_on_one_device(single_device_run, cpu_devices):
+  """create_sharded_state on a data x fsdp x tensor = 2 x 2 x 2 mesh (every parameter kind
+  split along some axis) gives the one-device state, bit for bit, already in its layout."""
+  mesh = sharding.make_mesh(
+    ml_collections.ConfigDict({"data": 2, "fsdp": 2, "tensor": 2}), cpu_devices
+  )
+  model = Transformer(TINY_MODEL)
+  tx, _ = optimizer.make_optimizer(tiny_train_config(**EQUIVALENCE_TRAIN), TINY_MODEL.d_model)
+  state = train_step.create_sharded_state(0, model, tx, mesh)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+    jax.device_get(state),
+    single_device_run.initial_state,
+  )
+  kernel = state.params["encoder_layers_0"]["ffn"]["wi"]["kernel"]
+  assert {shard.data.shape for shard in kernel.addressable_shards} == {(16, 32)}, kernel.sharding
+
+
+def test_gradient_accumulation_equals_large_batch(single_device_run, cpu_devices):
+  """4 micro-batches of 4 give the SGD update of one batch of 16 (no dropout), from the same
+  initial state (the one-device run's: dropout leaves the parameters' initialization alone)."""
   config = TINY_MODEL.replace(dropout_rate=0.0, attention_dropout_rate=0.0, relu_dropout_rate=0.0)
   one_device = {"data": 1, "fsdp": 1, "tensor": 1}
-  one = run_steps(one_device, cpu_devices[:1], num_steps=2, micro=16, model_config=config)
-  four = run_steps(one_device, cpu_devices[:1], num_steps=2, accum=4, micro=4, model_config=config)
+  initial = single_device_run.initial_state
+  one = run_steps(
+    one_device, cpu_devices[:1], num_steps=2, micro=16, model_config=config, initial_state=initial
+  )
+  four = run_steps(
+    one_device,
+    cpu_devices[:1],
+    num_steps=2,
+    accum=4,
+    micro=4,
+    model_config=config,
+    initial_state=initial,
+  )
   np.testing.assert_allclose(four.losses, one.losses, rtol=1e-5)
   assert_same_params_after_real_movement(four.state.params, one.state.params, one.initial_params)
 
