@@ -2,9 +2,9 @@
 
 bfloat16 keeps 8 significant bits (7 stored): one rounding is off by up to 2^-9 ~ 0.2%
 relative. A forward and backward pass round each value a few dozen times in sequence, so
-the tolerances are that error compounded: 1% on the loss (measured: 0.007%, its errors
+the tolerances are that error compounded: 1% on the loss (measured: 0.001%, its errors
 average out over tokens) and 8% on the gradient as the relative norm of the difference
-(measured: 3.8%; cosine > 0.99). Parameters, logits, softmax
+(measured: 3.9% on the 1+1-layer model; cosine > 0.99). Parameters, logits, softmax
 statistics and the loss stay float32, which is what keeps the loss that close.
 """
 
@@ -25,9 +25,10 @@ from transformer_mt.training import losses, optimizer, train_step
 LOSS_RTOL = 1e-2
 GRAD_RTOL = 8e-2
 
+# Each layer kind once: compilations are what these tests cost.
 TINY = TransformerConfig(
-  vocab_size=64, d_model=32, num_heads=4, d_ff=64, num_encoder_layers=2,
-  num_decoder_layers=2, dropout_rate=0.0,
+  vocab_size=64, d_model=32, num_heads=4, d_ff=64, num_encoder_layers=1,
+  num_decoder_layers=1, dropout_rate=0.0,
 )  # fmt: skip
 
 

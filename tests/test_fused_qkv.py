@@ -14,7 +14,7 @@ from transformer_mt.decoding import beam_decode
 from transformer_mt.decoding import incremental as decode
 from transformer_mt.model.transformer import Transformer
 
-CONFIG = tiny_model_config()
+CONFIG = tiny_model_config(num_encoder_layers=1, num_decoder_layers=1)  # each layer kind once
 FUSED = CONFIG.replace(fuse_qkv=True)
 
 
