@@ -34,8 +34,18 @@ VOCAB = 13
 
 
 def small_config(**overrides) -> TransformerConfig:
-  """A tiny but complete Transformer (residuals, LayerNorm, biases, 2 heads, 2+2 layers)."""
-  values = dict(vocab_size=VOCAB, d_model=16, num_heads=2, d_ff=32, dropout_rate=0.0, max_len=32)
+  """A tiny but complete Transformer (residuals, LayerNorm, biases, 2 heads), each layer kind
+  once (1+1 layers: compilations, and op-by-op dispatches, are what these tests cost)."""
+  values = dict(
+    vocab_size=VOCAB,
+    d_model=16,
+    num_heads=2,
+    d_ff=32,
+    dropout_rate=0.0,
+    max_len=32,
+    num_encoder_layers=1,
+    num_decoder_layers=1,
+  )
   return tiny_model_config(**{**values, **overrides})
 
 
