@@ -13,9 +13,7 @@ from transformer_mt.training import optimizer, train
 from transformer_mt.workdir import checkpointing
 from transformer_mt.workdir import metrics_log as metrics
 
-# test_fault_tolerance.py's tiny run, without the test set's translation at the end (a decoder
-# compiled for nothing these tests read).
-TINY = tiny_overrides("model.dropout_rate=0.1") + ["evaluate.test_after_training=False"]
+TINY = tiny_overrides("model.dropout_rate=0.1")  # test_fault_tolerance.py's
 
 
 @pytest.mark.parametrize("policy", ["stop", "skip"])
