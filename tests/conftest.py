@@ -108,24 +108,55 @@ def pytest_make_collect_report(collector):
   return report
 
 
-# The test files that take longest (seconds of one CI run on 2 cores, .ci/run's --durations at
-# 0e114f5: the README session 429, multi-host 580, export 357, the accelerator script 393,
-# fault tolerance 292, the sweep 187), collected first. pytest-xdist's --dist loadfile hands
-# out whole files in collection order, so a long file started last keeps one worker busy
-# while the other has nothing left to take; started first, the short files fill in around it.
-LONGEST_FILES = (
+# The files that take longest (worker-seconds of one CI-like run on 2 cores, --durations:
+# each from ~30 s to ~4 minutes; together ~90% of the suite): every test in them is marked
+# slow, so `-m "not slow"` is the quick loop of the remaining files, and they are collected
+# first, longest first. pytest-xdist's --dist loadfile hands out whole files in collection
+# order, so a long file started last would keep one worker busy while the other has nothing
+# left to take; started first, the short files fill in around them.
+SLOW_FILES = (
   "test_readme.py",
-  "test_multihost.py",
-  "test_benchmarks.py",
   "test_export.py",
+  "test_beam_decode.py",
+  "test_multihost.py",
+  "test_beam_search.py",
+  "test_benchmarks.py",
   "test_fault_tolerance.py",
+  "test_chunked_loss.py",
+  "test_training.py",
+  "test_hf_languages.py",
+  "test_dropout_rng.py",
+  "test_hf_beam.py",
+  "test_model.py",
+  "test_ensemble.py",
+  "test_end_to_end.py",
   "test_sweep.py",
+  "test_hf_import_kinds.py",
+  "test_fused_kernels.py",
+  "test_mutant_guards.py",
+  "test_damaged_checkpoint.py",
+  "test_decode.py",
+  "test_workdir_lock.py",
+  "test_input_pipeline.py",
+  "test_bf16.py",
+  "test_sampling.py",
+  "test_averaging.py",
+  "test_checkpoint_layout.py",
+  "test_nonfinite_steps.py",
+  "test_hf_models.py",
+  "test_fused_qkv.py",
+  "test_scoring.py",
+  "test_finetune_import.py",
+  "test_attention_masks.py",
 )
 
 
 def pytest_collection_modifyitems(config, items):
   def rank(item) -> int:
     name = item.path.name
-    return LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES)
+    return SLOW_FILES.index(name) if name in SLOW_FILES else len(SLOW_FILES)
 
+  for item in items:
+    if item.path.name in SLOW_FILES:
+      item.add_marker(pytest.mark.slow)
   items.sort(key=rank)  # stable: each file's tests keep their order
