@@ -16,13 +16,13 @@ from transformer_mt.model.transformer_config import TransformerConfig
 
 
 def _qkv(seed, batch=3, q_len=7, k_len=9, heads=2, depth=4):
-  keys = jax.random.split(jax.random.key(seed), 3)
+  rng = np.random.default_rng(seed)  # NumPy's: jax.random compiles a program per shape
   shapes = [
     (batch, q_len, heads, depth),
     (batch, k_len, heads, depth),
     (batch, k_len, heads, depth),
   ]
-  return [jax.random.normal(k, s, jnp.float32) for k, s in zip(keys, shapes)]
+  return [jnp.asarray(rng.standard_normal(s), jnp.float32) for s in shapes]
 
 
 def _valid(lengths, length):
@@ -40,9 +40,15 @@ def _packed_segments(lengths_per_row, length):
   return jnp.asarray(ids)
 
 
+@functools.partial(jax.jit, static_argnames="use_flags")
+def _xla_attention(q, k, v, mask, use_flags):
+  return fused_attention(q, k, v, mask, "xla", use_flags=use_flags)
+
+
 def _both(q, k, v, mask):
-  dense = fused_attention(q, k, v, mask, "xla", use_flags=False)
-  flags = fused_attention(q, k, v, mask, "xla", use_flags=True)
+  """Jitted (eagerly, each op would compile alone): the dense mask's outputs and the flags'."""
+  dense = _xla_attention(q, k, v, mask, use_flags=False)
+  flags = _xla_attention(q, k, v, mask, use_flags=True)
   return np.asarray(dense), np.asarray(flags)
 
 
@@ -71,7 +77,9 @@ def test_flags_match_dense_masks_for_packed_rows(causal):
   dense, flags = _both(q, k, v, mask)
   np.testing.assert_allclose(flags[valid], dense[valid], atol=1e-5)
   # Independent check of the dense mask: a sentence's outputs alone equal its own attention.
-  first = jax.nn.dot_product_attention(q[:1, :3], k[:1, :3], v[:1, :3], is_causal=causal)
+  first = jax.jit(jax.nn.dot_product_attention, static_argnames="is_causal")(
+    q[:1, :3], k[:1, :3], v[:1, :3], is_causal=causal
+  )
   np.testing.assert_allclose(flags[:1, :3], np.asarray(first), atol=1e-5)
 
 
@@ -98,12 +106,12 @@ def test_model_loss_and_logits_are_the_same_with_flags(monkeypatch):
   targets_in = jnp.where(tgt_seg > 0, rng.integers(4, 40, tgt_seg.shape), 0).astype(jnp.int32)
   args = (inputs, targets_in, positions(src_seg), positions(tgt_seg), src_seg, tgt_seg)
   model = Transformer(config)
-  params = model.init(jax.random.key(0), *args)
-  dense = np.asarray(model.apply(params, *args))
+  params = jax.jit(model.init)(jax.random.key(0), *args)
+  dense = np.asarray(jax.jit(model.apply)(params, *args))
   monkeypatch.setattr(
     attention, "fused_attention", functools.partial(fused_attention, use_flags=True)
   )
-  flags = np.asarray(model.apply(params, *args))
+  flags = np.asarray(jax.jit(model.apply)(params, *args))  # traced anew: the patch applies
   valid = np.asarray(tgt_seg > 0)
   np.testing.assert_allclose(flags[valid], dense[valid], atol=1e-5)
   assert not np.allclose(flags[~valid], dense[~valid])  # The patch did take effect.

@@ -1,8 +1,13 @@
-"""Beam search with the Transformer (`beam_decode.beam_decode`): beam 1 against greedy decoding,
-scores against unbranched decoding, per-sentence limits, 1 against 8 devices, the lazy cache
-reordering and the cross-attention kept once per sentence against their reference paths, and
-the decode options reaching the search. The search itself is checked against brute force on
-toy models in tests/test_beam_search.py.
+"""Beam search with the Transformer (`beam_decode.beam_decode`): scores against unbranched
+decoding, per-sentence limits, 1 against 8 devices, the lazy cache reordering, the cache kept
+in place, the shrinking batch and the cross-attention kept once per sentence against their
+reference paths, and the decode options reaching the search. Beam 1 against greedy decoding is
+in tests/test_decode.py; the search itself is checked against brute force on toy models in
+tests/test_beam_search.py.
+
+Every search here decodes the same 8 sources with beam 3 up to 20 tokens under per-sentence
+limits (`search`, cached): each option is one more compiled program, and tests that compare an
+option with the default share the default's.
 """
 
 import functools
@@ -21,11 +26,18 @@ from transformer_mt.decoding import beam_search as bs
 from transformer_mt.decoding import incremental as decode
 
 CONFIG = tiny_model_config()
+BEAM, MAX_LEN = 3, 20
+# Each pool with the penalty it is used with: the default's, and fairseq-generate's.
+PENALTIES = {
+  "beam": dict(length_penalty="gnmt", alpha=0.6),
+  "fairseq": dict(length_penalty="power", alpha=1.0),
+}
 
 
 @functools.cache
 def transformer_params():
-  return init_params(CONFIG)
+  """helpers.init_params, jitted: one program instead of an eager op per initializer."""
+  return jax.jit(init_params, static_argnums=0)(CONFIG)
 
 
 def transformer_inputs():
@@ -41,50 +53,59 @@ def transformer_inputs():
   )
 
 
-@pytest.mark.parametrize("alpha, length_penalty", [(0.6, "gnmt"), (1.0, "power")])
-def test_beam_one_is_greedy(alpha, length_penalty):
-  """With the "beam" pool (the default), whatever the penalty: one finished hypothesis."""
-  params, inputs, max_len = transformer_params(), transformer_inputs(), 8
-  greedy = np.asarray(decode.greedy_decode(params, inputs, CONFIG, max_len))
-  out = bd.beam_decode(
-    params, inputs, CONFIG, beam_size=1, max_len=max_len, alpha=alpha, length_penalty=length_penalty
-  )
-  np.testing.assert_array_equal(np.asarray(out.sequences), greedy)
-  np.testing.assert_array_equal(np.asarray(out.all_sequences[:, 0]), greedy)
-  assert np.all(greedy[2] == PAD_ID) and float(out.scores[2]) == 0.0
+def eight_sources():
+  """int32 [8, 6]: the four rows of `transformer_inputs`, then the same reversed with each
+  token id one higher: no two alike but the two empty rows (2 and 5)."""
+  first = transformer_inputs()
+  return jnp.concatenate([first, jnp.where(first > EOS_ID, first + 1, first)[::-1]])
 
 
-@pytest.mark.parametrize(
-  "length_penalty, candidate_pool, alpha", [("gnmt", "beam", 0.6), ("power", "fairseq", 1.0)]
-)
-def test_transformer_beam_scores_match_unbranched_decoding(length_penalty, candidate_pool, alpha):
+# Per-sentence limits under MAX_LEN: the sentences end at different steps (the random model
+# rarely emits EOS), so the batch shrinks (8 -> 2 sentences), and two run past the first
+# 16-position chunk of the cache.
+MAX_LENGTHS = (20, 2, 20, 5, 9, 20, 3, 17)
+
+
+@functools.cache
+def search(candidate_pool, **options):
+  """beam_decode's outputs (NumPy) for the 8 sources with `options`, on one CPU device."""
+  with jax.default_device(jax.devices("cpu")[0]):
+    out = bd.beam_decode(
+      transformer_params(),
+      eight_sources(),
+      CONFIG,
+      beam_size=BEAM,
+      max_len=MAX_LEN,
+      max_lengths=jnp.array(MAX_LENGTHS, jnp.int32),
+      candidate_pool=candidate_pool,
+      **PENALTIES[candidate_pool],
+      **options,
+    )
+    return jax.tree.map(np.asarray, out)
+
+
+@pytest.mark.parametrize("candidate_pool", ["beam", "fairseq"])
+def test_transformer_beam_scores_match_unbranched_decoding(candidate_pool):
   """Rescoring each returned hypothesis on its own (no beam reordering) gives its score.
 
-  Checks that the cache rows (self-attention keys/values) follow their beams. "fairseq"
-  masks after the log-softmax, so the rescored log-probs are the plain ones; its hypotheses
-  all end with EOS, none at the first step.
+  Checks that the cache rows (self-attention keys/values) follow their beams, with the
+  default penalty ("gnmt") and with "power". "fairseq" masks after the log-softmax, so the
+  rescored log-probs are the plain ones; its hypotheses all end with EOS, none at the first
+  step; the "beam" pool's end with EOS or at the sentence's limit.
   """
-  params, inputs, max_len, beam = transformer_params(), transformer_inputs(), 6, 3
-  out = jax.tree.map(
-    np.asarray,
-    bd.beam_decode(
-      params,
-      inputs,
-      CONFIG,
-      beam_size=beam,
-      max_len=max_len,
-      alpha=alpha,
-      length_penalty=length_penalty,
-      candidate_pool=candidate_pool,
-    ),
+  alpha, length_penalty = (
+    PENALTIES[candidate_pool]["alpha"],
+    PENALTIES[candidate_pool]["length_penalty"],
   )
+  params, inputs, beam = transformer_params(), eight_sources(), BEAM
+  out = search(candidate_pool)
   assert np.all(out.all_scores[:, :-1] >= out.all_scores[:, 1:])  # sorted; -inf last
-  seqs = out.all_sequences.reshape(-1, max_len)  # [batch * beam, max_len]
+  seqs = out.all_sequences.reshape(-1, MAX_LEN)  # [batch * beam, max_len]
   rows = np.repeat(np.asarray(inputs), beam, axis=0)
-  cache = decode.init_cache(params, jnp.asarray(rows), CONFIG, max_len)
+  cache = jax.jit(decode.init_cache, static_argnums=(2, 3))(params, rows, CONFIG, MAX_LEN)
   step = jax.jit(decode.decode_step, static_argnames="config")
   log_probs, fed = [], np.full(len(rows), BOS_ID, np.int32)
-  for t in range(max_len):
+  for t in range(MAX_LEN):
     logits, cache = step(
       params,
       cache,
@@ -100,32 +121,33 @@ def test_transformer_beam_scores_match_unbranched_decoding(length_penalty, candi
     )
     fed = seqs[:, t]
   log_probs = np.stack(log_probs, axis=1)  # [batch * beam, max_len]
+  rescored = 0
   for i, seq in enumerate(seqs):
     b = i // beam
     if not np.isfinite(out.all_scores.reshape(-1)[i]):
       continue
-    if b == 2:  # the empty source row: the empty hypothesis, score 0
+    if not np.asarray(inputs[b]).any():  # an empty source row: the empty hypothesis, score 0
       assert np.all(seq == PAD_ID) and out.all_scores[b, i % beam] in (0.0, -np.inf)
       continue
     eos = np.flatnonzero(seq == EOS_ID)
-    length = eos[0] + 1 if len(eos) else max_len
+    length = eos[0] + 1 if len(eos) else MAX_LENGTHS[b]
     if candidate_pool == "fairseq":
       assert len(eos) == 1 and eos[0] > 0, seq
+    assert np.all(seq[length:] == PAD_ID), seq
     expected = log_probs[i, :length].sum() / bs.penalty(length, alpha, length_penalty)
     np.testing.assert_allclose(out.all_scores[b, i % beam], expected, atol=1e-4, rtol=1e-4)
+    rescored += 1
+  assert rescored >= 6 and np.all(np.isfinite(out.scores))  # every sentence's best rescored
 
 
 def test_transformer_per_sentence_max_lengths():
-  params, inputs, max_len = transformer_params(), transformer_inputs(), 8
-  max_lengths = jnp.array([3, 8, 8, 1], jnp.int32)
-  out = jax.tree.map(
-    np.asarray,
-    bd.beam_decode(params, inputs, CONFIG, beam_size=2, max_len=max_len, max_lengths=max_lengths),
-  )
+  out = search("beam")
   assert np.all(np.isfinite(out.scores))
-  assert np.all(out.all_sequences[0, :, 3:] == PAD_ID)
-  assert np.all(out.all_sequences[3, :, 1:] == PAD_ID)
-  assert np.all(out.sequences[2] == PAD_ID)  # empty source: empty output whatever max_lengths says
+  for b, max_length in enumerate(MAX_LENGTHS):
+    assert np.all(out.all_sequences[b, :, max_length:] == PAD_ID), b
+  assert np.all(out.sequences[1, :2] != PAD_ID)  # forced finish at exactly 2 tokens
+  # Empty sources: empty outputs whatever max_lengths says.
+  assert np.all(out.sequences[[2, 5]] == PAD_ID)
 
 
 def test_same_outputs_on_1_and_8_devices(cpu_devices):
@@ -135,42 +157,33 @@ def test_same_outputs_on_1_and_8_devices(cpu_devices):
 
   from transformer_mt.runtime import sharding
 
-  with jax.default_device(cpu_devices[0]):
-    params, max_len = transformer_params(), 8
-    inputs = jnp.concatenate([transformer_inputs(), transformer_inputs()[::-1]])  # 8 rows
-    single = bd.beam_decode(params, inputs, CONFIG, beam_size=3, max_len=max_len)
+  single = search("beam")
   mesh = sharding.make_mesh(
     ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1}), cpu_devices
   )
   with jax.set_mesh(mesh):
-    sharded_inputs = jax.device_put(inputs, sharding.batch_sharding(mesh))
-    sharded_params = jax.device_put(params, sharding.replicated(mesh))
-    sharded = bd.beam_decode(sharded_params, sharded_inputs, CONFIG, beam_size=3, max_len=max_len)
-  np.testing.assert_array_equal(np.asarray(sharded.sequences), np.asarray(single.sequences))
-  np.testing.assert_allclose(np.asarray(sharded.scores), np.asarray(single.scores), atol=1e-5)
+    inputs, max_lengths = sharding.global_batch_from_host(
+      (np.asarray(eight_sources()), np.array(MAX_LENGTHS, np.int32)), mesh
+    )
+    sharded = bd.beam_decode(
+      jax.device_put(transformer_params(), sharding.replicated(mesh)),
+      inputs,
+      CONFIG,
+      beam_size=BEAM,
+      max_len=MAX_LEN,
+      max_lengths=max_lengths,
+      candidate_pool="beam",
+      **PENALTIES["beam"],
+    )
+  np.testing.assert_array_equal(np.asarray(sharded.sequences), single.sequences)
+  np.testing.assert_allclose(np.asarray(sharded.scores), single.scores, atol=1e-5)
 
 
 def test_transformer_lazy_reordering_equals_always_gather():
   """beam_decode (cross-attention keys/values never reordered, self-attention positions
   copied only up to those written, no copy when no beam changed parent) is bit-identical
   to reordering the whole cache at every step. max_len 20 spans two 16-position chunks."""
-  params, inputs, max_len = transformer_params(), transformer_inputs(), 20
-  max_lengths = jnp.array([20, 17, 20, 19], jnp.int32)
-  out, reference = (
-    jax.tree.map(
-      np.asarray,
-      bd.beam_decode(
-        params,
-        inputs,
-        CONFIG,
-        beam_size=3,
-        max_len=max_len,
-        max_lengths=max_lengths,
-        always_gather=always_gather,
-      ),
-    )
-    for always_gather in (False, True)
-  )
+  out, reference = search("beam"), search("beam", always_gather=True)
   assert out.num_steps > 16  # the second chunk was reordered too
   for name in ("sequences", "scores", "all_sequences", "all_scores", "num_steps"):
     np.testing.assert_array_equal(getattr(out, name), getattr(reference, name), err_msg=name)
@@ -186,24 +199,9 @@ def test_accelerator_options_give_the_default_outputs(candidate_pool):
   run past the first 16-position chunk. (One program for both options: each is also checked
   alone, for every pool, on the toy models of test_beam_search.py, which compile in a
   fraction of the time.)"""
-  params, inputs, max_len = transformer_params(), transformer_inputs(), 20
-  max_lengths = jnp.array([20, 17, 20, 19], jnp.int32)
-
-  def search(**options):
-    return bd.beam_decode(
-      params,
-      inputs,
-      CONFIG,
-      beam_size=3,
-      max_len=max_len,
-      max_lengths=max_lengths,
-      candidate_pool=candidate_pool,
-      **options,
-    )
-
-  reference = jax.tree.map(np.asarray, search())
+  reference = search(candidate_pool)
   assert reference.num_steps > 16 and reference.num_steps % 3 != 0
-  out = jax.tree.map(np.asarray, search(cache_reorder="gather", stop_check_every=3))
+  out = search(candidate_pool, cache_reorder="gather", stop_check_every=3)
   for name in ("sequences", "scores", "all_sequences", "all_scores", "all_log_probs"):
     np.testing.assert_array_equal(getattr(out, name), getattr(reference, name), err_msg=name)
   # The same steps, each one with a copy.
@@ -212,31 +210,12 @@ def test_accelerator_options_give_the_default_outputs(candidate_pool):
 
 @pytest.mark.parametrize("candidate_pool", ["beam", "fairseq"])
 def test_shrinking_batch_gives_the_whole_batch_outputs(candidate_pool):
-  """beam_decode's shrinking batch (the default: 8 -> 2 -> 1 sentences here, the
-  cross-attention keys/values and source masks moved with their sentences) returns what the
-  whole batch run to the end returns, bit for bit: the Transformer's rows are computed
-  independently, whatever the batch. The empty rows are done at once and the maximum lengths
-  differ, so the batch does shrink."""
-  params, max_len = transformer_params(), 20
-  inputs = jnp.concatenate([transformer_inputs(), transformer_inputs()[::-1]])  # 8 rows
-  max_lengths = jnp.array([20, 2, 20, 5, 9, 20, 3, 17], jnp.int32)
-
-  def search(**options):
-    return jax.tree.map(
-      np.asarray,
-      bd.beam_decode(
-        params,
-        inputs,
-        CONFIG,
-        beam_size=3,
-        max_len=max_len,
-        max_lengths=max_lengths,
-        candidate_pool=candidate_pool,
-        **options,
-      ),
-    )
-
-  whole, shrunk = search(shrink_batch=False), search()
+  """beam_decode's shrinking batch (the default: 8 -> 2 sentences here, the cross-attention
+  keys/values and source masks moved with their sentences) returns what the whole batch run
+  to the end returns, bit for bit: the Transformer's rows are computed independently,
+  whatever the batch. The empty rows are done at once and the maximum lengths differ, so the
+  batch does shrink."""
+  whole, shrunk = search(candidate_pool, shrink_batch=False), search(candidate_pool)
   for name in ("sequences", "scores", "all_sequences", "all_scores", "all_log_probs", "num_steps"):
     np.testing.assert_array_equal(getattr(shrunk, name), getattr(whole, name), err_msg=name)
   assert whole.sentence_steps == 8 * whole.num_steps > shrunk.sentence_steps
@@ -276,36 +255,20 @@ def test_a_cache_kept_in_place_gives_the_reordered_outputs(candidate_pool):
   float32 rounding (the masked sums run over more terms: not bit for bit), for both candidate
   widths (the cache sees only the parents a pool picks; "2beam" and "hf" pick from 2 * beam_size
   as "fairseq" does, and test_beam_search.py checks every pool's parents), in a batch that
-  shrinks (8 -> 2 -> 1 sentences: the per-sentence cache moves by sentence) and in one that does
+  shrinks (8 -> 2 sentences: the per-sentence cache moves by sentence) and in one that does
   not, and with a cache that grows (5, 10, then 20 positions, forced here: these small layers
   would keep one size) in a batch that shrinks; the searches run past the first 16 positions
   with beams changing parents. A wrong ancestry (a slot, a parent or a position off) or a sentence
   given another's cache changes the attention and with it the log-probs by far more than rounding:
   the 8 sources differ (the second four are the first, reversed, each token id one higher)."""
-  params, max_len = transformer_params(), 20
-  first = transformer_inputs()
-  second = jnp.where(first > EOS_ID, first + 1, first)[::-1]
-  inputs = jnp.concatenate([first, second])  # 8 rows, no two alike but the empty ones
-  max_lengths = jnp.array([20, 2, 20, 5, 9, 20, 3, 17], jnp.int32)
-
-  def search(**options):
-    out = bd.beam_decode(
-      params,
-      inputs,
-      CONFIG,
-      beam_size=3,
-      max_len=max_len,
-      max_lengths=max_lengths,
-      candidate_pool=candidate_pool,
-      **options,
-    )
-    return jax.tree.map(np.asarray, out)
-
-  reference = search(cache_reorder="chunked", shrink_batch=False)
+  reference = search(candidate_pool, shrink_batch=False)  # the chunked copy, the default
   assert reference.num_steps > 16 and reference.num_reorders > 1
   for shrink_batch, grow_from in ((True, None), (False, None), (True, 0)):
     kept = search(
-      cache_reorder="ancestry", shrink_batch=shrink_batch, grow_cache_from_bytes=grow_from
+      candidate_pool,
+      cache_reorder="ancestry",
+      shrink_batch=shrink_batch,
+      grow_cache_from_bytes=grow_from,
     )
     for name in ("sequences", "all_sequences", "num_steps"):
       np.testing.assert_array_equal(getattr(kept, name), getattr(reference, name), err_msg=name)
@@ -404,10 +367,11 @@ def test_cross_attention_once_per_sentence_equals_a_copy_per_beam():
   beams into the query axis; copying them to every beam (as before) gives the same
   hypotheses, and scores equal up to float rounding (the products are summed in another
   order)."""
-  params, inputs, max_len, beam = transformer_params(), transformer_inputs(), 12, 3
+  params, inputs, max_len, beam = transformer_params(), eight_sources(), MAX_LEN, BEAM
   batch = inputs.shape[0]
-  out = bd.beam_decode(params, inputs, CONFIG, beam_size=beam, max_len=max_len)
-  cache, cross = decode.split_cache(decode.init_cache(params, inputs, CONFIG, max_len))
+  out = search("beam")
+  cache = jax.jit(decode.init_cache, static_argnums=(2, 3))(params, inputs, CONFIG, max_len)
+  cache, cross = decode.split_cache(cache)
   cross = beam_rows.expand_to_beams(cross, batch, beam)  # [batch * beam, heads, src_len, head_dim]
   valid = jnp.repeat(inputs != PAD_ID, beam, axis=0)
 
@@ -417,10 +381,10 @@ def test_cross_attention_once_per_sentence_equals_a_copy_per_beam():
     )
     return decode.never_generated(logits), decode.split_cache(cache)[0]
 
-  max_lengths = jnp.where(jnp.any(inputs != PAD_ID, axis=1), max_len, 0)
+  max_lengths = jnp.where(jnp.any(inputs != PAD_ID, axis=1), jnp.array(MAX_LENGTHS), 0)
   copied = jax.jit(
     lambda cache: bs.beam_search(
-      tokens_to_logits, cache, batch, beam, max_len, max_lengths=max_lengths
+      tokens_to_logits, cache, batch, beam, max_len, max_lengths=max_lengths, **PENALTIES["beam"]
     )
   )(cache)
   np.testing.assert_array_equal(out.all_sequences, copied.all_sequences)

@@ -7,8 +7,12 @@ not follow their beams). PAD and BOS get probability 0, so the hypotheses are se
 over the content tokens {3, 4} ending in EOS, or forced-finished at the sentence's max
 length (without EOS). The "fairseq" pool is checked against a plain transcription of
 fairseq 0.9's SequenceGenerator (`fairseq_reference`) and on hand-built tables, one per rule.
+
+The tables are arguments of the jitted search (`toy_search`): a search compiles once per static
+setting and shape, and tests whose settings agree share its program.
 """
 
+import functools
 import itertools
 
 import jax
@@ -68,33 +72,45 @@ def toy_model(tables, max_len):
   return step, cache
 
 
-def run_toy(
-  tables,
-  beam,
-  max_len,
-  alpha,
-  max_lengths=None,
-  early_stopping=True,
-  always_gather=False,
-  **options,  # length_penalty, candidate_pool
-):
-  step, cache = toy_model(tables, max_len)
-  search = jax.jit(
-    lambda cache, max_lengths: bs.beam_search(
-      step,
-      cache,
-      len(tables),
-      beam,
-      max_len,
-      alpha=alpha,
-      max_lengths=max_lengths,
-      early_stopping=early_stopping,
-      always_gather=always_gather,
-      **options,
-    )
-  )
-  out = search(cache, None if max_lengths is None else jnp.asarray(max_lengths, jnp.int32))
+# beam_search's defaults for the options the tests vary: a search's static settings are
+# normalized with them, so that equal settings share one compiled search.
+SEARCH_DEFAULTS = dict(
+  early_stopping=True, always_gather=False, length_penalty="gnmt", candidate_pool="beam"
+)
+
+
+@functools.cache
+def toy_search(beam, max_len, alpha, settings):
+  """beam_search over `toy_model`, jitted once per static configuration (`settings`: sorted
+  (name, value) pairs): (tables, max_lengths) -> output; jit compiles it once per shape."""
+
+  def search(tables, max_lengths):
+    step, cache = toy_model(tables, max_len)
+    return bs.beam_search(
+      step, cache, tables.shape[0], beam, max_len, alpha=alpha, max_lengths=max_lengths,
+      **dict(settings),
+    )  # fmt: skip
+
+  return jax.jit(search)
+
+
+def run_toy(tables, beam, max_len, alpha, max_lengths=None, **options):
+  """beam_search's outputs (NumPy) for the toy model of `tables`; `options` are beam_search's
+  (early_stopping, always_gather, length_penalty, candidate_pool, ...). Without max_lengths
+  every sentence may run to max_len."""
+  tables = jnp.asarray(tables, jnp.float32)
+  if max_lengths is None:
+    max_lengths = [max_len] * tables.shape[0]
+  settings = tuple(sorted({**SEARCH_DEFAULTS, **options}.items()))
+  out = toy_search(beam, max_len, alpha, settings)(tables, jnp.asarray(max_lengths, jnp.int32))
   return jax.tree.map(np.asarray, out)
+
+
+def second_order(tables):
+  """First-order tables [batch, V, V] as second-order ones [batch, V, V, V] (the token two
+  back ignored): the same distributions, searched by the second-order model's program."""
+  tables = np.asarray(tables)
+  return np.broadcast_to(tables[:, None], (tables.shape[0], VOCAB) + tables.shape[1:])
 
 
 def log_softmax(x):
@@ -140,14 +156,24 @@ def padded(seq, max_len):
   return list(seq) + [PAD_ID] * (max_len - len(seq))
 
 
-def check_exhaustive(order, alpha, length_penalty="gnmt", candidate_pool="beam"):
+def check_exhaustive(alpha, length_penalty="gnmt", candidate_pool="beam"):
   """With a beam as large as the hypothesis space the search is exhaustive: every pool
   keeps all candidates (at most 24 per step) and lets every ending one finish ("fairseq":
-  none ends at the first step, and every one ends with EOS)."""
-  tables = markov_tables(seeds=[order, 10 + order], order=order)
-  max_len, max_lengths = 4, [3, 4]
+  none ends at the first step, and every one ends with EOS). Two first-order tables (searched
+  as second-order ones that ignore the older token) and two second-order ones, in one batch;
+  the brute force reads each in its own order."""
+  first, second = markov_tables(seeds=[1, 11], order=1), markov_tables(seeds=[2, 12], order=2)
+  tables = list(first) + list(second)
+  max_len, max_lengths = 4, [3, 4, 3, 4]
   search = dict(length_penalty=length_penalty, candidate_pool=candidate_pool)
-  out = run_toy(tables, beam=32, max_len=max_len, alpha=alpha, max_lengths=max_lengths, **search)
+  out = run_toy(
+    np.concatenate([second_order(first), second]),
+    beam=32,
+    max_len=max_len,
+    alpha=alpha,
+    max_lengths=max_lengths,
+    **search,
+  )
   for b, max_length in enumerate(max_lengths):
     expected = brute_force(
       tables[b], max_length, alpha, length_penalty, fairseq=candidate_pool == "fairseq"
@@ -169,10 +195,9 @@ def check_exhaustive(order, alpha, length_penalty="gnmt", candidate_pool="beam")
     np.testing.assert_allclose(truth[returned[0]], expected[0][0], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("order", [1, 2])
 @pytest.mark.parametrize("alpha", [0.0, 0.6])
-def test_large_beam_equals_brute_force(order, alpha):
-  check_exhaustive(order, alpha)
+def test_large_beam_equals_brute_force(alpha):
+  check_exhaustive(alpha)
 
 
 @pytest.mark.parametrize(
@@ -188,19 +213,21 @@ def test_large_beam_equals_brute_force(order, alpha):
 def test_large_beam_equals_brute_force_for_every_pool_and_penalty(
   length_penalty, candidate_pool, alpha
 ):
-  check_exhaustive(2, alpha, length_penalty, candidate_pool)
+  check_exhaustive(alpha, length_penalty, candidate_pool)
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6])
 def test_small_beam_scores_are_exact(alpha):
-  """A small beam may miss hypotheses, but each one it returns carries its true score."""
-  tables = markov_tables(seeds=[2], order=2)
-  out = run_toy(tables, beam=3, max_len=4, alpha=alpha)
-  truth = {seq: score for score, seq in brute_force(tables[0], 4, alpha)}
-  for seq, score in zip(out.all_sequences[0], out.all_scores[0]):
-    seq = tuple(int(t) for t in seq if t != PAD_ID)
-    np.testing.assert_allclose(score, truth[seq], atol=1e-5, rtol=1e-5)
-  assert np.all(out.all_scores[0, :-1] >= out.all_scores[0, 1:])
+  """A small beam may miss hypotheses, but each one it returns carries its true score. (The
+  tables and the search of test_skipping_unneeded_reorders_changes_nothing: one program.)"""
+  tables = markov_tables(seeds=[3, 7, 11], order=2, eos_bias=None)
+  out = run_toy(tables, beam=3, max_len=6, alpha=alpha)
+  for b, table in enumerate(tables):
+    truth = {seq: score for score, seq in brute_force(table, 6, alpha)}
+    for seq, score in zip(out.all_sequences[b], out.all_scores[b]):
+      seq = tuple(int(t) for t in seq if t != PAD_ID)
+      np.testing.assert_allclose(score, truth[seq], atol=1e-5, rtol=1e-5)
+    assert np.all(out.all_scores[b, :-1] >= out.all_scores[b, 1:])
 
 
 def reference_search(table, beam, max_length, alpha, kind, pool):
@@ -233,25 +260,43 @@ def reference_search(table, beam, max_length, alpha, kind, pool):
   return finished
 
 
+# Random second-order tables (beam 2, max length 5, lenpen 1) where "fairseq" returns
+# another best hypothesis than both "2beam" and "hf", by each of its rules: seeds 1 and 60
+# keep the first two hypotheses to finish, though a better one finishes later; seed 8 may not
+# end at the first step; seed 53 ends at the length limit with EOS, not with a forced finish.
+FAIRSEQ_SEEDS = [1, 8, 53, 60]
+# The transcription tests' sentences: 5 tables for the pools of `reference_search`, then the
+# fairseq ones and two more with shorter limits. One batch, so that the tests share searches.
+TRANSCRIPTION_SEEDS = [224, 264, 102, 20, 21] + FAIRSEQ_SEEDS + [2, 3]
+TRANSCRIPTION_MAX_LENGTHS = [5] * 5 + [5, 5, 5, 5, 4, 2]
+
+
+def transcription_tables():
+  return markov_tables(seeds=TRANSCRIPTION_SEEDS, order=2, eos_bias=None, scale=2.0)
+
+
 @pytest.mark.parametrize("candidate_pool", ["beam", "2beam", "hf"])
 @pytest.mark.parametrize("length_penalty, alpha", [("gnmt", 0.6), ("power", 1.0), ("power", -0.5)])
 def test_small_beam_follows_a_plain_transcription(candidate_pool, length_penalty, alpha):
   """Beams too small to be exhaustive return exactly what the pool's procedure, written out
   in plain Python, returns: which candidates finish, which stay live, in what order."""
-  # With beam 2, these tables make every two pools disagree on at least one sentence under
-  # every penalty (an EOS ranked between beam and 2 * beam; a live beam "beam" loses).
-  tables = markov_tables(seeds=[224, 264, 102, 20, 21], order=2, eos_bias=None, scale=2.0)
+  # With beam 2, the first five tables make every two pools disagree on at least one sentence
+  # under every penalty (an EOS ranked between beam and 2 * beam; a live beam "beam" loses).
+  # The others are the fairseq tests' (`TRANSCRIPTION_TABLES`), two of them with shorter
+  # limits: the searches with "power" and alpha 1 are test_fairseq_pool_differs_from_2beam_and_hf's.
+  tables = transcription_tables()
   beam, max_len = 2, 5
   out = run_toy(
     tables,
     beam=beam,
     max_len=max_len,
     alpha=alpha,
+    max_lengths=TRANSCRIPTION_MAX_LENGTHS,
     length_penalty=length_penalty,
     candidate_pool=candidate_pool,
   )
-  for b, table in enumerate(tables):
-    expected = reference_search(table, beam, max_len, alpha, length_penalty, candidate_pool)
+  for b, (table, max_length) in enumerate(zip(tables, TRANSCRIPTION_MAX_LENGTHS)):
+    expected = reference_search(table, beam, max_length, alpha, length_penalty, candidate_pool)
     found = out.all_scores[b] > -np.inf
     returned = [tuple(int(t) for t in seq if t != PAD_ID) for seq in out.all_sequences[b][found]]
     assert returned == [seq for _, seq in expected], b
@@ -339,7 +384,9 @@ def test_beam_beats_greedy_when_greedy_is_wrong(alpha):
   ],
 )
 def test_early_stopping_changes_nothing(alpha, length_penalty, candidate_pool):
-  """Stopping once no live beam can beat the worst of the best finished loses nothing.
+  """Stopping once no live beam can beat the worst of the best finished loses nothing: the
+  early-stopped search returns what the pool's plain transcription, run for every step
+  (`reference_search`, `fairseq_reference`), returns.
 
   The tables (random EOS bias) finish within a few steps. For alpha 0.6 (both penalties)
   they include cases where a live beam behind the worst finished score on log-prob alone
@@ -347,21 +394,25 @@ def test_early_stopping_changes_nothing(alpha, length_penalty, candidate_pool):
   finished`, without dividing by lp(max length), returns different hypotheses there.
   (With power and alpha 1 the exact bound, p / 8, is too loose to stop before max_len.)
   "fairseq" stops a sentence once beam_size have finished: nothing can enter a full set.
+  The search without early stopping runs every step (test_accelerator_loop_options_change_nothing).
   """
   tables = markov_tables(seeds=[6, 64, 193, 273], eos_bias=None, scale=2.0)
   max_len = 8
   options = dict(length_penalty=length_penalty, candidate_pool=candidate_pool)
   early = run_toy(tables, beam=2, max_len=max_len, alpha=alpha, **options)
-  full = run_toy(tables, beam=2, max_len=max_len, alpha=alpha, early_stopping=False, **options)
   assert early.num_steps < max_len
-  assert full.num_steps == max_len
-  for name in ("sequences", "scores", "all_sequences", "all_scores"):
-    np.testing.assert_array_equal(getattr(early, name), getattr(full, name), err_msg=name)
+  for b, table in enumerate(tables):
+    if candidate_pool == "fairseq":
+      expected = fairseq_reference(table, 2, max_len, alpha)
+    else:
+      expected = reference_search(table, 2, max_len, alpha, length_penalty, candidate_pool)
+    check_against(early, b, expected)
 
 
 def test_per_sentence_max_lengths():
-  # EOS is rare: hypotheses run to their limit.
-  tables = markov_tables(seeds=[4, 5, 6], eos_bias=-4.0)
+  # EOS is rare: hypotheses run to their limit. (Second-order tables that ignore the older
+  # token: the program of test_skipping_unneeded_reorders_changes_nothing's random tables.)
+  tables = second_order(markov_tables(seeds=[4, 5, 6], eos_bias=-4.0))
   max_len, max_lengths = 6, [2, 5, 0]
   out = run_toy(tables, beam=3, max_len=max_len, alpha=0.6, max_lengths=max_lengths)
   assert np.all(np.isfinite(out.scores))  # no sentence comes back without a hypothesis
@@ -418,6 +469,31 @@ def test_skipping_unneeded_reorders_changes_nothing(alpha):
 # What beam_search returns, all of it but the cache reorder count.
 OUTPUT_FIELDS = ("sequences", "scores", "all_sequences", "all_scores", "all_log_probs", "num_steps")
 
+# The loop-option and shrinking-batch tests search the same 16 sentences (beam 3, up to 16
+# tokens), each pool under its own penalty, so that each shares the other's programs: the
+# shrinking test's whole batch with stop_check_every 1 and 3 is the loop test's reference and
+# one of its variants. The second-order tables read the previous token back from the cache
+# rows, so a reorder that went wrong, or a sentence that moved with another's rows, shows.
+# Sentences end at different steps (maximum lengths 0 to 16, EOS unlikely before them).
+LOOP_TABLES = dict(seeds=range(100, 116), order=2, eos_bias=-2.0)
+LOOP_MAX_LEN, LOOP_MAX_LENGTHS = 16, [16, 1, 4, 16, 2, 12, 6, 3, 16, 5, 7, 0, 14, 8, 2, 10]
+LOOP_PENALTIES = {"beam": ("gnmt", 0.6), "2beam": ("power", 0.6), "hf": ("power", 1.0)}
+LOOP_PENALTIES["fairseq"] = ("power", 1.0)
+
+
+def loop_search(candidate_pool, **options):
+  length_penalty, alpha = LOOP_PENALTIES[candidate_pool]
+  return run_toy(
+    markov_tables(**LOOP_TABLES),
+    beam=3,
+    max_len=LOOP_MAX_LEN,
+    alpha=alpha,
+    max_lengths=LOOP_MAX_LENGTHS,
+    candidate_pool=candidate_pool,
+    length_penalty=length_penalty,
+    **options,
+  )
+
 
 @pytest.mark.parametrize(
   "candidate_pool, length_penalty, alpha, early_stopping",
@@ -434,30 +510,22 @@ def test_accelerator_loop_options_change_nothing(
   candidate_pool, length_penalty, alpha, early_stopping
 ):
   """Reordering at every step without a cond (conditional_reorder=False), and reading the
-  stopping condition every 4 or 5 steps (stop_check_every; 5 together with the first): the
-  default loop's hypotheses, scores, log-probs and step count, for every pool. The
-  second-order tables read the previous token back from the cache, so a reorder that went
-  wrong shows. max_len 7 is no multiple of 4 or 5: without early stopping the last
-  iteration runs past it (those steps must be discarded); with it the searches end within 7
-  steps, a count that 4 and 5 do not both divide, so steps taken after the end must be
-  discarded too."""
-  tables = markov_tables(seeds=[3, 7, 11, 19], order=2, eos_bias=None)
-  max_len, max_lengths = 7, [7, 5, 6, 7]
-  options = dict(
-    alpha=alpha,
-    max_lengths=max_lengths,
-    early_stopping=early_stopping,
-    candidate_pool=candidate_pool,
-    length_penalty=length_penalty,
-  )
-  reference = run_toy(tables, beam=3, max_len=max_len, **options)
-  assert 0 < reference.num_steps <= max_len  # so 4 or 5 leaves a remainder
+  stopping condition every 3 or 5 steps (stop_check_every; 5 together with the first): the
+  default loop's hypotheses, scores, log-probs and step count, for every pool. max_len 16 is
+  no multiple of 3 or 5: without early stopping the last iteration runs past it (those steps
+  must be discarded); with it the searches end at a step count that neither 3 nor 5
+  divides, so steps taken after the end must be discarded too."""
+  assert LOOP_PENALTIES[candidate_pool] == (length_penalty, alpha)
+  reference = loop_search(candidate_pool, early_stopping=early_stopping)
+  assert reference.num_steps % 3 != 0 and reference.num_steps % 5 != 0
+  if not early_stopping:
+    assert reference.num_steps == LOOP_MAX_LEN  # every step
   for variant in (
     dict(conditional_reorder=False),
-    dict(stop_check_every=4),
+    dict(stop_check_every=3),
     dict(conditional_reorder=False, stop_check_every=5),
   ):
-    out = run_toy(tables, beam=3, max_len=max_len, **options, **variant)
+    out = loop_search(candidate_pool, early_stopping=early_stopping, **variant)
     for name in OUTPUT_FIELDS:
       np.testing.assert_array_equal(getattr(out, name), getattr(reference, name), err_msg=name)
     if variant.get("conditional_reorder") is False:  # a copy at every step
@@ -472,24 +540,14 @@ def test_shrinking_batch_changes_nothing(candidate_pool, stop_check_every):
   """A batch that shrinks as its sentences finish (16 -> 4 -> 1 sentences, their
   cache rows, pending reorders and maximum lengths moved down with them) gives every
   sentence, at its own place, the hypotheses, scores and log-probs of the whole batch run to
-  the end, in as many steps, for every pool. The second-order tables read the previous token
-  back from the cache rows, so a sentence that moved with another's rows shows. Sentences
-  end at different steps (maximum lengths 0 to 16, EOS unlikely before them), so the batch
-  does shrink: fewer sentence-steps are decoded."""
-  tables = markov_tables(seeds=range(100, 116), order=2, eos_bias=-2.0)
-  max_lengths = [16, 1, 4, 16, 2, 12, 6, 3, 16, 5, 7, 0, 14, 8, 2, 10]
-  options = dict(
-    alpha=0.6,
-    max_lengths=max_lengths,
-    candidate_pool=candidate_pool,
-    length_penalty="power",
-    stop_check_every=stop_check_every,
-  )
-  whole = run_toy(tables, beam=3, max_len=16, **options)
-  shrunk = run_toy(tables, beam=3, max_len=16, shrink_batch=True, **options)
+  the end, in as many steps, for every pool (`LOOP_TABLES`: the batch does shrink, fewer
+  sentence-steps are decoded)."""
+  options = dict(stop_check_every=stop_check_every)
+  whole = loop_search(candidate_pool, **options)
+  shrunk = loop_search(candidate_pool, shrink_batch=True, **options)
   for name in OUTPUT_FIELDS:
     np.testing.assert_array_equal(getattr(shrunk, name), getattr(whole, name), err_msg=name)
-  assert whole.sentence_steps == len(tables) * whole.num_steps
+  assert whole.sentence_steps == len(LOOP_MAX_LENGTHS) * whole.num_steps
   assert shrunk.sentence_steps < whole.sentence_steps
   # The rows of the sentences that finished stay in the batch until it shrinks, so a smaller
   # batch reorders at no more steps than the whole one.
@@ -576,19 +634,11 @@ def check_against(out, b, expected):
   )
 
 
-# Random second-order tables (beam 2, max length 5, lenpen 1) where "fairseq" returns
-# another best hypothesis than both "2beam" and "hf", by each of its rules: seeds 1 and 60
-# keep the first two hypotheses to finish, though a better one finishes later; seed 8 may not
-# end at the first step; seed 53 ends at the length limit with EOS, not with a forced finish.
-FAIRSEQ_SEEDS = [1, 8, 53, 60]
-
-
 @pytest.mark.parametrize("beam, lenpen", [(2, 1.0), (2, 0.6), (3, 1.0)])
 def test_fairseq_pool_follows_a_transcription_of_fairseq(beam, lenpen):
   """Every hypothesis "fairseq" returns, its order and its score are what the transcription
   of fairseq's SequenceGenerator returns, per-sentence length limits included."""
-  tables = markov_tables(seeds=FAIRSEQ_SEEDS + [2, 3], order=2, eos_bias=None, scale=2.0)
-  max_len, max_lengths = 5, [5, 5, 5, 5, 4, 2]
+  tables, max_len, max_lengths = transcription_tables(), 5, TRANSCRIPTION_MAX_LENGTHS
   out = run_toy(
     tables,
     beam=beam,
@@ -603,14 +653,22 @@ def test_fairseq_pool_follows_a_transcription_of_fairseq(beam, lenpen):
 
 
 def test_fairseq_pool_differs_from_2beam_and_hf():
-  tables = markov_tables(seeds=FAIRSEQ_SEEDS, order=2, eos_bias=None, scale=2.0)
+  """On the FAIRSEQ_SEEDS tables (within the transcription batch: its searches)."""
+  tables = transcription_tables()
   best = {
     pool: run_toy(
-      tables, beam=2, max_len=5, alpha=1.0, length_penalty="power", candidate_pool=pool
+      tables,
+      beam=2,
+      max_len=5,
+      alpha=1.0,
+      max_lengths=TRANSCRIPTION_MAX_LENGTHS,
+      length_penalty="power",
+      candidate_pool=pool,
     ).sequences
     for pool in ("fairseq", "2beam", "hf")
   }
-  for b, table in enumerate(tables):
+  for b in range(5, 5 + len(FAIRSEQ_SEEDS)):
+    table = tables[b]
     expected = padded(fairseq_reference(table, 2, 5, 1.0)[0][1], 5)
     np.testing.assert_array_equal(best["fairseq"][b], expected)
     assert not np.array_equal(best["2beam"][b], expected), b
@@ -645,12 +703,14 @@ def test_fairseq_pool_ends_at_the_length_limit_with_eos():
   "hf" instead finishes A A A A there without EOS (log(0.95^3) / 4). Per-sentence limits: the
   second sentence stops at 3 tokens."""
   table = first_order_table({BOS_ID: {A: 1.0}, A: {A: 0.95, EOS_ID: 0.05}})
-  fairseq = search_one(table, 1, "fairseq", max_lengths=[4, 3])
-  np.testing.assert_array_equal(fairseq.sequences, [[A, A, A, EOS_ID], [A, A, EOS_ID, PAD_ID]])
-  np.testing.assert_allclose(
-    fairseq.scores, [np.log(0.95**2 * 0.05) / 4, np.log(0.95 * 0.05) / 3], rtol=1e-5
-  )
-  hf = search_one(table, 1, "hf", max_lengths=[4, 3])
+  for max_length, expected, score in (
+    (4, [A, A, A, EOS_ID], np.log(0.95**2 * 0.05) / 4),
+    (3, [A, A, EOS_ID, PAD_ID], np.log(0.95 * 0.05) / 3),
+  ):
+    fairseq = search_one(table, 1, "fairseq", max_lengths=[max_length])
+    np.testing.assert_array_equal(fairseq.sequences[0], expected)
+    np.testing.assert_allclose(fairseq.scores[0], score, rtol=1e-5)
+  hf = search_one(table, 1, "hf", max_lengths=[4])
   np.testing.assert_array_equal(hf.sequences[0], [A, A, A, A])
   np.testing.assert_allclose(hf.scores[0], np.log(0.95**3) / 4, rtol=1e-5)
 
