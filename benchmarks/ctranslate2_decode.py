@@ -116,14 +116,7 @@ BASE_SHAPE = (
   "model.num_decoder_layers=6",
 )
 # --tiny: the same program at a toy shape, on a generated corpus (no data, seconds).
-TINY_SHAPE = (
-  "model.d_model=32",
-  "model.d_ff=64",
-  "model.num_heads=2",
-  "model.num_encoder_layers=1",
-  "model.num_decoder_layers=1",
-  "tokenizer.vocab_size=256",
-)
+TINY_SHAPE = models.TINY_MODEL
 # CTranslate2 warms up on this many lines (it compiles nothing; its first call allocates).
 CT2_WARM_UP_LINES = 1
 

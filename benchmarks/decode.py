@@ -75,14 +75,7 @@ from transformer_mt.runtime import sharding  # noqa: E402
 TEST_SET = "news/en-de/newstest2014.en"  # under --data_root
 SOURCE_BUCKETS = (16, 32, 48, 64)
 # --tiny: the experiment at toy size, on generated text (its sentences and tokenizer).
-TINY_MODEL = (
-  "model.d_model=32",
-  "model.d_ff=64",
-  "model.num_heads=2",
-  "model.num_encoder_layers=1",
-  "model.num_decoder_layers=1",
-  "tokenizer.vocab_size=256",
-)
+TINY_MODEL = models.TINY_MODEL
 
 
 def load_model(args):

@@ -55,7 +55,7 @@ import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from benchmarks.harness import timing  # noqa: E402
+from benchmarks.harness import models, timing  # noqa: E402
 from benchmarks.harness.steps import compile_train_step, one_device_mesh, peak_bytes  # noqa: E402
 from transformer_mt.config import registry  # noqa: E402
 from transformer_mt.decoding import beam_decode  # noqa: E402
@@ -101,15 +101,7 @@ NLLB_200_3_3B = {
 
 # --tiny: the same programs at toy shapes (the train step of each experiment, and the beam
 # search of a shrunk NLLB-200), seconds on a CPU.
-TINY_MODEL = (
-  "model.d_model=32",
-  "model.d_ff=64",
-  "model.num_heads=2",
-  "model.num_encoder_layers=1",
-  "model.num_decoder_layers=1",
-  "tokenizer.vocab_size=256",
-  "data.max_len=16",
-)
+TINY_MODEL = (*models.TINY_MODEL, "data.max_len=16")
 TINY_NLLB = dict(
   d_model=32,
   encoder_layers=1,

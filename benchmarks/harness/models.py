@@ -36,6 +36,17 @@ from transformer_mt.interop import hf_convert
 from transformer_mt.model import setup as run_setup
 from transformer_mt.model.transformer import Transformer
 
+# The scripts' --tiny model: every experiment shrunk to toy widths, one layer a side, seconds on a
+# CPU (decode.py, memory.py, ctranslate2_decode.py).
+TINY_MODEL = (
+  "model.d_model=32",
+  "model.d_ff=64",
+  "model.num_heads=2",
+  "model.num_encoder_layers=1",
+  "model.num_decoder_layers=1",
+  "tokenizer.vocab_size=256",
+)
+
 # Sentences a random model's vocabulary is trained on (~10 s on 2 cores).
 VOCABULARY_SAMPLE = 20_000
 
