@@ -1,4 +1,5 @@
-"""Test setup: 8 simulated CPU devices (unless XLA_FLAGS already asks for a count), the CPU
+"""Test setup: 8 simulated CPU devices (unless XLA_FLAGS already asks for a count), LLVM -O0
+code generation, the CPU
 platform (unless JAX_PLATFORMS is set), one compilation cache for the run (never the user's),
 the repository root on sys.path (so the tests also run from a checkout that is not
 installed), and no skipped test under CI."""
@@ -15,6 +16,15 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
   os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
   ).strip()
+
+# The suite's time is mostly XLA compiling tiny programs, and on CPU most of a compile is LLVM
+# optimizing the generated code. At LLVM's -O0 the same HLO passes run (XLA's fusion and
+# layout decisions are unchanged) and a compile takes about half as long; the code runs slower,
+# which tiny shapes do not feel. Results may differ from -O2 in the last bit of a float32 (no
+# test's tolerance is that tight: docs/testing.md). The run.py processes tests start inherit
+# it (helpers.child_xla_flags); an XLA_FLAGS that sets the level already wins.
+if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
+  os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
 
 # Tests run on CPU devices even on a GPU host (JAX_PLATFORMS='' or 'cuda' to override): their
 # tolerances are CPU float32's, the run.py processes they start and compare with must share a

@@ -9,6 +9,7 @@ seeds): the builders take them as arguments and return exactly what the file wro
 
 from __future__ import annotations
 
+import os
 import pathlib
 import sys
 from collections.abc import Iterable
@@ -23,6 +24,21 @@ from transformer_mt.workdir import checkpointing
 from transformer_mt.workdir import metrics_log as metrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def child_xla_flags(devices: int | None = None) -> str:
+  """XLA_FLAGS for a process a test starts: this process's flags (conftest's code generation
+  level, or what the user set) with `devices` simulated CPU devices, or XLA's default of one
+  when None. A child compiled otherwise could differ from its parent in the last bit."""
+  flags = [
+    flag
+    for flag in os.environ.get("XLA_FLAGS", "").split()
+    if not flag.startswith("--xla_force_host_platform_device_count")
+  ]
+  if devices is not None:
+    flags.append(f"--xla_force_host_platform_device_count={devices}")
+  return " ".join(flags)
+
 
 # Every key a tiny demo run's overrides may set, in the order the lists name them, with the
 # value of the common tiny run (a 1+1-layer d_model 32 model on 2000 synthetic pairs, a

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from helpers import ROOT, run_py, tiny_overrides
+from helpers import ROOT, child_xla_flags, run_py, tiny_overrides
 
 from transformer_mt import cli
 from transformer_mt.config import registry
@@ -152,7 +152,7 @@ def test_fsdp8_checkpoint_translates_on_one_device(tmp_path):
   on_eight = translate.load_translator(workdir).translate(SOURCES)
   fsdp_mesh = sharding.make_mesh(config.mesh)
   assert translate.load_translator(workdir, mesh=fsdp_mesh).translate(SOURCES) == on_eight
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  env = dict(os.environ, XLA_FLAGS=child_xla_flags(1))
   for mesh_flag in ([], ["--mesh", "data=1,fsdp=1,tensor=1"]):
     output = tmp_path / "out.txt"
     done = subprocess.run(

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 import trained_runs
-from helpers import ROOT, assert_same_params, final_params, losses_by_step, run_py
+from helpers import ROOT, assert_same_params, child_xla_flags, final_params, losses_by_step, run_py
 
 from transformer_mt import cli
 from transformer_mt.training import preemption
@@ -55,7 +55,7 @@ def train_command(workdir, steps, extra=()):
 
 def subprocess_env():
   env = dict(os.environ, PYTHONUNBUFFERED="1")
-  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+  env["XLA_FLAGS"] = child_xla_flags(1)
   return env
 
 

@@ -16,7 +16,13 @@ import time
 import jax
 import numpy as np
 import pytest
-from helpers import ROOT, assert_same_params_after_real_movement, run_py, tiny_overrides
+from helpers import (
+  ROOT,
+  assert_same_params_after_real_movement,
+  child_xla_flags,
+  run_py,
+  tiny_overrides,
+)
 
 from transformer_mt.config import registry
 from transformer_mt.data import input_pipeline
@@ -60,7 +66,7 @@ def start_two_processes(workdir, log_dir, overrides=OVERRIDES):
     os.environ,
     PYTHONUNBUFFERED="1",
     JAX_PLATFORMS="cpu",
-    XLA_FLAGS="--xla_force_host_platform_device_count=2",
+    XLA_FLAGS=child_xla_flags(2),
   )
   address = f"127.0.0.1:{free_port()}"
   logs = [log_dir / f"process_{i}.log" for i in range(2)]

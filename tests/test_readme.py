@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import child_xla_flags
 
 pytestmark = pytest.mark.slow
 
@@ -128,7 +129,7 @@ def session(tmp_path_factory):
   (tmp_path / "sentences.txt").write_text(SENTENCES, encoding="utf-8")
   env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
   env["PATH"] = f"{pathlib.Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-  env.pop("XLA_FLAGS", None)  # one CPU device, as on a user's laptop
+  env["XLA_FLAGS"] = child_xla_flags()  # one CPU device, as on a user's laptop
   commands = readme_commands((ROOT / "README.md").read_text(encoding="utf-8"))
   for line in commands:
     if not _needs_an_extra(line):

@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from helpers import ROOT, run_py, tiny_overrides
+from helpers import ROOT, child_xla_flags, run_py, tiny_overrides
 
 from transformer_mt import cli
 from transformer_mt.config.search_space import Sweep, choice, log_uniform, randint, uniform
@@ -146,9 +146,7 @@ def sweep_command(root, *extra):
 
 
 def subprocess_env(devices):
-  return dict(
-    os.environ, PYTHONUNBUFFERED="1", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}"
-  )
+  return dict(os.environ, PYTHONUNBUFFERED="1", XLA_FLAGS=child_xla_flags(devices))
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ import time
 
 import pytest
 import trained_runs
-from helpers import ROOT, run_py
+from helpers import ROOT, child_xla_flags, run_py
 
 from transformer_mt import cli
 from transformer_mt.workdir import lock as workdir_lock
@@ -44,7 +44,7 @@ def subprocess_env():
     os.environ,
     PYTHONUNBUFFERED="1",
     PYTHONPATH=str(ROOT),
-    XLA_FLAGS="--xla_force_host_platform_device_count=1",
+    XLA_FLAGS=child_xla_flags(1),
   )
 
 
