@@ -57,12 +57,19 @@ import shared_data  # noqa: E402
 NUM_CPU_DEVICES = 8
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads --max-worker-restart
 def pytest_configure(config):
   config.addinivalue_line(
     "markers",
     "shared_data(*paths): needs these files under ../shared/data (tests/shared_data.py); "
     "skipped when absent, failed under CI",
   )
+  # A worker that crashes (XLA:CPU has segfaulted in a compile late in a long worker) stops the
+  # run: with --dist loadfile, pytest-xdist 3.8 restarts it and then waits forever for a file
+  # it never hands out. A crash is then a failed test and an exit, not a hung CI job.
+  # --max-worker-restart on the command line wins.
+  if getattr(config.option, "maxworkerrestart", "") is None:
+    config.option.maxworkerrestart = "0"
 
 
 def pytest_unconfigure(config):
