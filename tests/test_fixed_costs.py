@@ -29,7 +29,10 @@ print(json.dumps({"torch_loaded_by_writer": loaded, "torch": torch.__name__}))
 """
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+@pytest.mark.skipif(
+  importlib.util.find_spec("torch") is None,
+  reason="needs torch: pip install -e '.[interop]'",
+)
 def test_the_metric_writer_leaves_torch_unloaded_and_importable(tmp_path):
   out = subprocess.run(
     [sys.executable, "-c", WRITE_METRICS_THEN_IMPORT_TORCH, str(tmp_path)],
