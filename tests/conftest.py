@@ -1,8 +1,7 @@
 """Test setup: 8 simulated CPU devices (unless XLA_FLAGS already asks for a count), LLVM -O0
-code generation, the CPU
-platform (unless JAX_PLATFORMS is set), one compilation cache for the run (never the user's),
-the repository root on sys.path (so the tests also run from a checkout that is not
-installed), and no skipped test under CI."""
+code generation, the CPU platform (unless JAX_PLATFORMS is set), one compilation cache for the
+run (never the user's), the repository root on sys.path (so the tests also run from a checkout
+that is not installed), no skipped test under CI, and a crashed worker that ends the run."""
 
 import os
 import pathlib
