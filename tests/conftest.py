@@ -1,8 +1,10 @@
 """Test setup: 8 simulated CPU devices (unless XLA_FLAGS already asks for a count), LLVM -O0
 code generation, the CPU platform (unless JAX_PLATFORMS is set), one compilation cache for the
 run (never the user's), the repository root on sys.path (so the tests also run from a checkout
-that is not installed), no skipped test under CI, and a crashed worker that ends the run."""
+that is not installed), no skipped test under CI, compiled programs freed after each test
+file, and a crashed worker that ends the run."""
 
+import gc
 import os
 import pathlib
 import shutil
@@ -63,9 +65,10 @@ def pytest_configure(config):
     "shared_data(*paths): needs these files under ../shared/data (tests/shared_data.py); "
     "skipped when absent, failed under CI",
   )
-  # A worker that crashes (XLA:CPU has segfaulted in a compile late in a long worker) stops the
-  # run: with --dist loadfile, pytest-xdist 3.8 restarts it and then waits forever for a file
-  # it never hands out. A crash is then a failed test and an exit, not a hung CI job.
+  # A worker that crashes (XLA:CPU segfaulted in compiles once a worker held ~65,000 memory
+  # maps: _free_compiled_programs) stops the run: with --dist loadfile, pytest-xdist 3.8
+  # restarts it and then waits forever for a file it never hands out. A crash is then a failed
+  # test and an exit, not a hung CI job.
   # --max-worker-restart on the command line wins.
   if getattr(config.option, "maxworkerrestart", "") is None:
     config.option.maxworkerrestart = "0"
@@ -93,6 +96,20 @@ def cpu_devices() -> list:
       f"count out of XLA_FLAGS (conftest sets it) or set it to {NUM_CPU_DEVICES}"
     )
   return devices[:NUM_CPU_DEVICES]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _free_compiled_programs():
+  """Drops JAX's compiled programs when a test file ends (after its own fixtures). XLA:CPU maps
+  each program's machine code into memory (about 3 maps per kernel, ~170 per tiny train step),
+  and the jit caches (and a test file's functools.cache'd jitted functions) keep every program
+  alive: a worker that has run a few slow files holds ~65,000 maps, Linux's default
+  vm.max_map_count, and the next compile segfaults (CI, 2026-12-02: test_beam_search alone left
+  21,400 maps, and clearing the caches after it left 736). A later file that needs a program
+  again loads it from the run's compilation cache."""
+  yield
+  jax.clear_caches()
+  gc.collect()
 
 
 def _in_ci() -> bool:
