@@ -98,18 +98,32 @@ def cpu_devices() -> list:
   return devices[:NUM_CPU_DEVICES]
 
 
+def _memory_maps() -> tuple[int, int] | None:
+  """(memory maps this process holds, Linux's limit, vm.max_map_count), or None off Linux."""
+  try:
+    with open("/proc/self/maps", "rb") as maps:
+      held = sum(1 for _ in maps)
+    with open("/proc/sys/vm/max_map_count") as limit:
+      return held, int(limit.read())
+  except (OSError, ValueError):
+    return None
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _free_compiled_programs():
-  """Drops JAX's compiled programs when a test file ends (after its own fixtures). XLA:CPU maps
-  each program's machine code into memory (about 3 maps per kernel, ~170 per tiny train step),
-  and the jit caches (and a test file's functools.cache'd jitted functions) keep every program
-  alive: a worker that has run a few slow files holds ~65,000 maps, Linux's default
-  vm.max_map_count, and the next compile segfaults (CI, 2026-12-02: test_beam_search alone left
-  21,400 maps, and clearing the caches after it left 736). A later file that needs a program
-  again loads it from the run's compilation cache."""
+  """Drops JAX's compiled programs after a test file (and its own fixtures) once the process
+  holds a quarter of Linux's memory-map limit. XLA:CPU maps each program's machine code (about
+  3 maps per kernel, ~170 per tiny train step), and the jit caches (and a file's
+  functools.cache'd jitted functions) keep every program alive: a worker that ran a few slow
+  files reached the limit (65,530 by default) and segfaulted in its next compile, as CI did on
+  2026-12-02 (test_beam_search alone leaves 21,400 maps; 736 once cleared). Below the quarter
+  the programs stay, so later files that run them again do not recompile (clearing after every
+  file made the quick loop 140 s -> 186 s). Off Linux they are dropped after every file."""
   yield
-  jax.clear_caches()
-  gc.collect()
+  maps = _memory_maps()
+  if maps is None or maps[0] > maps[1] // 4:
+    jax.clear_caches()
+    gc.collect()
 
 
 def _in_ci() -> bool:
