@@ -1,8 +1,8 @@
 """Test setup: 8 simulated CPU devices (unless XLA_FLAGS already asks for a count), LLVM -O0
 code generation, the CPU platform (unless JAX_PLATFORMS is set), one compilation cache for the
 run (never the user's), the repository root on sys.path (so the tests also run from a checkout
-that is not installed), no skipped test under CI, compiled programs freed after each test
-file, and a crashed worker that ends the run."""
+that is not installed), no skipped test under CI, compiled programs freed between test files
+before a worker nears Linux's memory-map limit, and a crashed worker that ends the run."""
 
 import gc
 import os
