@@ -99,7 +99,8 @@ def cpu_devices() -> list:
 
 
 def _memory_maps() -> tuple[int, int] | None:
-  """(memory maps this process holds, Linux's limit, vm.max_map_count), or None off Linux."""
+  """(memory maps this process holds, Linux's limit on them: vm.max_map_count), or None where
+  /proc does not give both (off Linux)."""
   try:
     with open("/proc/self/maps", "rb") as maps:
       held = sum(1 for _ in maps)
