@@ -1,9 +1,11 @@
 """The README, verbatim: the `run.py` commands of its Quick start and Commands sections run as
 printed, one after another, from a scratch directory laid out like the repository root.
 
-Only step-count overrides are appended (to train, reproduce and sweep), so the whole session
-takes minutes; every path stays exactly as the README prints it, relative to the current
-directory. When a README command changes, this test runs the new one.
+Only the training commands (train, reproduce, sweep) get overrides appended: fewer steps and the
+common tiny shape (tests/helpers.py), so the session takes minutes and every later command
+(translate, evaluate, export, ...) reads a tiny workdir. The commands themselves, their flags and
+every path stay exactly as the README prints them, relative to the current directory. When a README
+command changes, this test runs the new one.
 """
 
 import os
@@ -14,15 +16,18 @@ import subprocess
 import sys
 
 import pytest
-from helpers import child_xla_flags
+from helpers import child_xla_flags, tiny_overrides
 
 pytestmark = pytest.mark.slow
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SECTIONS = ("Install and quick start", "Commands")
-# Appended to the commands that train. Step counts only: 30 steps, a checkpoint every 10 (so
-# `average --last 2` has two to average). Later overrides win over the README's own.
-STEP_OVERRIDES = ["train.num_steps=30", "train.checkpoint_every=10"]
+# Appended to the commands that train: the tiny shape with the demo's beam of 4, 30 steps and a
+# checkpoint every 10 (so `average --last 2` has two to average). Later overrides win over the
+# README's own.
+TRAINING_OVERRIDES = tiny_overrides(
+  "train.num_steps=30", "train.checkpoint_every=10", drop=["decode.beam_size"]
+)
 TRAINING_COMMANDS = ("train", "reproduce", "sweep")
 # What a reader of the README learns to do; the test fails if a section stops showing one.
 EXPECTED = {
@@ -110,7 +115,7 @@ def _needs_an_extra(line: str) -> bool:
 def _run(line: str, cwd: pathlib.Path, env: dict) -> None:
   if subcommand(line) in TRAINING_COMMANDS:
     assert "|" not in line and ";" not in line, f"cannot append overrides to {line!r}"
-    line = f"{line} {' '.join(STEP_OVERRIDES)}"
+    line = f"{line} {' '.join(TRAINING_OVERRIDES)}"
   result = subprocess.run(
     ["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
   )
