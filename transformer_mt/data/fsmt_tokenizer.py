@@ -219,7 +219,8 @@ def _moses_pipeline(lang: str) -> tuple[sacremoses.MosesPunctNormalizer, sacremo
   remove-non-printing-char; then the tokenizer (called with the options it passes).
 
   sacremoses is imported only when an FSMT tokenizer is built: its import compiles Moses's
-  regular expressions (~0.6 s), which every other command would otherwise pay at start-up."""
+  regular expressions (~0.6 s), which commands that score no BLEU (translate, score, plot, ...)
+  would otherwise pay at start-up; evaluation/corpus_scores.py imports it for BLEU's tokenizer."""
   import sacremoses
 
   normalizer = sacremoses.MosesPunctNormalizer(
