@@ -220,7 +220,7 @@ def _moses_pipeline(lang: str) -> tuple[sacremoses.MosesPunctNormalizer, sacremo
 
   sacremoses is imported only when an FSMT tokenizer is built: its import compiles Moses's
   regular expressions (~0.6 s), which commands that score no BLEU (translate, score, plot, ...)
-  would otherwise pay at start-up; evaluation/corpus_scores.py imports it for BLEU's tokenizer."""
+  would otherwise pay at start-up (evaluation/moses_master.py, BLEU's tokenizer, does the same)."""
   import sacremoses
 
   normalizer = sacremoses.MosesPunctNormalizer(

@@ -21,14 +21,20 @@ neural model download, which an offline evaluation cannot rely on.
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import re
 import unicodedata
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import sacrebleu
-import sacremoses
 
 from transformer_mt.runtime import errors
+
+if TYPE_CHECKING:  # imported on use: every command that scores BLEU would pay sacremoses
+  import sacremoses
+
+  from transformer_mt.evaluation import moses_master
 
 
 def _check_aligned(hypotheses: Sequence[str], references: Sequence[str]) -> None:
@@ -96,33 +102,18 @@ def corpus_chrf(
 _COMPOUND_HYPHEN = re.compile(rb"(\S)-(\S)")
 
 
-class _MosesMasterTokenizer(sacremoses.MosesTokenizer):
-  """sacremoses' port of tokenizer.perl with the one rule of Moses master it leaves out.
-
-  Since mosesdecoder PR #204 (Nov 2018) tokenizer.perl splits the period off the LAST word of
-  a line unconditionally ("So am I." -> "So am I .", "FoxNews.com." -> "FoxNews.com ."),
-  before asking whether the word is a nonbreaking prefix such as "S." or "Mrd."; sacremoses
-  keeps the older behaviour on purpose (hplt-project/sacremoses#21, #97). The golden figures
-  (../shared/data/golden/README.md) come from master, so this splits it too. (tensor2tensor's
-  2017 figures predate the rule; on the golden newstest2014 files it moves 6-20 tokens of
-  56k-83k and no BLEU digit.)
-  """
-
-  def handles_nonbreaking_prefixes(self, text: str) -> str:
-    tokens = text.split()
-    if tokens and len(tokens[-1]) > 1 and tokens[-1].endswith("."):
-      tokens[-1] = tokens[-1][:-1] + " ."  # Perl: /^(\S+)\.$/ on the last word -> "$1 ."
-    return super().handles_nonbreaking_prefixes(" ".join(tokens))
-
-
 @functools.cache
-def _moses_tokenizer(language: str) -> _MosesMasterTokenizer:
+def _moses_tokenizer(language: str) -> moses_master.MosesMasterTokenizer:
   """One tokenizer per language: building it loads the nonbreaking-prefix lists."""
-  return _MosesMasterTokenizer(lang=language)
+  from transformer_mt.evaluation import moses_master  # sacremoses: ~0.5 s, imported on use
+
+  return moses_master.MosesMasterTokenizer(lang=language)
 
 
 @functools.cache
 def _punct_normalizer(language: str) -> sacremoses.MosesPunctNormalizer:
+  import sacremoses
+
   return sacremoses.MosesPunctNormalizer(lang=language)
 
 
@@ -135,8 +126,8 @@ def moses_tokenize(line: str, language: str) -> str:
      double quote, a typo the port fixes; it does not occur in news text.)
   2. `tokenizer.perl -l LANG`: default options, i.e. XML escaping ON (`"` -> `&quot;`) and
      NO `-a` aggressive hyphen splitting, with master's final-period rule
-     (`_MosesMasterTokenizer`). Escaping maps one token to one token, so it does not change
-     the score; it is kept so the tokens look like the script's.
+     (`moses_master.MosesMasterTokenizer`). Escaping maps one token to one token, so it does
+     not change the score; it is kept so the tokens look like the script's.
   """
   text = _punct_normalizer(language).replace_unicode_punct(line)
   return _moses_tokenizer(language).tokenize(
@@ -205,7 +196,8 @@ def paper_bleu_score(
   )
   method = (
     f"tokenized BLEU as in tensor2tensor get_ende_bleu.sh: sacremoses "
-    f"{sacremoses.__version__} replace-unicode-punctuation + tokenizer -l {language} "
+    f"{importlib.metadata.version('sacremoses')} replace-unicode-punctuation + "
+    f"tokenizer -l {language} "
     f"(Moses master, escaped, no -a), compound splitting ##AT##-##AT##, multi-bleu.perl "
     f"equivalent sacreBLEU {signature}"
   )
