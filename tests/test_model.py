@@ -448,3 +448,30 @@ def test_tied_logits_gradients_match_autodiff():
   plain = jax.vjp(lambda a, e: a @ e.T, x, embedding)[1](g)
   for got, want in zip(ours, plain):
     np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("layers", [(3, 2), (0, 2), (2, 1)], ids=["3+2", "decoder_only", "2+1"])
+def test_parameter_shapes_repeat_one_traced_layer_as_the_whole_trace_has_them(layers):
+  """parameter_shapes traces one layer of each kind and repeats its shapes: the same tree,
+  names, shapes and dtypes as tracing the whole model, for pre-LN (a final norm per stack),
+  untied embeddings and a logits bias too."""
+  from transformer_mt.model.transformer import parameter_shapes, traced_parameter_shapes
+
+  for cfg in (
+    small_config(num_encoder_layers=layers[0], num_decoder_layers=layers[1]),
+    small_config(
+      num_encoder_layers=layers[0],
+      num_decoder_layers=layers[1],
+      layer_norm_position="pre",
+      share_embeddings=False,
+      target_vocab_size=17,
+      logits_bias=True,
+    ),
+  ):
+    expected = traced_parameter_shapes(cfg)
+    shapes = parameter_shapes(cfg)
+    assert jax.tree.structure(shapes) == jax.tree.structure(expected)
+    assert list(shapes) == list(expected)
+    assert jax.tree.leaves(shapes) == jax.tree.leaves(expected)
+    shapes.pop("source_embedder")  # the caller's copy: the next call is whole again
+    assert list(parameter_shapes(cfg)) == list(expected)

@@ -445,7 +445,36 @@ class Transformer(nn.Module):
 
 def parameter_shapes(config: TransformerConfig) -> dict:
   """The model's parameter tree as `jax.ShapeDtypeStruct` leaves (unboxed, nothing allocated):
-  names and shapes for counting parameters or checking converted weights."""
+  names and shapes for counting parameters or checking converted weights.
+
+  Every encoder layer is `EncoderLayer(config)` and every decoder layer `DecoderLayer(config)`,
+  so they all hold the same shapes: the tree is traced with at most one layer of each kind and
+  that layer's subtree repeated under each index. Tracing `init` costs in proportion to the
+  layers (`run.py list` traces every experiment's model); tests/test_model.py compares this
+  with the trace of the whole model. Repeated calls with one config reuse the trace."""
+  shapes = _parameter_shapes(config.replace(deterministic=True))
+  return jax.tree.map(lambda leaf: leaf, shapes)  # new dicts: callers may add or drop keys
+
+
+@functools.lru_cache(maxsize=32)
+def _parameter_shapes(config: TransformerConfig) -> dict:
+  counts = {
+    "encoder_layers": config.num_encoder_layers,
+    "decoder_layers": config.num_decoder_layers,
+  }
+  one_of_each = config.replace(
+    num_encoder_layers=min(config.num_encoder_layers, 1),
+    num_decoder_layers=min(config.num_decoder_layers, 1),
+  )
+  shapes = traced_parameter_shapes(one_of_each)
+  for kind, count in counts.items():
+    for index in range(1, count):
+      shapes[f"{kind}_{index}"] = shapes[f"{kind}_0"]
+  return dict(sorted(shapes.items()))  # the order jax.eval_shape gives a dict's keys
+
+
+def traced_parameter_shapes(config: TransformerConfig) -> dict:
+  """`parameter_shapes` by tracing the whole model's `init`, every layer included."""
   model = Transformer(config.replace(deterministic=True))
   dummy = jnp.ones((1, 2), jnp.int32)
   return nn.unbox(jax.eval_shape(lambda: model.init(jax.random.key(0), dummy, dummy))["params"])
