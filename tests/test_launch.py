@@ -49,3 +49,22 @@ def test_reexec_sets_tunables_in_the_same_process():
 def test_a_users_own_tunables_are_kept():
   _, _, tunables = run_child("launch", GLIBC_TUNABLES="glibc.malloc.arena_max=2")
   assert tunables == "glibc.malloc.arena_max=2"
+
+
+def test_the_entry_point_collects_garbage_less_often(monkeypatch):
+  """run.py raises the cyclic collector's thresholds before the command runs."""
+  import gc
+
+  from transformer_mt import __main__ as entry
+  from transformer_mt import cli
+
+  before = gc.get_threshold()
+  seen = []
+  monkeypatch.setattr(entry, "reexec_with_allocator_settings", lambda: None)
+  monkeypatch.setattr(cli, "main", lambda: seen.append(gc.get_threshold()) or 0)
+  gc.set_threshold(700, 10, 10)  # Python's defaults (the test process may have raised them)
+  try:
+    assert entry.main() == 0
+  finally:
+    gc.set_threshold(*before)
+  assert seen == [launch.GC_THRESHOLDS]

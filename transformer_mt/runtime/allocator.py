@@ -14,10 +14,13 @@ process). A `GLIBC_TUNABLES` already in the environment, even empty, is left as 
 nothing is re-executed: `GLIBC_TUNABLES= python run.py ...` runs with glibc's defaults. Non-glibc
 systems (macOS, musl) are left alone too. The cost is host memory the process keeps until it
 exits instead of returning between steps.
+
+Python's cyclic garbage collector is also set here to run less often (`collect_less_often`).
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -43,3 +46,15 @@ def reexec_with_allocator_settings() -> None:
   sys.stdout.flush()
   sys.stderr.flush()
   os.execve(sys.executable, sys.orig_argv, env)
+
+
+# Python's default gen-0 threshold is 700 allocations. Tracing a model for jax.jit allocates
+# millions of short-lived objects, so the collector ran thousands of times per command and
+# took ~7% of a tiny `run.py train` (1.3 of 19 s, AMD EPYC); at 10,000 (the older generations'
+# ratios kept) it ran 38 times in 0.4 s. Reference cycles then live a little longer.
+GC_THRESHOLDS = (10_000, 10, 10)
+
+
+def collect_less_often() -> None:
+  """Raises the cyclic garbage collector's thresholds to GC_THRESHOLDS."""
+  gc.set_threshold(*GC_THRESHOLDS)
