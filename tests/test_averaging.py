@@ -102,47 +102,84 @@ def test_average_skips_resume_points(setup, tmp_path):
     averaging.average_last(workdir, 3, str(tmp_path / "avg3"))
 
 
-def test_train_evaluates_the_average_that_average_makes(tmp_path, capsys, monkeypatch):
+# The run both train tests read: evaluate.average_last=2, checkpoints every 8 steps (2 kept), 30
+# steps, so step 30 is saved off the grid, a resume point only, and the final model is the mean
+# of 16 and 24.
+AVERAGED_RUN = [
+  "train.num_steps=30",
+  "train.checkpoint_every=8",
+  "train.keep_checkpoints=2",
+  "train.eval_every=0",
+  "train.bleu_every=0",
+]
+
+
+@pytest.fixture(scope="module")
+def averaged_run(tmp_path_factory):
+  """`run.py train` of the tiny demo run with AVERAGED_RUN and 20 held-out pairs, in-process:
+  (workdir, what it printed, the parameters its held-out evaluation translated with,
+  train.train's result)."""
+  from helpers import tiny_overrides
+
+  from transformer_mt import cli
+  from transformer_mt.training import train, validation
+
+  evaluated, results = [], []
+  real_evaluate, real_train = validation.evaluate_held_out, train.train
+
+  def spy_evaluate(translator, *args):
+    evaluated.append(jax.device_get(translator.params))
+    return real_evaluate(translator, *args)
+
+  def spy_train(*args, **kwargs):
+    results.append(real_train(*args, **kwargs))
+    return results[-1]
+
+  workdir = str(tmp_path_factory.mktemp("averaged") / "run")
+  flags = tiny_overrides(*AVERAGED_RUN) + ["evaluate.average_last=2", "data.num_eval=20"]
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(validation, "evaluate_held_out", spy_evaluate)
+    patch.setattr(train, "train", spy_train)
+    capture = _Stdout()
+    with capture:
+      assert cli.main(["train", "--experiment", "demo", "--workdir", workdir, *flags]) == 0
+  assert len(evaluated) == len(results) == 1
+  return workdir, capture.text, evaluated[0], results[0]
+
+
+class _Stdout:
+  """sys.stdout captured while inside the `with` (the module fixture has no capsys)."""
+
+  def __enter__(self):
+    import contextlib
+    import io
+
+    self._buffer = io.StringIO()
+    self._redirect = contextlib.redirect_stdout(self._buffer)
+    self._redirect.__enter__()
+    return self
+
+  def __exit__(self, *exc):
+    self._redirect.__exit__(*exc)
+    self.text = self._buffer.getvalue()
+
+
+def test_train_evaluates_the_average_that_average_makes(averaged_run, tmp_path):
   """evaluate.average_last=2: `train`'s held-out evaluation translates with the mean of its
   last 2 checkpoints, bit for bit the parameters `run.py average --last 2` writes, not the
   last step's."""
-  from helpers import tiny_overrides
-
-  from transformer_mt.config import registry
-  from transformer_mt.training import train, validation
-
-  evaluated = []
-  real = validation.evaluate_held_out
-
-  def spy(translator, *args):
-    evaluated.append(jax.device_get(translator.params))
-    return real(translator, *args)
-
-  monkeypatch.setattr(validation, "evaluate_held_out", spy)
-  config = registry.load_experiment(
-    "demo",
-    tiny_overrides(
-      "train.num_steps=10",
-      "train.checkpoint_every=5",
-      "train.keep_checkpoints=2",
-      "train.eval_every=0",
-      "train.bleu_every=0",
-    )
-    + ["evaluate.average_last=2"],
-  )
-  workdir = str(tmp_path / "run")
-  result = train.train(config, workdir, progress=False)
-  assert result["averaged_steps"] == [5, 10] and result["bleu"] is not None
-  assert "the mean of the last 2 checkpoints, steps [5, 10]" in capsys.readouterr().out
-  output, steps = averaging.average_last(workdir, 2)
-  assert steps == [5, 10]
+  workdir, out, evaluated, result = averaged_run
+  assert result["averaged_steps"] == [16, 24] and result["bleu"] is not None
+  assert "the mean of the last 2 checkpoints, steps [16, 24]" in out
+  output, steps = averaging.average_last(workdir, 2, str(tmp_path / "avg"))
+  assert steps == [16, 24]
   target = jax.tree.map(
     lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
     result["state"].params,
   )
-  jax.tree.map(np.testing.assert_array_equal, evaluated[0], averaged_params(output, 10, target))
+  jax.tree.map(np.testing.assert_array_equal, evaluated, averaged_params(output, 24, target))
   last = jax.device_get(result["state"].params)
-  assert not all(jax.tree.leaves(jax.tree.map(np.array_equal, evaluated[0], last)))
+  assert not all(jax.tree.leaves(jax.tree.map(np.array_equal, evaluated, last)))
 
 
 def test_keeping_fewer_checkpoints_than_the_average_stops_before_training(tmp_path):
@@ -157,40 +194,24 @@ def test_keeping_fewer_checkpoints_than_the_average_stops_before_training(tmp_pa
 
 
 @pytest.mark.slow
-def test_train_then_evaluate_its_final_model_prints_the_same_bleu(tmp_path, capsys):
-  """evaluate.average_last=2, checkpoints every 40, 150 steps: step 150 is saved off the grid,
-  a resume point only, so the final model is the mean of 80 and 120. `train`'s closing line
-  names where it is, and `evaluate --workdir` there prints the BLEU `train` printed and
-  translates the held-out sources as `train`'s printed examples; the workdir's latest
-  checkpoint (step 150), another model, translates them otherwise. The translations decide,
-  not the BLEU alone: this barely trained model's BLEU is 0.00 on some CPUs (AMD EPYC: not
-  one matching word), so equal BLEUs would not tell two models apart."""
+def test_train_then_evaluate_its_final_model_prints_the_same_bleu(averaged_run, capsys):
+  """The run of `averaged_run` (evaluate.average_last=2, checkpoints every 8, 30 steps: step 30
+  is saved off the grid, a resume point only, so the final model is the mean of 16 and 24).
+  `train`'s closing line names where it is, and `evaluate --workdir` there prints the BLEU
+  `train` printed and translates the held-out sources as `train`'s printed examples; the
+  workdir's latest checkpoint (step 30), another model, translates them otherwise. The
+  translations decide, not the BLEU alone: this barely trained model's BLEU is 0.00, so equal
+  BLEUs would not tell two models apart."""
   import re
-
-  from helpers import tiny_overrides
 
   from transformer_mt import cli
 
-  workdir = str(tmp_path / "run")
-  flags = tiny_overrides(
-    "model.d_model=64",
-    "model.d_ff=128",
-    "data.num_train=5000",
-    "train.batch_tokens=512",
-    "train.num_steps=150",
-    "train.checkpoint_every=40",
-    "train.keep_checkpoints=2",
-    "train.eval_every=0",
-    "train.bleu_every=0",
-    "train.warmup_steps=50",
-  ) + ["evaluate.average_last=2", "data.num_eval=50"]
-  assert cli.main(["train", "--experiment", "demo", "--workdir", workdir, *flags]) == 0
-  out = capsys.readouterr().out
-  assert "the mean of the last 2 checkpoints, steps [80, 120]" in out
+  workdir, out, _, _ = averaged_run
+  assert "the mean of the last 2 checkpoints, steps [16, 24]" in out
   final = out.split("the final model (averaged): ")[1].split()[0]
-  assert final == os.path.join(workdir, "averaged_last2_to120")
-  assert checkpointing.all_steps(workdir) == [80, 120, 150]
-  trained = re.search(r"Held-out BLEU (\S+) on 50 sentences", out).group(1)
+  assert final == os.path.join(workdir, "averaged_last2_to24")
+  assert checkpointing.all_steps(workdir) == [16, 24, 30]
+  trained = re.search(r"Held-out BLEU (\S+) on 20 sentences", out).group(1)
   examples = re.findall(r"^  hypothesis: (.*)$", out, flags=re.MULTILINE)
   assert examples and all(examples), out  # the model writes something for each example
 
