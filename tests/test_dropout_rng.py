@@ -168,7 +168,8 @@ def test_auto_is_unsafe_rbg_on_accelerators_and_threefry_on_cpu():
     dropout_rng.resolve("philox")
 
 
-# A run on the synthetic pair with dropout: rbg for 6 steps at once, and 3 + 3 resumed.
+# A run on the synthetic pair with dropout: rbg for 6 steps at once, and 3 + 3 resumed (the
+# second leg with "auto", which must take the checkpoints' rbg).
 TINY = tiny_overrides("model.dropout_rate=0.1") + [
   "train.checkpoint_every=3",
   "evaluate.test_after_training=False",
@@ -183,19 +184,20 @@ def tiny_config(steps, prng_impl="rbg"):
 
 @pytest.fixture(scope="module")
 def rbg_runs(tmp_path_factory):
-  """(straight, resumed) workdirs: 6 rbg steps at once; 3, then resumed to 6."""
+  """(straight, resumed, the resumed leg's result) workdirs: 6 rbg steps at once; 3 rbg
+  steps, then resumed to 6 with train.prng_impl="auto"."""
   straight = str(tmp_path_factory.mktemp("rbg_straight"))
   resumed = str(tmp_path_factory.mktemp("rbg_resumed"))
   train.train(tiny_config(6), straight, progress=False)
   train.train(tiny_config(3), resumed, progress=False)
-  train.train(tiny_config(6), resumed, progress=False)
-  return straight, resumed
+  return straight, resumed, train.train(tiny_config(6, "auto"), resumed, progress=False)
 
 
 @pytest.mark.slow
 def test_rbg_run_resumes_bit_exactly(rbg_runs):
-  """6 steps == 3 steps, a checkpoint, and 3 more: same parameters and per-step losses."""
-  straight, resumed = rbg_runs
+  """6 steps == 3 steps, a checkpoint, and 3 more (resumed with "auto": rbg again, see
+  test_auto_resumes_with_the_recorded_prng): same parameters and per-step losses."""
+  straight, resumed, _ = rbg_runs
   assert_same_params(final_params(resumed, 6), final_params(straight, 6))
   assert losses_by_step(resumed) == losses_by_step(straight)
   assert sorted(losses_by_step(straight)) == list(range(1, 7))
@@ -225,14 +227,13 @@ def test_resume_with_another_prng_is_one_error_line(rbg_runs, other, capsys):
 
 
 @pytest.mark.slow
-def test_auto_resumes_with_the_recorded_prng(rbg_runs, tmp_path):
-  """A resume with "auto" (threefry on this CPU) takes the checkpoints' rbg: the run goes on
-  from the checkpoint of step 6, and its saved config records rbg again."""
-  import shutil
-
-  workdir = str(tmp_path / "copy")
-  shutil.copytree(rbg_runs[1], workdir)
-  result = train.train(tiny_config(9, "auto"), workdir, progress=False)
-  assert result["step"] == 9
-  with open(os.path.join(workdir, "checkpoints", "9", "config", "metadata")) as f:
+def test_auto_resumes_with_the_recorded_prng(rbg_runs):
+  """A resume with "auto" (threefry on this CPU: the resumed leg of `rbg_runs`) takes the
+  checkpoints' rbg: the run goes on from the checkpoint of step 3 to 6 (bit for bit the
+  straight rbg run: test_rbg_run_resumes_bit_exactly), and its saved config records rbg
+  again."""
+  _, workdir, result = rbg_runs
+  assert dropout_rng.resolve("auto", "cpu") == "threefry2x32"
+  assert result["step"] == 6
+  with open(os.path.join(workdir, "checkpoints", "6", "config", "metadata")) as f:
     assert json.load(f)["train"]["prng_impl"] == "rbg"
