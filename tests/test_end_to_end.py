@@ -287,7 +287,7 @@ def test_validation_bleu_keeps_the_best_checkpoint(tmp_path, monkeypatch):
   data.mkdir()
   from transformer_mt.data import synthetic
 
-  splits = synthetic.generate_splits(2000, 40, seed=1)
+  splits = synthetic.generate_splits(2000, 8, seed=1)  # 8 validation pairs: one decode batch
   train_pairs, held_out = splits["train"], splits["test"]
   for name, pairs in (("train", train_pairs), ("valid", held_out)):
     (data / f"{name}.en").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
