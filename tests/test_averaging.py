@@ -1,5 +1,7 @@
 """Checkpoint averaging returns exactly the mean of the chosen checkpoints' parameters."""
 
+import contextlib
+import io
 import os
 
 import grain
@@ -140,28 +142,11 @@ def averaged_run(tmp_path_factory):
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(validation, "evaluate_held_out", spy_evaluate)
     patch.setattr(train, "train", spy_train)
-    capture = _Stdout()
-    with capture:
+    printed = io.StringIO()  # a module fixture has no capsys
+    with contextlib.redirect_stdout(printed):
       assert cli.main(["train", "--experiment", "demo", "--workdir", workdir, *flags]) == 0
   assert len(evaluated) == len(results) == 1
-  return workdir, capture.text, evaluated[0], results[0]
-
-
-class _Stdout:
-  """sys.stdout captured while inside the `with` (the module fixture has no capsys)."""
-
-  def __enter__(self):
-    import contextlib
-    import io
-
-    self._buffer = io.StringIO()
-    self._redirect = contextlib.redirect_stdout(self._buffer)
-    self._redirect.__enter__()
-    return self
-
-  def __exit__(self, *exc):
-    self._redirect.__exit__(*exc)
-    self.text = self._buffer.getvalue()
+  return workdir, printed.getvalue(), evaluated[0], results[0]
 
 
 def test_train_evaluates_the_average_that_average_makes(averaged_run, tmp_path):
