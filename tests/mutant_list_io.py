@@ -138,7 +138,7 @@ IO_MUTANTS = (
     "transformer_mt/training/preemption.py",
     "    self.received, self.name = True, signal.Signals(signum).name",
     "    self.name = signal.Signals(signum).name",
-    ("tests/test_fault_tolerance.py::test_sigterm_saves_the_current_step_and_exits_0",),
+    ("tests/test_fault_tolerance.py::test_sigkill_then_sigterm_then_resume_is_bit_identical",),
   ),
   Mutant(
     "signal-save-kept-as-regular",

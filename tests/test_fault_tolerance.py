@@ -1,5 +1,7 @@
 """Kill -9 and preemption with bit-exact resume, and config faults. The non-finite step policy
-is in test_nonfinite_steps.py, damaged checkpoints in test_damaged_checkpoint.py."""
+is in test_nonfinite_steps.py, damaged checkpoints in test_damaged_checkpoint.py. The writer
+lock a SIGKILLed run leaves behind, and its takeover by the resumed run, are checked on the
+killed run here (the rest of the lock is test_workdir_lock.py's)."""
 
 import json
 import os
@@ -16,6 +18,7 @@ from helpers import ROOT, assert_same_params, child_xla_flags, final_params, los
 from transformer_mt import cli
 from transformer_mt.training import preemption
 from transformer_mt.workdir import checkpointing
+from transformer_mt.workdir import lock as workdir_lock
 from transformer_mt.workdir import metrics_log as metrics
 
 # A run that is killed or stopped is endless: it can only end by the signal, whatever the
@@ -26,7 +29,7 @@ CHECKPOINT_EVERY = 5
 # The resumed run trains at least this many steps past the checkpoint it resumes from.
 RESUMED_STEPS = 5
 # The uninterrupted reference's length (it keeps every checkpoint): past the final step of
-# the interrupted runs on a loaded 2-core machine (where they are stopped after ~5-20 steps).
+# the interrupted runs on a loaded 2-core machine (where they are stopped after ~5-25 steps).
 # A later final step (a faster machine) gets an uninterrupted run to exactly that step.
 REFERENCE_STEPS = 40
 # The tiny run with dropout, without the decoding after the last step (parameters and losses
@@ -63,18 +66,29 @@ def wait_for_checkpoint(workdir, step, process, timeout=120):
   done = pathlib.Path(workdir) / "checkpoints" / str(step) / "commit_success.txt"
   deadline = time.time() + timeout
   while not done.exists():
-    assert process.poll() is None, "training exited before its first checkpoint"
+    assert process.poll() is None, "training exited before its checkpoint"
     assert time.time() < deadline, "no checkpoint appeared in time"
     time.sleep(0.05)
 
 
 def run_to(workdir, steps, extra=()):
-  subprocess.run(
+  return subprocess.run(
     train_command(workdir, steps, extra),
     cwd=ROOT,
     env=subprocess_env(),
     check=True,
     capture_output=True,
+    text=True,
+  )
+
+
+def start_endless(workdir, extra, stderr=subprocess.DEVNULL):
+  return subprocess.Popen(
+    train_command(workdir, ENDLESS, extra),
+    cwd=ROOT,
+    env=subprocess_env(),
+    stdout=subprocess.DEVNULL,
+    stderr=stderr,
   )
 
 
@@ -82,13 +96,7 @@ def kill_at_a_random_moment_after_the_first_checkpoint(workdir, extra=()):
   """Starts an endless run, SIGKILLs it 0-1 s after its checkpoint of step 5 (possibly while
   a later asynchronous save is being written) and returns the newest complete checkpoint's
   step: where the rerun resumes."""
-  process = subprocess.Popen(
-    train_command(workdir, ENDLESS, extra),
-    cwd=ROOT,
-    env=subprocess_env(),
-    stdout=subprocess.DEVNULL,
-    stderr=subprocess.DEVNULL,
-  )
+  process = start_endless(workdir, extra)
   wait_for_checkpoint(workdir, 5, process)
   time.sleep(np.random.default_rng().uniform(0.0, 1.0))
   process.send_signal(signal.SIGKILL)
@@ -96,60 +104,10 @@ def kill_at_a_random_moment_after_the_first_checkpoint(workdir, extra=()):
   return checkpointing.all_steps(str(workdir))[-1]
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-  """`uninterrupted(step)`: the workdir of an uninterrupted run that has the checkpoint of
-  `step` (a multiple of CHECKPOINT_EVERY) and logged every step up to it. The run to
-  REFERENCE_STEPS keeps all its checkpoints; for a later step, a run to exactly that step."""
-  runs = {}
-
-  def workdir_at(step):
-    assert step % CHECKPOINT_EVERY == 0, step
-    steps = max(step, REFERENCE_STEPS)
-    if steps not in runs:
-      runs[steps] = tmp_path_factory.mktemp(f"uninterrupted_{steps}")
-      run_to(runs[steps], steps, ["train.keep_checkpoints=1000000"])
-    return runs[steps]
-
-  return workdir_at
-
-
-def assert_resumed_as_uninterrupted(workdir, final, reference):
-  """The parameters at `final`, and the loss of every step 1..final, bit-identical."""
-  assert_same_params(final_params(workdir, final), final_params(reference, final))
-  expected, resumed = losses_by_step(reference), losses_by_step(workdir)
-  assert sorted(resumed) == list(range(1, final + 1))
-  assert all(resumed[step] == expected[step] for step in resumed)
-
-
-@pytest.mark.slow
-def test_sigkill_then_resume_is_bit_identical(uninterrupted, tmp_path):
-  """SIGKILL at a random moment after the first checkpoint; the restarted run ends with the
-  same parameters, and logs the same losses for every step, as the uninterrupted run. (The
-  killed run is configured for 10^6 steps and the rerun for `final`, so it also shows that
-  train.num_steps changes nothing but where the run ends: not the learning rate, the data
-  order or the dropout keys.)"""
-  final = final_step(kill_at_a_random_moment_after_the_first_checkpoint(tmp_path))
-  run_to(tmp_path, final)
-  assert_resumed_as_uninterrupted(tmp_path, final, uninterrupted(final))
-
-
-@pytest.mark.slow
-def test_one_worker_sigkill_then_resume_matches_the_in_process_run(uninterrupted, tmp_path):
-  """data.num_workers=1 (the pipeline in a worker process, batches prefetched onto the
-  devices), killed with SIGKILL after a checkpoint and resumed: it ends with the parameters
-  and per-step losses of the uninterrupted in-process run, since one worker yields the same
-  batches as none."""
-  one_worker = ["data.num_workers=1"]
-  final = final_step(kill_at_a_random_moment_after_the_first_checkpoint(tmp_path, one_worker))
-  run_to(tmp_path, final, one_worker)
-  assert_resumed_as_uninterrupted(tmp_path, final, uninterrupted(final))
-
-
 def write_corpus_with_bad_pairs(folder):
   """A local en-xx corpus of 1500 pairs in which every 13th target is empty and every 11th
   source is longer than data.max_len tokens: both kinds of dropped pair occur in every batch
-  window."""
+  window. Returns the overrides that train on it and log every step."""
   rng = np.random.default_rng(0)
   words = ["".join(rng.choice(list("abcdefghijklmnop"), rng.integers(2, 7))) for _ in range(400)]
   sources, targets = [], []
@@ -171,90 +129,144 @@ def write_corpus_with_bad_pairs(folder):
   ]
 
 
-def logged_rows(workdir):
-  """metrics.jsonl's rows in file order, without the timing columns (the ones that may differ)."""
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  """The overrides of every run started here: write_corpus_with_bad_pairs's corpus, every step
+  logged."""
+  return write_corpus_with_bad_pairs(tmp_path_factory.mktemp("corpus") / "data")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, corpus):
+  """`uninterrupted(step)`: the workdir of an uninterrupted run on `corpus` that has the
+  checkpoint of `step` (a multiple of CHECKPOINT_EVERY) and logged every step up to it. The
+  run to REFERENCE_STEPS keeps all its checkpoints; for a later step, a run to exactly that
+  step."""
+  runs = {}
+
+  def workdir_at(step):
+    assert step % CHECKPOINT_EVERY == 0, step
+    steps = max(step, REFERENCE_STEPS)
+    if steps not in runs:
+      runs[steps] = tmp_path_factory.mktemp(f"uninterrupted_{steps}")
+      run_to(runs[steps], steps, [*corpus, "train.keep_checkpoints=1000000"])
+    return runs[steps]
+
+  return workdir_at
+
+
+def assert_resumed_as_uninterrupted(workdir, final, reference):
+  """The parameters at `final`, and the loss of every step 1..final, bit-identical."""
+  assert_same_params(final_params(workdir, final), final_params(reference, final))
+  expected, resumed = losses_by_step(reference), losses_by_step(workdir)
+  assert sorted(resumed) == list(range(1, final + 1))
+  assert all(resumed[step] == expected[step] for step in resumed)
+
+
+def logged_rows(workdir, up_to=None):
+  """metrics.jsonl's rows in file order (those of steps up to `up_to`, if given), without the
+  timing columns (the ones that may differ)."""
   return [
     {k: v for k, v in r.items() if k not in ("tokens_per_second", "input_wait_share")}
     for r in metrics.read_metrics(workdir)
+    if up_to is None or r["step"] <= up_to
   ]
 
 
+def logged_past_checkpoint(workdir):
+  """Whether metrics.jsonl holds a step past the newest complete checkpoint's next one."""
+  if not (workdir / "checkpoints").is_dir():
+    return False
+  checkpoints = checkpointing.all_steps(str(workdir))
+  if not checkpoints:  # (metrics.jsonl is written before the first checkpoint)
+    return False
+  # Complete lines only: the run may be writing the last one.
+  lines = (workdir / "metrics.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+  logged = [json.loads(line)["step"] for line in lines if line.endswith("\n") and line.strip()]
+  return max(logged) > checkpoints[-1] + 1
+
+
 @pytest.mark.slow
-def test_sigkill_then_resume_logs_each_step_once_and_continues_the_counts(tmp_path):
-  """Killed with SIGKILL after logging steps past its latest checkpoint, then resumed:
-  metrics.jsonl holds each step once, in order, row for row what the uninterrupted run wrote
-  (losses bit-identical), and the dropped-pair counters (data/dropped_empty,
-  data/dropped_too_long) continue from the checkpoint instead of restarting at zero."""
-  extra = write_corpus_with_bad_pairs(tmp_path / "data")
-  extra += ["train.checkpoint_every=10"]  # the later checkpoint_every wins: applied in order
-  workdir = tmp_path / "killed"
+def test_sigkill_then_sigterm_then_resume_is_bit_identical(uninterrupted, corpus, tmp_path):
+  """One run, interrupted twice and finished (three processes, on `corpus`, which drops
+  pairs of both kinds in every batch window, every step logged):
 
-  def logged_past_checkpoint():
-    if not (workdir / "checkpoints").is_dir():
-      return False
-    checkpoints = checkpointing.all_steps(str(workdir))
-    if not checkpoints:  # (metrics.jsonl is written before the first checkpoint)
-      return False
-    # Complete lines only: the run may be writing the last one.
-    lines = (workdir / "metrics.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
-    logged = [json.loads(line)["step"] for line in lines if line.endswith("\n") and line.strip()]
-    return max(logged) > checkpoints[-1] + 1
+  1. SIGKILL at a random moment 0-1 s after its first checkpoint, once it has also logged
+     steps past its newest checkpoint. It leaves its writer lock behind.
+  2. Resumed, it takes over that lock (one warning line); SIGTERMed once it has saved a
+     checkpoint, it saves the current step and exits 0.
+  3. Resumed from that step, it runs to `final`.
 
-  # An endless run, killed once it has logged steps past its newest checkpoint. Should a
-  # checkpoint complete between that look and the kill (the test descheduled on a loaded
-  # machine), nothing would be repeated: the run is then resumed and killed again.
+  It ends with the parameters of the uninterrupted run, and metrics.jsonl holds each step
+  once, in order, row for row what the uninterrupted run wrote (losses bit-identical): the
+  rows the killed run logged past its checkpoint are logged once, and the dropped-pair
+  counters (data/dropped_empty, data/dropped_too_long) continue from the checkpoint instead
+  of restarting at zero. (The interrupted runs are configured for 10^6 steps and the last
+  one for `final`, so it also shows that train.num_steps changes nothing but where the run
+  ends: not the learning rate, the data order or the dropout keys.) No lock is left."""
+  workdir = tmp_path / "run"
+  # 1. Should a checkpoint complete between the look at metrics.jsonl and the kill (the test
+  # descheduled on a loaded machine), nothing would be repeated: the run is then resumed and
+  # killed again.
   for _ in range(3):
-    process = subprocess.Popen(
-      train_command(workdir, ENDLESS, extra), cwd=ROOT, env=subprocess_env(),
-      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    killed = start_endless(workdir, corpus)
+    wait_for_checkpoint(workdir, 5, killed)
+    time.sleep(np.random.default_rng().uniform(0.0, 1.0))
     deadline = time.time() + 120
-    while not logged_past_checkpoint():
-      assert process.poll() is None, "training exited"
+    while not logged_past_checkpoint(workdir):
+      assert killed.poll() is None, "training exited"
       assert time.time() < deadline, "no step logged past a checkpoint in time"
       time.sleep(0.02)
-    process.send_signal(signal.SIGKILL)
-    assert process.wait() == -signal.SIGKILL
-    if logged_past_checkpoint():  # the resumed run repeats logged steps
+    killed.send_signal(signal.SIGKILL)
+    assert killed.wait() == -signal.SIGKILL  # killed, not crashed
+    if logged_past_checkpoint(workdir):  # the resumed run repeats logged steps
       break
   else:
     pytest.fail("a checkpoint completed before each of 3 kills")
+  assert workdir_lock.read_holder(str(workdir))["pid"] == killed.pid  # SIGKILL left it
   resumed_from = checkpointing.all_steps(str(workdir))[-1]
-  final = final_step(resumed_from, every=10)
-  run_to(workdir, final, extra)
-  uninterrupted = tmp_path / "uninterrupted"
-  run_to(uninterrupted, final, extra)
 
-  expected = logged_rows(uninterrupted)
+  # 2. In the training loop (its SIGTERM handler set) once it has saved a step.
+  with open(tmp_path / "stopped.log", "w") as log:
+    stopped = start_endless(workdir, corpus, stderr=log)
+  wait_for_checkpoint(workdir, (resumed_from // CHECKPOINT_EVERY + 1) * CHECKPOINT_EVERY, stopped)
+  stopped.send_signal(signal.SIGTERM)
+  try:
+    assert stopped.wait(timeout=120) == 0
+  finally:  # one that ignored the signal is not left running
+    if stopped.poll() is None:
+      stopped.kill()
+  err = (tmp_path / "stopped.log").read_text()
+  assert f"Took over the writer lock of {workdir} from pid {killed.pid}" in err
+  assert f"Resumed from the checkpoint of step {resumed_from}" in err
+  assert "Stopped by SIGTERM after step" in err
+  stopped_at = int(err.split("Stopped by SIGTERM after step ")[1].split(";")[0])
+  assert checkpointing.all_steps(str(workdir))[-1] == stopped_at  # saved at the stop step
+
+  # 3.
+  final = final_step(stopped_at)
+  run_to(workdir, final, corpus)
+  reference = uninterrupted(final)
+  assert_resumed_as_uninterrupted(workdir, final, reference)
+  expected = logged_rows(reference, up_to=final)
   counts = [r for r in expected if "data/dropped_empty" in r and r["step"] <= resumed_from][-1]
   assert counts["data/dropped_empty"] > 0 and counts["data/dropped_too_long"] > 0
   resumed = logged_rows(workdir)
   steps = [r["step"] for r in resumed]
   assert steps == sorted(steps)  # in order; each step's rows (loss, then counts) together
-  assert sorted(r["step"] for r in resumed if "loss" in r) == list(range(1, final + 1))
   assert resumed == expected
-  assert_same_params(final_params(workdir, final), final_params(uninterrupted, final))
+  assert not (workdir / workdir_lock.LOCK_FILENAME).exists()
 
 
 @pytest.mark.slow
-def test_sigterm_saves_the_current_step_and_exits_0(uninterrupted, tmp_path):
-  process = subprocess.Popen(
-    train_command(tmp_path, ENDLESS),
-    cwd=ROOT,
-    env=subprocess_env(),
-    stdout=subprocess.DEVNULL,
-    stderr=subprocess.PIPE,
-    text=True,
-  )
-  wait_for_checkpoint(tmp_path, 5, process)
-  process.send_signal(signal.SIGTERM)
-  _, err = process.communicate(timeout=120)
-  assert process.returncode == 0
-  assert "Stopped by SIGTERM after step" in err
-  stopped_at = int(err.split("Stopped by SIGTERM after step ")[1].split(";")[0])
-  assert checkpointing.all_steps(str(tmp_path))[-1] == stopped_at  # saved at the stop step
-  final = final_step(stopped_at)
-  run_to(tmp_path, final)
+def test_one_worker_sigkill_then_resume_matches_the_in_process_run(uninterrupted, corpus, tmp_path):
+  """data.num_workers=1 (the pipeline in a worker process, batches prefetched onto the
+  devices), killed with SIGKILL after a checkpoint and resumed: it ends with the parameters
+  and per-step losses of the uninterrupted in-process run, since one worker yields the same
+  batches as none."""
+  one_worker = [*corpus, "data.num_workers=1"]
+  final = final_step(kill_at_a_random_moment_after_the_first_checkpoint(tmp_path, one_worker))
+  run_to(tmp_path, final, one_worker)
   assert_resumed_as_uninterrupted(tmp_path, final, uninterrupted(final))
 
 
