@@ -1,6 +1,7 @@
 """One writer per workdir (transformer_mt/workdir/lock.py): a second writer is refused with one
 line naming the holder, a dead holder's lock is taken over, another host's needs --force_unlock,
-and readers never need the lock."""
+and readers never need the lock. A SIGKILLed training run's lock, taken over by the run resumed
+in its workdir, is checked on test_fault_tolerance.py's killed run (its process serves both)."""
 
 import datetime
 import json
@@ -371,32 +372,6 @@ def test_a_second_training_is_refused_and_the_first_writes_what_a_lone_run_does(
   finally:
     holder.kill()
     holder.wait()
-
-
-@pytest.mark.slow
-def test_a_sigkilled_runs_lock_is_taken_over_and_the_run_resumes(tmp_path):
-  killed = subprocess.Popen(
-    train_command(tmp_path, ENDLESS),
-    cwd=ROOT,
-    env=subprocess_env(),
-    stdout=subprocess.DEVNULL,
-    stderr=subprocess.DEVNULL,
-  )
-  try:
-    done = tmp_path / "checkpoints" / "5" / "commit_success.txt"
-    wait_for(done.exists, killed, "a first checkpoint")
-  finally:
-    killed.send_signal(signal.SIGKILL)
-    killed.wait()
-  assert workdir_lock.read_holder(str(tmp_path))["pid"] == killed.pid
-  rerun = subprocess.run(
-    train_command(tmp_path), cwd=ROOT, env=subprocess_env(), capture_output=True, text=True
-  )
-  assert rerun.returncode == 0, rerun.stderr[-3000:]
-  assert f"Took over the writer lock of {tmp_path} from pid {killed.pid}" in rerun.stderr
-  assert "Resumed from the checkpoint of step" in rerun.stderr
-  assert set(logged_steps(tmp_path)) == set(range(1, STEPS + 1))
-  assert not lock_file(tmp_path).exists()
 
 
 def free_port() -> int:
