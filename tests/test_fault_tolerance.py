@@ -271,14 +271,19 @@ def test_one_worker_sigkill_then_resume_matches_the_in_process_run(uninterrupted
 
 
 def test_a_stop_off_the_checkpoint_grid_leaves_what_an_uninterrupted_run_keeps(
-  tmp_path, monkeypatch, capsys
+  tmp_path_factory, tmp_path, monkeypatch, capsys
 ):
-  """A signal at step 12 (checkpoints every 5, the last 3 kept and averaged) saves step 12 to
-  resume from. Resumed, the run ends with the checkpoints of a run never stopped, 10, 15 and
-  20, and averages those: 12 would otherwise push out 10 and be averaged in its place."""
+  """Two copies of the session's 10-step run (trained_runs.py: checkpoints 5 and 10) go on to
+  step 20 (checkpoints every 5, the last 3 kept and averaged). A signal at step 12 saves step
+  12 to resume from. Resumed, the stopped copy ends with the checkpoints of the copy never
+  stopped, 10, 15 and 20, and averages those: 12 would otherwise push out 10 and be averaged
+  in its place."""
   flags = [*TINY, "train.num_steps=20", "train.checkpoint_every=5"]
   flags += ["train.keep_checkpoints=3", "evaluate.average_last=3"]
-  reference, stopped = str(tmp_path / "reference"), str(tmp_path / "stopped")
+  ten_steps = trained_runs.ten_steps(tmp_path_factory)
+  reference, stopped = (
+    str(trained_runs.copy_of(ten_steps, tmp_path / name)) for name in ("reference", "stopped")
+  )
   assert cli.main(["train", "--workdir", reference, *flags]) == 0
   with monkeypatch.context() as patch:
     patch.setattr(preemption.StopOnSignal, "stop_after", lambda self, step, log: step == 12)
