@@ -18,6 +18,7 @@ as `suppress_tokens`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
@@ -193,14 +194,15 @@ def generate_settings(config) -> dict:
   )
 
 
-def time_generate(model, config, sources, reps, one_thread_count=False):
+def time_generate(model, config, sources, reps, one_thread=False):
   """(sequences [SENTENCES, NEW_TOKENS], {torch threads: (best seconds, CPU seconds)}) of
   transformers' beam search, after one small warm-up call per thread count.
 
   Timed with torch on every core this process may use and on one: on a machine shared with
   other processes, torch's threads wait for each other at every op and one thread was
   several times faster (0.7 against 3.6 sentences/s at a load average of 7 on 2 cores).
-  The faster one is the reference.
+  The faster one is the reference. `one_thread`: on one thread only (--tiny: the same loop,
+  without the thread count whose waiting costs the most CPU time on a busy machine).
   """
   import torch
 
@@ -208,27 +210,42 @@ def time_generate(model, config, sources, reps, one_thread_count=False):
   inputs = torch.tensor(sources, dtype=torch.long)
   mask = torch.ones_like(inputs)
   timings = {}
+  counts = {1} if one_thread else {len(os.sched_getaffinity(0)), 1}
   with torch.inference_mode():
-    counts = {len(os.sched_getaffinity(0))} | (set() if one_thread_count else {1})
     for threads in sorted(counts, reverse=True):
-      torch.set_num_threads(threads)
-      model.generate(
-        input_ids=inputs[:2], attention_mask=mask[:2], **dict(settings, max_new_tokens=4)
-      )
-      best = cpu = np.inf
-      for _ in range(reps):
-        start, cpu_start = time.perf_counter(), timing.cpu_seconds()
-        sequences = model.generate(input_ids=inputs, attention_mask=mask, **settings)
-        best = min(best, time.perf_counter() - start)
-        cpu = min(cpu, timing.cpu_seconds() - cpu_start)
+      with torch_threads(threads):
+        model.generate(
+          input_ids=inputs[:2], attention_mask=mask[:2], **dict(settings, max_new_tokens=4)
+        )
+        best = cpu = np.inf
+        for _ in range(reps):
+          start, cpu_start = time.perf_counter(), timing.cpu_seconds()
+          sequences = model.generate(input_ids=inputs, attention_mask=mask, **settings)
+          best = min(best, time.perf_counter() - start)
+          cpu = min(cpu, timing.cpu_seconds() - cpu_start)
       timings[threads] = (best, cpu)
   return sequences.numpy()[:, 1:], timings  # without the decoder start token
+
+
+@contextlib.contextmanager
+def torch_threads(count: int | None):
+  """torch's intra-op threads set to `count` inside the block (None: left as they are), and
+  set back after it: the setting is the whole process's."""
+  import torch
+
+  before = torch.get_num_threads()
+  if count:
+    torch.set_num_threads(count)
+  try:
+    yield
+  finally:
+    torch.set_num_threads(before)
 
 
 def issue_table(reps: int, tiny: bool = False) -> dict:
   """Sentences/s of ours and of transformers' generate, their ratio, and our share of the
   compute floor, all measured in this process (`tiny`: TINY_MARIAN's shape, 8 sentences, torch
-  on one thread count, for CI)."""
+  on one thread, for CI)."""
   model, config, params = build_model(**(TINY_MARIAN if tiny else {}))
   sentences = 8 if tiny else SENTENCES
   sources = random_sources(config, sentences=sentences)
@@ -335,7 +352,9 @@ def comparison_lines(sentences: int, reps: int, tiny: bool) -> list[str]:
   ]
   if model is None:
     return lines + ["transformers generate: not measured (transformers/torch not importable)"]
-  sequences, seconds = time_generate_on_device(model, config, sources, reps, on_gpu)
+  # --tiny on a CPU: torch on one thread (time_generate's reason; the figure is not the point).
+  threads = 1 if tiny and not on_gpu else None
+  sequences, seconds = time_generate_on_device(model, config, sources, reps, on_gpu, threads)
   same = float(np.mean(np.all(sequences == np.asarray(outputs.sequences), axis=1)))
   lines.append(
     f"transformers generate: {sentences / seconds:,.1f} sentences/s, "
@@ -345,8 +364,11 @@ def comparison_lines(sentences: int, reps: int, tiny: bool) -> list[str]:
   return lines
 
 
-def time_generate_on_device(model, config, sources, reps, on_gpu) -> tuple[np.ndarray, float]:
-  """(sequences [sentences, NEW_TOKENS], best seconds) of transformers' beam search."""
+def time_generate_on_device(
+  model, config, sources, reps, on_gpu, threads=None
+) -> tuple[np.ndarray, float]:
+  """(sequences [sentences, NEW_TOKENS], best seconds) of transformers' beam search; `threads`:
+  torch's intra-op threads for it (None: as they are)."""
   import torch
 
   device = torch.device("cuda" if on_gpu else "cpu")
@@ -355,7 +377,7 @@ def time_generate_on_device(model, config, sources, reps, on_gpu) -> tuple[np.nd
   inputs = torch.tensor(sources, dtype=torch.long, device=device)
   mask = torch.ones_like(inputs)
   best = np.inf
-  with torch.inference_mode():
+  with torch.inference_mode(), torch_threads(threads):
     for rep in range(reps + 1):  # the first is the warm-up
       start = time.perf_counter()
       sequences = model.generate(input_ids=inputs, attention_mask=mask, **settings)
