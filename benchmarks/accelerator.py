@@ -22,7 +22,7 @@ Prints, for the first device:
     attention custom call in the compiled program, or XLA's own dot/softmax ops);
   * whether a bfloat16 step's loss is within BF16_TOLERANCE (relative) of float32's, on the
     same parameters and batch (on a CPU at the toy size of tests/test_bf16.py, which XLA:CPU
-    compiles);
+    compiles; at --tiny, TINY's Base shape, as on a GPU);
   * the Base step on packed rows (several pairs a row, padding) under each attention
     implementation: time, fused kernels compiled, loss and gradient norm against "auto"
     (benchmarks/harness/packed_attention.py; what decides whether "auto" may pick cuDNN's packed
@@ -112,7 +112,7 @@ SECTIONS = (
   "levers",
   "combined",
 )
-# The bf16 check's model on a CPU: test_bf16.py's size.
+# The bf16 check's model on a CPU (but at --tiny, TINY's Base): test_bf16.py's size.
 CPU_BF16_CHECK = (32, 64, 4, 2, 64, 8, 12)
 
 
@@ -288,9 +288,10 @@ def main(argv=None):
     ),
     "attention": lambda: print(f"attention: {attention_choice(sizes['Base'])}"),
     "bf16": lambda: print(
-      bf16_loss_check(CPU_BF16_CHECK, ("auto",))
-      if on_cpu
-      else bf16_loss_check(sizes["Base"], ("auto", "cudnn"))
+      bf16_loss_check(
+        CPU_BF16_CHECK if on_cpu and not args.tiny else sizes["Base"],
+        ("auto",) if on_cpu else ("auto", "cudnn"),
+      )
     ),
     # The cuDNN fused attention asked for by name (model.attention_implementation="cudnn"),
     # which "auto" may not pick: CI never sees it, so a lent GPU is where it is tried.

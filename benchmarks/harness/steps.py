@@ -266,7 +266,12 @@ class TrainStepBench:
     self.label_smoothing = label_smoothing
     self.loss_chunk_tokens = base.train.loss_chunk_tokens
     self.state = train_step.create_sharded_state(
-      0, self.setup.model, self.setup.tx, self.mesh, self.setup.prng_impl
+      0,
+      self.setup.model,
+      self.setup.tx,
+      self.mesh,
+      self.setup.prng_impl,
+      shardings=self.setup.state_shardings,  # the setup's trace, not a second one
     )
 
   def put(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
