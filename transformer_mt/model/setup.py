@@ -60,12 +60,13 @@ def model_setup(
   """
   model_config = model_config_for(config, tokenizer)
   model = Transformer(model_config)
+  param_shardings, abstract_params = layout.param_layout(model, mesh)
   return ModelSetup(
     model_config=model_config,
     model=model,
     mesh=mesh,
-    param_shardings=layout.param_shardings(model, mesh),
-    abstract_params=layout.abstract_params(model, mesh),
+    param_shardings=param_shardings,
+    abstract_params=abstract_params,
   )
 
 
@@ -79,14 +80,20 @@ def check_learned_positions(config: ml_collections.ConfigDict, model_config: Tra
     )
 
 
-def check_parameter_layout(config: ml_collections.ConfigDict, model: Transformer, mesh: Mesh):
+def check_parameter_layout(
+  config: ml_collections.ConfigDict, model: Transformer, mesh: Mesh, logical: Any = None
+):
   """Raises a one-line error naming each parameter dimension `mesh` cannot shard evenly (e.g.
   6 heads over tensor=4), unless the config opts in to replicating those dimensions with
   mesh.allow_replicated_fallback=True. A replicated dimension costs memory and speed that a
-  larger mesh axis was asked to save; training should not quietly pay for it."""
+  larger mesh axis was asked to save; training should not quietly pay for it.
+
+  `logical`: the model's boxed abstract parameters (`layout.logical_params(model)`) when the
+  caller has traced them already."""
   if config.mesh.allow_replicated_fallback:
     return
-  problems = sharding.undivided_dimensions(layout.logical_params(model), mesh)
+  logical = layout.logical_params(model) if logical is None else logical
+  problems = sharding.undivided_dimensions(logical, mesh)
   if problems:
     shown = "; ".join(problems[:4]) + (
       f"; ... ({len(problems)} in all)" if len(problems) > 4 else ""

@@ -69,18 +69,26 @@ def training_setup(
   tokenizer: AnyTokenizer | None,
   mesh: Mesh,
   model_config: TransformerConfig | None = None,
+  traced: tuple[Transformer, Any] | None = None,
 ) -> TrainingSetup:
   """Everything `model_setup` gives, plus Adam with the paper's schedule and the train state.
 
   Args:
     model_config: use this instead of the config's model section (benchmarks that vary it).
+    traced: (a model, `_logical_state(config, model)`) traced already (setup_run's check
+      before the tokenizer exists); used when that model is this one, so that its init is not
+      traced again.
   """
   model_config = model_config or model_config_for(config, tokenizer)
   model = Transformer(model_config)
-  check_parameter_layout(config, model, mesh)
+  if traced is not None and traced[0] == model:
+    logical = traced[1]
+  else:
+    logical = _logical_state(config, model)
+  check_parameter_layout(config, model, mesh, logical.params)
   tx, schedule = optimizer.make_optimizer(config.train, model_config.d_model)
   prng_impl = dropout_rng.resolve(config.train.prng_impl)
-  state_shardings, abstract_state = train_step.state_layout(model, tx, mesh, prng_impl)
+  state_shardings, abstract_state = train_step.state_layout(model, tx, mesh, prng_impl, logical)
   return TrainingSetup(
     model_config=model_config,
     model=model,
@@ -93,6 +101,13 @@ def training_setup(
     abstract_state=abstract_state,
     prng_impl=prng_impl,
   )
+
+
+def _logical_state(config: ml_collections.ConfigDict, model: Transformer):
+  """`train_step.logical_state` of `model` under the config's optimizer and train.prng_impl:
+  one trace of the model's init."""
+  tx, _ = optimizer.make_optimizer(config.train, model.config.d_model)
+  return train_step.logical_state(model, tx, dropout_rng.resolve(config.train.prng_impl))
 
 
 @dataclasses.dataclass
@@ -144,7 +159,11 @@ def setup_run(config: ml_collections.ConfigDict, workdir: str) -> RunSetup:
     imported, forced_first_id = finetune.with_languages(imported, config)
   batch_rows = _check_before_writing(config)
   mesh = sharding.make_mesh(config.mesh)
-  check_parameter_layout(config, Transformer(model_config_for(config)), mesh)
+  # The configured vocabulary size stands in for the tokenizer's, not trained yet; the trace is
+  # reused by training_setup when the tokenizer has that size (it usually has).
+  model = Transformer(model_config_for(config))
+  traced = (model, _logical_state(config, model))
+  check_parameter_layout(config, model, mesh, traced[1].params)
   pairs = data_sources.load_pairs(config.data)
   if config.train.patience and not pairs.get("validation"):
     raise errors.BadValue(
@@ -153,7 +172,7 @@ def setup_run(config: ml_collections.ConfigDict, workdir: str) -> RunSetup:
     )
   os.makedirs(workdir, exist_ok=True)
   tokenizer = imported.tokenizer if imported else _shared_tokenizer(workdir, pairs["train"], config)
-  layout = training_setup(config, tokenizer, mesh)
+  layout = training_setup(config, tokenizer, mesh, traced=traced)
   logging.info(
     "Mesh %s over %d devices; %d training pairs; %d packed rows of %d tokens per step.",
     dict(mesh.shape),

@@ -75,19 +75,30 @@ def _state_around(
   )
 
 
+def logical_state(
+  model: Transformer,
+  tx: optax.GradientTransformation,
+  prng_impl: str = dropout_rng.THREEFRY,
+) -> TrainState:
+  """The train state's abstract arrays, its parameters boxed with their logical axis names,
+  from one trace of its creation (each trace runs the model's init: ~0.2 s for the tiny demo
+  model, seconds for Transformer Big). Its `params` are `logical_params(model)`."""
+  return jax.eval_shape(
+    functools.partial(_create_state, model=model, tx=tx, boxed=True, prng_impl=prng_impl),
+    jax.random.key(0),
+  )
+
+
 def state_layout(
   model: Transformer,
   tx: optax.GradientTransformation,
   mesh: Mesh,
   prng_impl: str = dropout_rng.THREEFRY,
+  logical: Any = None,
 ) -> tuple[Any, Any]:
-  """(NamedShardings, sharded ShapeDtypeStructs) of every leaf of the train state, from one
-  trace of its creation (each trace runs the model's init: ~0.2 s for the tiny demo model,
-  seconds for Transformer Big)."""
-  boxed = jax.eval_shape(
-    functools.partial(_create_state, model=model, tx=tx, boxed=True, prng_impl=prng_impl),
-    jax.random.key(0),
-  )
+  """(NamedShardings, sharded ShapeDtypeStructs) of every leaf of the train state, from
+  `logical_state(model, tx, prng_impl)`: `logical` when the caller has it, else traced here."""
+  boxed = logical_state(model, tx, prng_impl) if logical is None else logical
   shardings = sharding.logical_shardings(boxed, mesh)
   abstract = jax.tree.map(
     lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), nn.unbox(boxed), shardings
