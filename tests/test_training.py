@@ -19,6 +19,7 @@ from transformer_mt.model.transformer import Transformer
 from transformer_mt.model.transformer_config import TransformerConfig
 from transformer_mt.runtime import errors, sharding
 from transformer_mt.training import losses, optimizer, train_step
+from transformer_mt.training import setup as run_setup
 from transformer_mt.workdir import checkpointing
 
 # The equivalence tests (8 devices vs 1, 4 micro-batches vs 1 batch, and tests/test_multihost.py)
@@ -195,6 +196,26 @@ def test_a_sweeps_learning_rate_settings_are_inputs_of_one_compiled_step():
     float(optimizer.learning_rate(cosine, 32)(50)),
     rtol=1e-6,
   )
+
+
+def test_training_setup_reuses_an_init_trace_of_its_own_model_only():
+  """training_setup(traced=(model, its logical state)), setup_run's trace from before the
+  tokenizer, gives the layout a fresh trace gives: reused for that model, and for another (a
+  different vocabulary size) the model it builds is traced anew."""
+  config = _defaults.complete(ml_collections.ConfigDict({"mesh": {"data": 1, "fsdp": 1}}))
+  mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+
+  def traced(model_config):
+    model = Transformer(model_config)
+    tx, _ = optimizer.make_optimizer(config.train, model_config.d_model)
+    return model, train_step.logical_state(model, tx)
+
+  fresh = run_setup.training_setup(config, None, mesh, model_config=TINY_MODEL)
+  for other in (TINY_MODEL, dataclasses.replace(TINY_MODEL, vocab_size=72)):
+    reused = run_setup.training_setup(config, None, mesh, TINY_MODEL, traced=traced(other))
+    assert reused.abstract_state == fresh.abstract_state
+    assert reused.state_shardings == fresh.state_shardings
+    assert reused.abstract_state.params["source_embedder"]["embedding"]["embedding"].shape[0] == 64
 
 
 @pytest.mark.parametrize(
