@@ -2,7 +2,7 @@
 converted from it, computing what ours compute.
 
 Two models are trained here by the project's own packed training (train.train on the synthetic
-pair, tiny sizes, 150 steps on 32 pairs, which they memorize: what they write depends on the
+pair, tiny sizes, 100 and 150 steps on 32 pairs, which they memorize: what they write depends on the
 source, and beam search and greedy decoding part ways on the held-out sentences):
   * "demo": the demo experiment's switches (the paper's interleaved sinusoid, which the export
     writes with d_model reordered into Marian's halves; ReLU; scaled embeddings; no logits
@@ -26,6 +26,7 @@ tests/conftest.py).
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import pathlib
@@ -58,19 +59,21 @@ from transformer_mt.workdir import checkpointing  # noqa: E402
 
 pytestmark = pytest.mark.interop
 
-# A d_model-64, 1+1-layer model on 32 synthetic pairs: 150 packed updates of 512 target slots
-# (~80 epochs) at a moderate learning rate (peak 8.8e-3), no validation decode. The decoded
+# A d_model-64, 1+1-layer model on 32 synthetic pairs: packed updates of 512 target slots (150
+# are ~80 epochs) at a moderate learning rate (peak 8.8e-3), no validation decode. The decoded
 # sentences are half training pairs (SEEN: memorized, each source its own output; a pair longer
 # than data.max_len is not trained on) and half held out (the model unsure: there beam search
-# and greedy decoding part ways). Measured (AMD EPYC): training accuracy 1.0 from step ~60
-# ("demo") and ~120 ("halves"); the seen rows' greedy outputs all differ (8 of 8, both models),
-# beam 4 differs from greedy on 11 and 5 of the 16 rows; attention logits stay below ~130.
+# and greedy decoding part ways). Measured (AMD EPYC): training accuracy 1.0 from step ~70
+# ("demo") and ~115 ("halves"), so each trains STEPS[name] updates, ~30 past that (the rsqrt
+# schedule does not depend on the step count: demo's 100 steps are the first 100 of a longer
+# run); the seen rows' greedy outputs all differ (8 of 8, both models), beam 4 differs from
+# greedy on 11 and 5 of the 16 rows; attention logits stay below ~130.
 # A model trained far longer at a high rate on more pairs (300 steps, peak 3.5e-2, 400 pairs)
 # learned little (training accuracy 0.3: its greedy outputs depended on the CPU's float
 # arithmetic, 5 distinct of 8 on an AMD EPYC) and grew self-attention logits to ~1.3e4, where a
 # near-tie makes every float32 implementation's log-probs ~2e-5 off (transformers' own float32
 # as much as CTranslate2): too ill-conditioned for LOG_PROB_TOLERANCE to mean anything.
-STEPS = 150
+STEPS = {"demo": 100, "halves": 150}
 TRAINING = tiny_overrides(
   "model.d_model=64",
   "model.num_heads=4",
@@ -78,10 +81,8 @@ TRAINING = tiny_overrides(
   "data.num_train=32",
   "data.num_eval=32",
   "train.batch_tokens=512",
-  f"train.num_steps={STEPS}",
   "train.warmup_steps=50",
   "train.lr_scale=0.5",
-  f"train.checkpoint_every={STEPS}",
   "train.bleu_every=0",
   "decode.beam_size=4",
 ) + ["model.layer_norm_epsilon=1e-5", "evaluate.test_after_training=False"]
@@ -122,7 +123,8 @@ class _Trained(dict):
 
   def __missing__(self, name: str):
     workdir = str(self.tmp_path_factory.mktemp(name))
-    config = registry.load_experiment("demo", TRAINING + MODELS[name])
+    steps = [f"train.num_steps={STEPS[name]}", f"train.checkpoint_every={STEPS[name]}"]
+    config = registry.load_experiment("demo", TRAINING + MODELS[name] + steps)
     train.train(config, workdir, progress=False)
     output = os.path.join(str(self.tmp_path_factory.mktemp(f"{name}_hf")), "export")
     _cli("export", "--workdir", workdir, "--to", "hf", output)
@@ -139,6 +141,14 @@ class _Trained(dict):
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
   return _Trained(tmp_path_factory)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _logits(config, params, inputs, targets) -> jax.Array:
+  """float32 [rows, target_len, vocab]: our teacher-forced logits of int32 `inputs` and
+  `targets` (the decoder's inputs), one compiled program per config and shape (an eager
+  `apply` compiles each of its ops on its own, ~10x the time here)."""
+  return Transformer(config).apply({"params": params}, inputs, targets)
 
 
 def _batch(ids: list[list[int]], pad_id: int) -> np.ndarray:
@@ -191,8 +201,8 @@ def test_transformers_logits_equal_ours(exported, name):
   # 1e-5 of transformers' float32; a mapping error (a transposed kernel, a position off by one,
   # a missing scale) moves logits by ~1.
   with jax.default_matmul_precision("highest"):
-    logits = Transformer(config).apply(
-      {"params": params}, jnp.asarray(inputs, jnp.int32), jnp.asarray(targets, jnp.int32)
+    logits = _logits(
+      config, params, jnp.asarray(inputs, jnp.int32), jnp.asarray(targets, jnp.int32)
     )
   ours_error = np.abs(np.asarray(logits, np.float64) - exact)[valid].max()
   noise = np.abs(theirs - exact)[valid].max()
@@ -347,7 +357,7 @@ def test_model_card_holds_the_recorded_bleu(exported, tmp_path):
     assert line in front
   assert f"value: {report['sacrebleu']:.2f}" in front
   assert f"{report['sacrebleu']:.2f}" in body and "`demo`" in body
-  assert f"steps | {STEPS}" in body
+  assert f"steps | {STEPS['demo']}" in body
 
 
 def _error_line(capsys) -> str:
@@ -453,8 +463,8 @@ def _our_log_probs(params, config, sources, targets) -> list[np.ndarray]:
   inputs = _batch(sources, config.pad_id)
   decoder_in = _batch([[config.decoder_start_id, *t[:-1]] for t in targets], config.pad_id)
   with jax.default_matmul_precision("highest"):
-    logits = Transformer(config).apply(
-      {"params": params}, jnp.asarray(inputs, jnp.int32), jnp.asarray(decoder_in, jnp.int32)
+    logits = _logits(
+      config, params, jnp.asarray(inputs, jnp.int32), jnp.asarray(decoder_in, jnp.int32)
     )
   log_probs = np.asarray(jax.nn.log_softmax(logits))  # [rows, target_len, vocab]
   return [log_probs[row, np.arange(len(t)), t] for row, t in enumerate(targets)]
