@@ -112,6 +112,21 @@ def cpu_devices() -> list:
   return devices[:NUM_CPU_DEVICES]
 
 
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+  """The SQLAlchemy URL of a PostgreSQL database, for Optuna's RDB storage (sweep studies shared
+  between hosts), from TRANSFORMER_MT_TEST_POSTGRES: .ci/run starts a throwaway server and sets
+  it. One database serves the whole run and is never emptied, so each test names its studies
+  uniquely (its name and a uuid4): runs, tests and xdist workers then never see each other's."""
+  url = os.environ.get("TRANSFORMER_MT_TEST_POSTGRES", "")
+  if not url:
+    pytest.skip(
+      "needs a PostgreSQL server: set TRANSFORMER_MT_TEST_POSTGRES=postgresql+psycopg2://"
+      "user:password@host:port/database (.ci/run starts one)"
+    )
+  return url
+
+
 def _memory_maps() -> tuple[int, int] | None:
   """(memory maps this process holds, Linux's limit on them: vm.max_map_count), or None where
   /proc does not give both (off Linux)."""
