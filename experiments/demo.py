@@ -11,7 +11,7 @@ Hardware: 2 CPU cores. Expected: see the README's results table (BLEU >= 90 in <
 """
 
 from transformer_mt.config import defaults as _defaults
-from transformer_mt.config.search_space import Sweep
+from transformer_mt.config.search_space import Sweep, choice, log_uniform
 
 
 def get_config():
@@ -50,5 +50,14 @@ def get_config():
 
 
 def get_sweep():
-  """`run.py sweep --experiment demo --workdir W`: learning-rate scale against warmup length."""
-  return Sweep(grid={"train.lr_scale": [0.5, 1.0], "train.warmup_steps": [250, 500]})
+  """`run.py sweep --experiment demo --workdir W`: 6 trials of TPE over the learning-rate scale
+  and the warm-up, with successive halving (ASHA) stopping the worst after each validation
+  BLEU (every 100 steps, from step 100 on)."""
+  return Sweep(
+    random={"train.lr_scale": log_uniform(0.05, 3.0), "train.warmup_steps": choice(250, 500)},
+    sampler="tpe",
+    pruner="asha",
+    pruner_settings={"min_resource": 100, "reduction_factor": 2},
+    num_trials=6,
+    seed=0,
+  )

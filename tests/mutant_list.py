@@ -774,4 +774,28 @@ MUTANTS = (
       "test_a_sweeps_learning_rate_settings_are_inputs_of_one_compiled_step",
     ),
   ),
+  Mutant(
+    "sweep-pruning-ignored",
+    "the training loop hears the pruner's decision and trains on to the last step",
+    "transformer_mt/training/actions.py",
+    "    if distributed.any_process(prune):",
+    "    if distributed.any_process(prune) and False:",
+    ("tests/test_sweep.py::test_a_diverging_trial_is_pruned_and_keeps_its_checkpoint",),
+  ),
+  Mutant(
+    "sweep-stale-trial-restarted",
+    "a running trial whose worker is gone is taken over but trained again from scratch",
+    "transformer_mt/training/sweep.py",
+    "  holding.enter_context(lock)",
+    "  holding.enter_context(lock); shutil.rmtree(workdir + '/checkpoints', ignore_errors=True)",
+    ("tests/test_sweep.py::test_a_killed_workers_trial_is_finished_from_its_checkpoint[journal]",),
+  ),
+  Mutant(
+    "sweep-trial-run-twice",
+    "a worker takes over running trials without taking their lock: a live worker's trial too",
+    "transformer_mt/training/sweep.py",
+    "    lock.enter_context(workdir_lock.held(workdir, force_unlock))",
+    "    pass",
+    ("tests/test_sweep.py::test_two_workers_share_one_study_and_never_run_one_trial_twice",),
+  ),
 )

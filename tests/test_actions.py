@@ -289,6 +289,30 @@ def test_validation_loss_is_due_every_eval_every_and_at_the_final_step():
     assert events == []
 
 
+def test_pruning_reports_its_metric_and_stops_where_the_pruner_says():
+  """The trial hears each value of its metric at its step; the step the pruner answers True
+  to is the run's last. Steps without the metric are not reported; a process without a
+  reporter (not process 0) follows the others' decision, here none."""
+  heard = []
+
+  class Reporter:
+    def report(self, step, value):
+      heard.append((step, value))
+      return step == 20
+
+  action = actions.Pruning(Reporter(), "validation/bleu")
+  steps = [make_step(number) for number in (10, 15, 20)]
+  steps[0].scores.update({"validation/bleu": 1.5, "validation/loss": 3.0})
+  steps[2].scores.update({"validation/bleu": 0.5})
+  for step in steps:
+    action.after(step)
+  assert heard == [(10, 1.5), (20, 0.5)]
+  assert [step.last for step in steps] == [False, False, True] and action.pruned_at == 20
+  follower = actions.Pruning(None, "validation/bleu")
+  follower.after(steps[0])
+  assert follower.pruned_at is None
+
+
 class FakeSignal:
   def __init__(self, stop_at):
     self.stop_at, self.asked = stop_at, []

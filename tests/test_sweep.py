@@ -1,24 +1,36 @@
-"""Sweeps: trial expansion, validation of the plan, resuming an interrupted sweep, ranking."""
+"""Sweeps on Optuna studies: the fixed trial lists of grid and random sweeps, the checks before a
+sweep runs, storages and their errors, the report, pruning, a killed worker's trial taken over
+and two workers sharing one study (journal file and PostgreSQL)."""
 
 import json
+import logging
 import os
-import pathlib
 import signal
 import subprocess
 import sys
+import textwrap
 import time
+import uuid
 
+import optuna
 import pytest
-from helpers import ROOT, child_xla_flags, run_py, tiny_overrides
+from helpers import ROOT, assert_same_params, child_xla_flags, final_params, run_py, tiny_overrides
+from optuna.trial import TrialState
 
 from transformer_mt import cli
+from transformer_mt.config import registry
 from transformer_mt.config.search_space import Sweep, choice, log_uniform, randint, uniform
-from transformer_mt.evaluation import reports
-from transformer_mt.training import sweep
+from transformer_mt.evaluation import reports, sweep_report
+from transformer_mt.training import sweep, sweep_study
+from transformer_mt.workdir import checkpointing, filesystems
+from transformer_mt.workdir import metrics_log as metrics
 
-STEPS = 80
+STEPS = 40
 TINY = tiny_overrides(
-  "data.num_validation=8", "train.checkpoint_every=5", f"train.num_steps={STEPS}"
+  "data.num_validation=8",
+  "train.checkpoint_every=10",
+  f"train.num_steps={STEPS}",
+  "train.eval_every=10",
 )
 
 
@@ -50,193 +62,367 @@ def test_grid_times_random_draws_is_deterministic():
     Sweep(random={"r": uniform(0, 1)}).trials()
 
 
-def test_plan_checks_keys_overrides_and_the_recorded_sweep(tmp_path):
-  trials, record = sweep.plan("demo", str(tmp_path), ["train.num_steps=5"])
-  assert [t["name"] for t in trials] == ["trial_000", "trial_001", "trial_002", "trial_003"]
-  assert trials[1]["overrides"] == ["train.lr_scale=0.5", "train.warmup_steps=500"]
+# news_ende_small's random sweep as the code before Optuna expanded it (commit a9c4162).
+NEWS_TRIALS_BEFORE_OPTUNA = [
+  (1.0, 0.19108850619643628, 0.1),
+  (1.0, 0.012292057180858407, 0.0),
+  (1.0, 0.004958290658558728, 0.0),
+  (2.0, 0.2738266731833165, 0.2),
+  (2.0, 0.18199073273015395, 0.2),
+  (2.0, 0.16308749743962686, 0.2),
+]
+
+
+def test_a_study_gives_grid_and_random_sweeps_their_trials_of_before():
+  """Trial number i of the study is the i-th entry of the list the code before Optuna ran."""
+  news = sweep.load_sweep("news_ende_small")
+  assert news.sampler_name == "random" and news.budget() == 6
+  grid = Sweep(grid={"train.lr_scale": [0.5, 1.0], "train.warmup_steps": [250, 500]})
+  for definition, expected in (
+    (news, [dict(zip(news.trials()[0], values)) for values in NEWS_TRIALS_BEFORE_OPTUNA]),
+    (
+      grid,
+      [{"train.lr_scale": a, "train.warmup_steps": b} for a in (0.5, 1.0) for b in (250, 500)],
+    ),
+  ):
+    assert definition.trials() == expected
+    study = optuna.create_study(sampler=sweep_study.sampler(definition))
+    asked = [sweep_study.suggest(study.ask(), definition) for _ in expected]
+    assert asked == expected
+
+
+def test_prepare_checks_the_sweep_overrides_and_the_recorded_study(tmp_path):
+  root = str(tmp_path / "root")
+  definition, record = sweep.prepare("demo", root, ["train.num_steps=5", "train.bleu_every=5"])
+  assert definition.sampler_name == "tpe" and definition.pruner == "asha"
+  assert record["sweep"]["num_trials"] == 6 and record["storage"] is None
   with pytest.raises(ValueError, match="sets a key the sweep varies"):
-    sweep.plan("demo", str(tmp_path), ["train.lr_scale=2.0"])
+    sweep.prepare("demo", root, ["train.lr_scale=2.0"])
   with pytest.raises(ValueError, match="declares no sweep"):
-    sweep.plan("seed_minimal", str(tmp_path))
+    sweep.prepare("seed_minimal", root)
   with pytest.raises(ValueError, match="Unknown config key"):
-    sweep.plan("demo", str(tmp_path), ["train.no_such_key=1"])
-  (tmp_path / sweep.SWEEP_FILENAME).write_text(json.dumps(record))
-  with pytest.raises(ValueError, match="records a different sweep"):
-    sweep.plan("demo", str(tmp_path), ["train.num_steps=6"])
-  with pytest.raises(ValueError, match="out of range"):
-    sweep.run("demo", str(tmp_path), ["train.num_steps=5"], only_trial=4)
+    sweep.prepare("demo", root, ["train.no_such_key=1"])
+  with pytest.raises(ValueError, match="set train.bleu_every > 0"):
+    sweep.prepare("demo", root, ["train.bleu_every=0"])
+  study, _ = sweep_study.open_study(root, record, definition, None)
+  assert os.path.exists(os.path.join(root, "study.journal"))
+  _, changed = sweep.prepare("demo", root, ["train.num_steps=6", "train.bleu_every=5"])
+  with pytest.raises(ValueError, match=r"records a different sweep \(overrides changed"):
+    sweep_study.open_study(root, changed, definition, None)
+  # The study itself refuses a changed sweep too, whatever the root says.
+  os.remove(os.path.join(root, reports.SWEEP_FILENAME))
+  with pytest.raises(ValueError, match="started by a different sweep or with other overrides"):
+    sweep_study.open_study(root, changed, definition, None)
+  for bad, message in (
+    (Sweep(grid={"a": [1]}, sampler="bayes"), "sampler 'bayes' is not known"),
+    (Sweep(grid={"a": [1]}, pruner="early"), "pruner 'early' is not known"),
+    (Sweep(grid={"a": [1]}, metric="ter"), "metric 'ter' is not known"),
+    (Sweep(grid={"a": [1]}, sampler="tpe"), "needs a budget"),
+    (Sweep(grid={"a": [1]}, num_trials=3), "leave num_trials at 0"),
+  ):
+    with pytest.raises(ValueError, match=message):
+      bad.check()
+  with pytest.raises(ValueError, match="refuses its settings"):
+    sweep_study.pruner(Sweep(grid={"a": [1]}, pruner="median", pruner_settings={"rungs": 2}))
+  with pytest.raises(ValueError, match="refuses its settings"):
+    sweep_study.sampler(
+      Sweep(grid={"a": [1]}, sampler="tpe", num_trials=2, sampler_settings={"x": 1})
+    )
+  # TPE's random start-up is a third of a small budget, not Optuna's 10 (all of it).
+  assert (
+    sweep_study.sampler(Sweep(grid={"a": [1]}, sampler="tpe", num_trials=6))._n_startup_trials == 2
+  )
 
 
-def write_finished_trial(root, name, bleu, loss, **more):
-  """A finished trial's trial.json under root/name: validation BLEU `bleu`, final loss `loss`
-  (overrides k=1, 10 steps, test BLEU 1.0), then the keys of `more`."""
-  status = {
-    "status": "finished",
-    "trial": name,
-    "overrides": ["k=1"],
-    "steps": 10,
-    "validation_bleu": bleu,
-    "test_bleu": 1.0,
-    "final_loss": loss,
-    **more,
-  }
-  (root / name).mkdir()
-  (root / name / sweep.TRIAL_FILENAME).write_text(json.dumps(status))
+def fake_mounts(tmp_path, monkeypatch, fs_type):
+  """A mount table in which tmp_path is a `fs_type` mount."""
+  table = tmp_path / "mountinfo"
+  table.write_text(
+    "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"
+    f"98 22 0:51 / {tmp_path} rw,relatime shared:7 - {fs_type} server:/export rw\n"
+  )
+  monkeypatch.setattr(filesystems, "MOUNTINFO", str(table))
 
 
-def test_ranking_orders_by_validation_bleu_with_unfinished_last(tmp_path):
-  _, record = sweep.plan("demo", str(tmp_path))
-  (tmp_path / sweep.SWEEP_FILENAME).write_text(json.dumps(record))
-  scripted = {"trial_000": (12.5, 2.0), "trial_001": (30.0, 3.0), "trial_003": (12.5, 1.5)}
-  for name, (bleu, loss) in scripted.items():
-    write_finished_trial(tmp_path, name, bleu, loss)
-  table = reports.ranking_table(str(tmp_path)).splitlines()
-  rows = [line for line in table if line.startswith("| ") and "trial_" in line]
-  # BLEU first; the tie at 12.5 goes to the lower final loss; the unfinished trial comes last.
-  assert [row.split(" | ")[1] for row in rows] == [
-    "trial_001",
-    "trial_003",
-    "trial_000",
-    "trial_002",
+def test_storages_that_cannot_work_are_one_error_line(tmp_path, monkeypatch, capsys, caplog):
+  def sweep_with(storage):
+    root = tmp_path / f"root_{uuid.uuid4().hex[:6]}"
+    code = cli.main(["sweep", "--experiment", "demo", "--workdir", str(root), "--storage", storage])
+    return code, capsys.readouterr().err.strip().splitlines()
+
+  for storage, message in (
+    ("nosuchdialect://host/db", "cannot be opened: Can't load plugin"),
+    ("postgresql+psycopg2://user:secret@127.0.0.1:1/db", "cannot be opened: "),
+  ):
+    code, err = sweep_with(storage)
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: --storage"), err
+    assert message in err[0] and "secret" not in err[0]
+
+  fake_mounts(tmp_path, monkeypatch, "nfs4")
+  assert filesystems.filesystem_type(str(tmp_path / "not" / "yet")) == "nfs4"
+  assert filesystems.filesystem_type("/usr") == "ext4"
+  code, err = sweep_with(f"sqlite:///{tmp_path}/study.db")
+  assert code == 2 and len(err) == 1 and "SQLite on a network filesystem (nfs4)" in err[0]
+  assert not (tmp_path / "study.db").exists()
+  sweep_study.study_storage.open_storage(None, str(tmp_path / "root"))  # a journal: warned
+  assert "optuna/optuna#5138" in caplog.text
+
+
+def test_report_ranks_the_trials_of_a_study_by_state_and_value(tmp_path, capsys):
+  """A study with a trial in each state, written with ask/tell as workers would: the report
+  ranks the complete ones by value, then the pruned (longest first), running and failed
+  ones; `optuna.load_study` from outside lists the same trials; the plots are written."""
+  root = str(tmp_path / "root")
+  definition, record = sweep.prepare("demo", root, ["train.bleu_every=5"])
+  study, _ = sweep_study.open_study(root, record, definition, None)
+  scripted = [  # (final state, values reported at steps 100, 200, ...)
+    (TrialState.COMPLETE, [10.0, 20.0]),
+    (TrialState.PRUNED, [2.0]),
+    (TrialState.COMPLETE, [15.0, 35.0]),
+    (TrialState.RUNNING, [5.0]),
+    (TrialState.FAIL, []),
+    (TrialState.PRUNED, [3.0, 4.0]),
   ]
-  assert rows[0].startswith("| 1 |") and "30.00" in rows[0]
-  assert "unfinished" in rows[3]
+  for state, values in scripted:
+    trial = study.ask()
+    sweep_study.suggest(trial, definition)
+    for step, value in enumerate(values, start=1):
+      trial.report(value, 100 * step)
+    if state == TrialState.COMPLETE:
+      study.tell(trial, values[-1])
+    elif state == TrialState.FAIL:
+      trial.set_user_attr("error", "Non-finite loss at step 3")
+      study.tell(trial, state=state)
+    elif state == TrialState.PRUNED:
+      study.tell(trial, state=state)
+  assert cli.main(["report", root, "--plots", str(tmp_path / "plots")]) == 0
+  out = capsys.readouterr().out
+  rows = [
+    line.split(" | ") for line in out.splitlines() if line.startswith("| ") and "trial_" in line
+  ]
+  assert [(r[0], r[1], r[2]) for r in rows] == [
+    ("| 1", "trial_002", "complete"),
+    ("| 2", "trial_000", "complete"),
+    ("| –", "trial_005", "pruned"),
+    ("| –", "trial_001", "pruned"),
+    ("| –", "trial_003", "running"),
+    ("| –", "trial_004", "failed: Non-finite loss at step 3"),
+  ]
+  assert [r[3] for r in rows[:4]] == ["200", "200", "200", "100"]
+  assert "2 complete, 2 pruned, 1 running, 1 failed" in out
+  assert f"optuna-dashboard {root}/study.journal" in out
+  for name in ("optimization_history", "intermediate_values", "param_importances"):
+    assert (tmp_path / "plots" / "root" / f"{name}.png").stat().st_size > 1000
+  outside = optuna.load_study(
+    study_name=record["study_name"],
+    storage=optuna.storages.JournalStorage(
+      optuna.storages.journal.JournalFileBackend(f"{root}/study.journal")
+    ),
+  )
+  assert [t.state for t in outside.trials] == [state for state, _ in scripted]
+  assert [list(t.intermediate_values.values()) for t in outside.trials] == [v for _, v in scripted]
+  assert set(outside.trials[0].params) == {"train.lr_scale", "train.warmup_steps"}
+  # --metric belongs to sweeps from before Optuna; a study is ranked by its own.
+  assert cli.main(["report", root, "--metric", "chrf"]) == 2
+  assert "judges its trials by validation bleu" in capsys.readouterr().err
 
 
-def test_ranking_by_chrf_puts_trials_without_it_last(tmp_path, capsys):
-  """`--metric chrf` ranks by validation chrF, which orders these trials differently from BLEU.
-  trial_002 finished before chrF was logged (its trial.json has no such key): it is ranked
-  after every trial with a chrF, shown as "–", and still ranked by BLEU under --metric bleu."""
-  _, record = sweep.plan("demo", str(tmp_path))
-  (tmp_path / sweep.SWEEP_FILENAME).write_text(json.dumps(record))
-  # name: (validation BLEU, validation chrF or absent, final loss)
-  scripted = {
-    "trial_000": (30.0, 40.0, 2.0),
-    "trial_001": (20.0, 55.0, 3.0),
-    "trial_002": (40.0, None, 1.0),
-    "trial_003": (10.0, 55.0, 1.5),
+def write_old_root(root, scripted):
+  """A sweep root written before Optuna: sweep.json's list of trials and finished trial.json
+  files. `scripted`: name -> (validation BLEU, validation chrF or None, final loss)."""
+  names = ["trial_000", "trial_001", "trial_002", "trial_003"]
+  record = {
+    "experiment": "demo",
+    "overrides": [],
+    "trials": [{"name": n, "overrides": ["k=1"]} for n in names],
   }
+  root.mkdir()
+  (root / reports.SWEEP_FILENAME).write_text(json.dumps(record))
   for name, (bleu, chrf, loss) in scripted.items():
-    chrf_key = {} if chrf is None else {"validation_chrf": chrf}  # trial_002: none
-    write_finished_trial(tmp_path, name, bleu, loss, **chrf_key)
+    status = {"status": "finished", "trial": name, "overrides": ["k=1"], "steps": 10}
+    status.update(validation_bleu=bleu, test_bleu=1.0, final_loss=loss)
+    if chrf is not None:
+      status["validation_chrf"] = chrf
+    (root / name).mkdir()
+    (root / name / reports.TRIAL_FILENAME).write_text(json.dumps(status))
+
+
+def test_a_sweep_from_before_optuna_is_still_ranked_by_bleu_or_chrf(tmp_path, capsys):
+  """Its trial.json files: BLEU (ties by the lower final loss, unfinished last) or chrF (trials
+  without one last, shown as "–"); an unknown metric is one error line."""
+  root = tmp_path / "old"
+  write_old_root(
+    root,
+    {
+      "trial_000": (30.0, 40.0, 2.0),
+      "trial_001": (20.0, 55.0, 3.0),
+      "trial_003": (30.0, 55.0, 1.5),
+    },
+  )
 
   def ranked(metric):
-    table = reports.ranking_table(str(tmp_path), metric).splitlines()
-    assert table[0].endswith(f"ranked by validation {'chrF' if metric == 'chrf' else 'BLEU'}")
+    assert cli.main(["report", str(root), "--metric", metric]) == 0
+    table = capsys.readouterr().out.splitlines()
     return [line.split(" | ") for line in table if line.startswith("| ") and "trial_" in line]
 
-  # chrF first; the tie at 55 goes to the lower final loss; no chrF comes last.
+  assert [r[1] for r in ranked("bleu")] == ["trial_003", "trial_000", "trial_001", "trial_002"]
+  assert "unfinished" in ranked("bleu")[3][3]
   rows = ranked("chrf")
-  assert [row[1] for row in rows] == ["trial_003", "trial_001", "trial_000", "trial_002"]
-  assert [row[4] for row in rows] == ["55.00", "55.00", "40.00", "–"]
-  assert [row[1] for row in ranked("bleu")] == ["trial_002", "trial_000", "trial_001", "trial_003"]
-
-  assert cli.main(["report", str(tmp_path), "--metric", "chrf"]) == 0
-  assert "| 1 | trial_003 |" in capsys.readouterr().out
-  # An unknown metric is one error line, before any sweep work.
-  assert cli.main(["report", str(tmp_path), "--metric", "comet"]) == 2
-  assert cli.main(["sweep", "--experiment", "demo", "--workdir", "x", "--metric", "ter"]) == 2
+  assert [r[1] for r in rows[:3]] == ["trial_003", "trial_001", "trial_000"]
+  assert cli.main(["report", str(root), "--metric", "comet"]) == 2
   err = capsys.readouterr().err.splitlines()
-  assert len(err) == 2 and all(line.startswith("error: --metric") for line in err)
-  assert "use one of bleu, chrf" in err[0]
+  assert len(err) == 1 and err[0].startswith("error: --metric") and "bleu, chrf" in err[0]
+  with pytest.raises(ValueError, match="from before sweeps ran on Optuna"):
+    sweep.run("demo", str(root))
 
 
-def sweep_command(root, *extra):
-  return run_py("sweep", "--experiment", "demo", "--workdir", str(root), *TINY, *extra)
+def experiment_file(tmp_path, sweep_source: str):
+  """An experiment file: the demo's config with `sweep_source` (a Sweep(...) expression) as
+  its sweep."""
+  path = tmp_path / f"exp_{uuid.uuid4().hex[:8]}.py"
+  path.write_text(
+    textwrap.dedent(f"""\
+      from transformer_mt.config import registry
+      from transformer_mt.config.search_space import Sweep
+
+      def get_config():
+        return registry.experiment_module("demo").get_config()
+
+      def get_sweep():
+        return {sweep_source}
+      """)
+  )
+  return str(path)
 
 
-def subprocess_env(devices):
-  return dict(os.environ, PYTHONUNBUFFERED="1", XLA_FLAGS=child_xla_flags(devices))
+def logged_steps(workdir):
+  return [r["step"] for r in metrics.read_metrics(str(workdir)) if "loss" in r]
 
 
 @pytest.mark.slow
-def test_interrupted_sweep_resumes_without_rerunning_finished_trials(tmp_path, capsys):
-  root = tmp_path / "sweep"
-  # --dry-run: one command per trial, as a SLURM array would run them.
-  dry_run = ["sweep", "--experiment", "demo", "--workdir", str(root), *TINY, "--dry-run"]
-  assert cli.main(dry_run) == 0
-  commands = capsys.readouterr().out.splitlines()
-  assert len(commands) == 4 and all(f"--trial {i}" in c for i, c in enumerate(commands))
-  assert not root.exists()  # a dry run writes nothing
-
-  # Trial 0 alone, as SLURM array task 0 runs it: the shipped sbatch script under bash,
-  # submitted from tmp_path (outside the repository) with the sweep root given relative to it.
-  env = dict(
-    subprocess_env(1),
-    SLURM_ARRAY_TASK_ID="0",
-    SLURM_SUBMIT_DIR=str(tmp_path),
-    PATH=f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}",
-    PYTHONPATH=str(ROOT),
+def test_a_diverging_trial_is_pruned_and_keeps_its_checkpoint(tmp_path, capsys):
+  """Two trials judged by validation loss under the median pruner: the second, at a learning
+  rate 1000 times the first's, diverges, is worse at its first validation and is stopped
+  there, with that step's checkpoint; a rerun trains nothing more."""
+  experiment = experiment_file(
+    tmp_path,
+    'Sweep(grid={"train.lr_scale": [0.5, 500.0]}, pruner="median", metric="loss", '
+    'pruner_settings={"n_startup_trials": 1, "n_warmup_steps": 0})',
   )
-  subprocess.run(
-    ["bash", str(ROOT / "launch" / "slurm_sweep.sbatch"), "demo", root.name, *TINY],
+  root = tmp_path / "root"
+  diverging = ["train.warmup_steps=10", "train.nonfinite='skip'"]
+  command = ["sweep", "--experiment", experiment, "--workdir", str(root), *TINY, *diverging]
+  assert cli.main(command) == 0
+  study, _ = sweep_report.load(str(root))
+  assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.PRUNED]
+  assert sorted(study.trials[0].intermediate_values) == [10, 20, 30, 40]
+  assert list(study.trials[1].intermediate_values) == [10]
+  pruned = sweep.trial_dir(str(root), 1)
+  assert checkpointing.all_steps(pruned) == [10]
+  status = reports.trial_status(pruned)
+  assert status["status"] == "pruned" and status["pruned_at"] == 10 and status["test_bleu"] is None
+  assert logged_steps(pruned) == list(range(1, 11))
+  assert "| – | trial_001 | pruned | 10 |" in capsys.readouterr().out
+  assert cli.main(command) == 0  # nothing left: neither trial runs again
+  assert logged_steps(pruned) == list(range(1, 11))
+  assert len(sweep_report.load(str(root))[0].trials) == 2
+
+
+def worker_env(devices):
+  return dict(os.environ, PYTHONUNBUFFERED="1", XLA_FLAGS=child_xla_flags(devices))
+
+
+@pytest.fixture(scope="module")
+def resume_sweep(tmp_path_factory):
+  """(experiment file, the uninterrupted trial's workdir): one trial of the grid, trained
+  without a stop, which every interrupted one must equal."""
+  folder = tmp_path_factory.mktemp("resume_sweep")
+  experiment = experiment_file(folder, 'Sweep(grid={"train.lr_scale": [0.7, 1.3]}, metric="loss")')
+  config = registry.load_experiment(experiment, [*TINY, "train.lr_scale=0.7"])
+  from transformer_mt.training import train
+
+  train.train(config, str(folder / "uninterrupted"), progress=False)
+  return experiment, folder / "uninterrupted"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("storage", ["journal", "postgresql"])
+def test_a_killed_workers_trial_is_finished_from_its_checkpoint(
+  storage, resume_sweep, tmp_path, request, caplog
+):
+  """A worker (the SLURM script) is killed with SIGKILL once trial 0 has its step-10
+  checkpoint: the trial stays running in the study. The next worker sees its lock is free,
+  trains it on from the checkpoint with the same parameters and its reported values kept,
+  then runs trial 1: trial 0's parameters equal an uninterrupted run's."""
+  caplog.set_level(logging.INFO)
+  experiment, uninterrupted = resume_sweep
+  url = request.getfixturevalue("postgres_url") if storage == "postgresql" else None
+  root = tmp_path / f"sweep_{uuid.uuid4().hex[:8]}"
+  extra = ["--storage", url] if url else []
+  # As many devices as this process, which trains the reference and the rest of the trial:
+  # the same sharding, so the same sums in the same order.
+  env = dict(worker_env(8), SLURM_ARRAY_TASK_ID="0", SLURM_SUBMIT_DIR=str(ROOT))
+  env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"
+  process = subprocess.Popen(
+    ["bash", str(ROOT / "launch" / "slurm_sweep.sbatch"), experiment, str(root), *extra, *TINY],
     cwd="/",
     env=env,
-    capture_output=True,
-    text=True,
-    check=True,
-  )
-  trial_0 = root / "trial_000"
-  finished_0 = (trial_0 / sweep.TRIAL_FILENAME).read_text()
-  metrics_0 = (trial_0 / "metrics.jsonl").read_text()
-  assert json.loads(finished_0)["status"] == "finished"
-  assert not (root / "trial_001").exists()
-
-  # The whole sweep, stopped (SIGTERM, as on preemption) as soon as trial 1 has a checkpoint.
-  process = subprocess.Popen(
-    sweep_command(root),
-    cwd=ROOT,
-    env=subprocess_env(1),
     stdout=subprocess.PIPE,
     stderr=subprocess.STDOUT,
     text=True,
   )
-  first_checkpoint = root / "trial_001" / "checkpoints" / "5" / "commit_success.txt"
-  deadline = time.time() + 120
-  while not first_checkpoint.exists():
+  checkpoint = root / "trial_000" / "checkpoints" / "10" / "commit_success.txt"
+  deadline = time.time() + 180
+  while not checkpoint.exists():
     assert process.poll() is None, process.stdout.read()[-3000:]
-    assert time.time() < deadline, "trial 1 wrote no checkpoint in time"
+    assert time.time() < deadline, "trial 0 wrote no checkpoint in time"
     time.sleep(0.02)
-  process.send_signal(signal.SIGTERM)
-  output = process.communicate(timeout=120)[0]
-  assert process.returncode == 0, output[-3000:]
-  assert "Skipping trial_000: finished earlier" in output
-  assert "Sweep stopped by a signal during trial_001" in output
-  assert sweep.trial_status(str(root / "trial_001")) is None
-  assert not (root / "trial_002").exists()
+  process.send_signal(signal.SIGKILL)
+  assert process.wait() == -signal.SIGKILL
+  process.stdout.close()
+  study, _ = sweep_report.load(str(root), url)
+  assert [t.state for t in study.trials] == [TrialState.RUNNING]
+  reported_before = dict(study.trials[0].intermediate_values)
+  assert 10 in reported_before
 
-  # Resume, two trials at a time on disjoint device groups.
+  assert cli.main(["sweep", "--experiment", experiment, "--workdir", str(root), *extra, *TINY]) == 0
+  study, _ = sweep_report.load(str(root), url)
+  assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.COMPLETE]
+  assert [t.params["train.lr_scale"] for t in study.trials] == [0.7, 1.3]
+  trial_0 = study.trials[0]
+  assert sorted(trial_0.intermediate_values) == [10, 20, 30, 40]
+  assert all(trial_0.intermediate_values[s] == v for s, v in reported_before.items())
+  assert_same_params(final_params(root / "trial_000", STEPS), final_params(uninterrupted, STEPS))
+  # Trained on from step 10, each step logged once (rows past the checkpoint dropped).
+  assert "Resumed from the checkpoint of step 10" in caplog.text
+  assert logged_steps(root / "trial_000") == list(range(1, STEPS + 1))
+
+
+@pytest.mark.slow
+def test_two_workers_share_one_study_and_never_run_one_trial_twice(tmp_path, capsys):
+  """`--parallel 2`: two worker processes on one journal file run the four trials of a grid,
+  each trial once (its steps logged once), every grid point once."""
+  experiment = experiment_file(
+    tmp_path, 'Sweep(grid={"train.lr_scale": [0.5, 1.0], "train.warmup_steps": [250, 500]})'
+  )
+  root = tmp_path / "root"
   output = subprocess.run(
-    sweep_command(root, "--parallel", "2"),
+    run_py("sweep", "--experiment", experiment, "--workdir", str(root), "--parallel", "2", *TINY),
     cwd=ROOT,
-    env=subprocess_env(2),
+    env=worker_env(2),
     capture_output=True,
     text=True,
-    check=True,
   )
-  output = output.stdout + output.stderr
-  assert "Skipping trial_000: finished earlier" in output
-  assert "Resumed from the checkpoint" in (root / "logs" / "trial_001.log").read_text()
-  assert (trial_0 / sweep.TRIAL_FILENAME).read_text() == finished_0
-  assert (trial_0 / "metrics.jsonl").read_text() == metrics_0
-  for index in range(4):
-    status = sweep.trial_status(str(root / f"trial_{index:03d}"))
-    assert status["status"] == "finished" and status["steps"] == STEPS
-    assert status["validation_bleu"] is not None and status["validation_chrf"] is not None
-  # Trial 1 logged each step once across the two runs: the resumed part was not redone.
-  steps_1 = [
-    json.loads(line)["step"]
-    for line in (root / "trial_001" / "metrics.jsonl").read_text().splitlines()
-    if '"loss"' in line
-  ]
-  assert steps_1 == list(range(1, STEPS + 1))
-
-  assert cli.main(["report", str(root)]) == 0
-  rows = [
-    line
-    for line in capsys.readouterr().out.splitlines()
-    if line.startswith("| ") and "trial_" in line
-  ]
-  assert [row.split(" | ")[0] for row in rows] == ["| 1", "| 2", "| 3", "| 4"]
-  ranked = [(-float(row.split(" | ")[3]), float(row.split(" | ")[6])) for row in rows]
-  assert ranked == sorted(ranked)
+  assert output.returncode == 0, (output.stdout + output.stderr)[-3000:]
+  study, _ = sweep_report.load(str(root))
+  assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 4
+  points = {(t.params["train.lr_scale"], t.params["train.warmup_steps"]) for t in study.trials}
+  assert points == {(a, b) for a in (0.5, 1.0) for b in (250, 500)}
+  ran = []
+  for worker in (0, 1):
+    log = (root / "logs" / f"worker_{worker}.log").read_text()
+    ran.append({n for n in range(4) if f"Trial {n}: " in log})
+  assert ran[0] and ran[1] and not ran[0] & ran[1] and ran[0] | ran[1] == set(range(4)), ran
+  for number in range(4):
+    assert logged_steps(root / f"trial_{number:03d}") == list(range(1, STEPS + 1))
+  assert "4 complete, 0 pruned, 0 running, 0 failed" in output.stdout

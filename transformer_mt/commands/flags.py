@@ -81,8 +81,9 @@ def language_flags() -> argparse.ArgumentParser:
 
 # Not argparse `choices`: a bad value gets the one-line `error:` of every other user error.
 METRIC_HELP = (
-  "rank a sweep's trials by their last validation bleu (default) or chrf; trials that "
-  "logged no chrF (run before it was logged) are ranked last, shown as –"
+  "rank the trials of a sweep from before Optuna by their last validation bleu (default) or "
+  "chrf (trials that logged no chrF are ranked last, shown as –); a sweep on an Optuna study "
+  "is ranked by the metric its get_sweep() declares"
 )
 
 

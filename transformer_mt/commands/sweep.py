@@ -1,7 +1,9 @@
-"""`run.py sweep`: an experiment's hyperparameter sweep, one workdir per trial.
+"""`run.py sweep`: one worker (or `--parallel K` on this host) of an experiment's
+hyperparameter sweep on an Optuna study, one workdir per trial.
 
-Resumes what is already done; `--dry-run` prints one command per trial (for a SLURM job
-array), and `--trial i` runs only that one.
+Every worker asks the study for trials until its budget is spent; rerunning the command
+resumes what a stopped worker left running. The study is a journal file in the root, or the
+database `--storage` names, which the workers of a cluster job share.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from transformer_mt.commands import flags
 def add_parser(subparsers) -> None:
   p = subparsers.add_parser(
     "sweep",
-    help="run an experiment's hyperparameter sweep, one workdir "
-    "per trial (resumes; --dry-run prints the commands)",
+    help="work on an experiment's hyperparameter sweep (an Optuna study), one workdir per "
+    "trial, until its trial budget is spent (resumes)",
     parents=[flags.force_unlock_flag()],
   )
   p.add_argument("--experiment", required=True, help="experiment declaring get_sweep(), e.g. demo")
@@ -22,17 +24,20 @@ def add_parser(subparsers) -> None:
     "--parallel",
     type=int,
     default=1,
-    help="trials at once, each on its own 1/K of the local devices (default 1)",
+    help="workers at once, each on its own 1/K of the local devices (default 1)",
   )
   p.add_argument(
-    "--trial", type=int, default=None, help="run only trial i (e.g. $SLURM_ARRAY_TASK_ID)"
+    "--storage",
+    default=None,
+    help="the study's storage, shared by the workers of a cluster: an SQLAlchemy URL "
+    "(postgresql://user:password@host/db) or a journal file; default ROOT/study.journal",
   )
   p.add_argument(
     "--dry-run",
     action="store_true",
-    help="print one command per trial (for a SLURM job array) and exit",
+    help="print the sweep (space, sampler, pruner, budget, study) and the command each worker "
+    "runs (e.g. every task of a SLURM job array), and exit; writes nothing",
   )
-  p.add_argument("--metric", default="bleu", help=flags.METRIC_HELP)
   p.add_argument(
     "overrides",
     nargs="*",
@@ -43,22 +48,22 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> None:
-  from transformer_mt.evaluation import reports
+  import json
+
+  from transformer_mt.evaluation import sweep_report
   from transformer_mt.training import sweep
 
-  reports.check_metric(args.metric)
   if args.dry_run:
-    print("\n".join(sweep.dry_run_commands(args.experiment, args.workdir, args.overrides)))
+    _, record = sweep.prepare(args.experiment, args.workdir, args.overrides, args.storage)
+    print(json.dumps(record, indent=2))
+    print(sweep.worker_command(args.experiment, args.workdir, args.overrides, args.storage))
     return
-  statuses = sweep.run(
+  sweep.run(
     args.experiment,
     args.workdir,
     args.overrides,
     args.parallel,
-    args.trial,
+    storage=args.storage,
     force_unlock=args.force_unlock,
   )
-  if args.trial is None:
-    print(reports.ranking_table(args.workdir, args.metric))
-  else:
-    print(f"trial {args.trial}: {statuses[args.trial]['status']}")
+  print(sweep_report.table(args.workdir, args.storage))

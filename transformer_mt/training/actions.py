@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
-from transformer_mt.runtime import errors
+from transformer_mt.runtime import distributed, errors
 from transformer_mt.training import train_step
 from transformer_mt.workdir import checkpointing
 
@@ -40,6 +40,9 @@ class Step:
   stop: bool = False  # set by Preemption or EarlyStopping: checkpoint this step, then leave
   preempted: bool = False  # set by Preemption: a signal, not the recipe, ends the run here
   validation_loss: float | None = None  # set by ValidationLoss on the steps it evaluates
+  # Every validation score of this step ("validation/loss", "validation/bleu", ...), set by
+  # ValidationLoss and ValidationBleu on the steps they evaluate; read by Pruning.
+  scores: dict = dataclasses.field(default_factory=dict)
   # Seconds the loop waited for this step's batch (next(batches)): the input pipeline's share
   # of the wall time, logged as input_wait_share (the device is busy with earlier steps then).
   input_wait_s: float = 0.0
@@ -246,6 +249,7 @@ class ValidationLoss(Action):
     if self.validate and self.eval_every and (step.number % self.eval_every == 0 or step.final):
       scores = self.validate(step.state.params)
       step.validation_loss = scores["validation/loss"]
+      step.scores.update(scores)
       self.writer.write(step.number, scores)
       self.writer.flush()
 
@@ -311,6 +315,33 @@ class EarlyStopping(Action):
       )
 
 
+class Pruning(Action):
+  """A sweep trial's early stop: at each step with the trial's metric (`metric_key`, e.g.
+  "validation/bleu", which ValidationBleu or ValidationLoss just computed), the value is
+  reported to the trial (`reporter.report(step, value)`, training/sweep_study.py) and the run
+  ends there when its pruner says so. That step is checkpointed (its `last` is true), as
+  EarlyStopping's is, and the run ends without the held-out evaluation: the trial is over.
+
+  Process 0 alone talks to the study (`reporter` is None on the others); its decision reaches
+  every process (distributed.any_process, at each such step on all of them), so every host of
+  a multi-process trial stops at the same step."""
+
+  def __init__(self, reporter, metric_key: str):
+    self.reporter, self.metric_key = reporter, metric_key
+    self.pruned_at: int | None = None
+
+  def after(self, step: Step) -> None:
+    if self.metric_key not in step.scores:
+      return
+    prune = self.reporter is not None and self.reporter.report(
+      step.number, float(step.scores[self.metric_key])
+    )
+    if distributed.any_process(prune):
+      step.stop = True
+      self.pruned_at = step.number
+      logging.info("The sweep's pruner stopped this trial at step %d.", step.number)
+
+
 class ValidationBleu(Action):
   """Validation BLEU and chrF (`scores(params)`) every `bleu_every` steps and at the final step;
   the parameters with the best BLEU so far are saved by `best_manager` (WORKDIR/best).
@@ -342,6 +373,7 @@ class ValidationBleu(Action):
 
   def _evaluate(self, step: Step) -> None:
     scores = self.scores(step.state.params)
+    step.scores.update(scores)
     bleu = scores["validation/bleu"]
     self.writer.write(step.number, scores)
     self.writer.flush()

@@ -1,23 +1,22 @@
-"""Hyperparameter sweeps: an experiment declares a grid and/or random search over config keys.
+"""Hyperparameter sweeps on an Optuna study: every worker asks the study for a trial, trains it
+into ROOT/trial_<number>, reports its validation score at each validation (the pruner may stop
+it there), and tells the study how it ended, until the trial budget is spent.
 
-An experiment file opts in with a `get_sweep()` returning a `Sweep` (config/search_space.py):
+An experiment opts in with a `get_sweep()` returning a `Sweep` (config/search_space.py): the
+space, the sampler (grid and random: the fixed trial lists of before; TPE, QMC: Optuna's), the
+pruner, the budget and the metric. The study lives in a journal file in ROOT, or in the
+database `--storage` names (workdir/study_storage.py), and ROOT/sweep.json records which.
 
-    def get_sweep():
-      return Sweep(grid={"train.lr_scale": [0.5, 1.0], "train.warmup_steps": [250, 500]},
-                   random={"model.dropout_rate": uniform(0.0, 0.3)}, num_random=2, seed=0)
+Workers: `run.py sweep` is one; `--parallel K` starts K, each on 1/K of this host's devices;
+on SLURM each array task is one (launch/slurm_sweep.sbatch). The storage numbers the trials,
+so two workers never take the same one, and each trial's workdir lock (workdir/lock.py) is
+held from its first step to the moment the study hears how it ended.
 
-The trials are the grid's cartesian product, each crossed with `num_random` draws of the
-random keys (or only one of the two). The draws come from `seed`, so the same sweep
-always expands to the same trials. `run.py sweep --experiment NAME --workdir ROOT` trains trial i
-into ROOT/trial_<i>, one after another or `--parallel K` at a time on K disjoint device
-groups (one `--trial i` process per group, its devices set by CUDA_VISIBLE_DEVICES or, on
-CPU, XLA_FLAGS). A trial whose trial.json says
-"finished" is skipped and an unfinished one resumes from its checkpoint, so rerunning an
-interrupted sweep continues it. `--dry-run` prints one `--trial i` command per trial,
-for a SLURM job array (launch/slurm_sweep.sbatch). Trials are ranked by the validation
-BLEU of their last step (`run.py report ROOT`, evaluation/reports.py), or by its chrF
-(`--metric chrf`), which training logs beside BLEU from the same hypotheses. Trials recorded
-before chrF was logged have none: they are ranked after those that do, shown as "–".
+Faults: a worker stopped by SIGTERM checkpoints its trial and leaves it "running" in the study;
+so does one killed with SIGKILL, without the checkpoint of its last steps. A worker looking for
+work first takes over any running trial whose workdir lock is free (its holder is gone), and
+trains it on from its checkpoint with the same parameters, its reported values kept. A trial
+that fails with an error is recorded as failed with its error line, and the worker goes on.
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ import contextlib
 import json
 import logging
 import os
-import queue
 import re
 import shlex
 import shutil
@@ -36,35 +34,38 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Sequence
 from typing import Any
+
+import optuna
+from optuna.trial import TrialState
 
 from transformer_mt.config import registry
 from transformer_mt.config.search_space import Sweep
 from transformer_mt.data import text_files
-from transformer_mt.evaluation.reports import (
-  RANKING_METRICS,
-  SWEEP_FILENAME,
-  TRIAL_FILENAME,
-  trial_status,
-)
+from transformer_mt.evaluation.reports import RANKING_METRICS, TRIAL_FILENAME
 from transformer_mt.runtime import distributed, errors
+from transformer_mt.training import sweep_study
 from transformer_mt.workdir import lock as workdir_lock
 from transformer_mt.workdir import metrics_log as metrics
+from transformer_mt.workdir import study_storage
 
-
-def _literal(value) -> str:
-  """A value as an override the registry parses back exactly (repr of a Python literal)."""
-  return repr(value)
+# Sweep.metric -> the validation score the loop logs and the pruner hears.
+METRIC_KEYS = {"bleu": "validation/bleu", "chrf": "validation/chrf", "loss": "validation/loss"}
 
 
 def trial_overrides(trial: dict[str, Any]) -> list[str]:
   """A trial's {key: value} as overrides ("key=repr(value)") the registry parses back exactly."""
-  return [f"{key}={_literal(value)}" for key, value in trial.items()]
+  return [f"{key}={value!r}" for key, value in trial.items()]
+
+
+def trial_dir(root: str, number: int) -> str:
+  return os.path.join(root, f"trial_{number:03d}")
 
 
 def load_sweep(name: str) -> Sweep:
-  """The `get_sweep()` of experiment `name`; a ValueError (one line) if it declares none."""
+  """The `get_sweep()` of experiment `name`, checked; one line if it declares none."""
   module = registry.experiment_module(name)
   if not hasattr(module, "get_sweep"):
     with_sweeps = [
@@ -74,17 +75,19 @@ def load_sweep(name: str) -> Sweep:
       f"Experiment {name!r} declares no sweep (a get_sweep() function in "
       f"experiments/{name}.py). Experiments with sweeps: {', '.join(with_sweeps)}"
     )
-  return module.get_sweep()
+  sweep = module.get_sweep()
+  sweep.check()
+  sweep_study.sampler(sweep)  # Optuna checks the settings, before any trial runs
+  sweep_study.pruner(sweep)
+  return sweep
 
 
-def plan(
-  name: str, root: str, overrides: Sequence[str] = ()
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-  """([{"name", "workdir", "overrides"}] per trial, the sweep record), validated.
-
-  Every trial's config is built (so an unknown key fails before anything runs), and the
-  plan must match the one recorded in ROOT/sweep.json by an earlier run of this sweep.
-  """
+def prepare(
+  name: str, root: str, overrides: Sequence[str] = (), storage: str | None = None
+) -> tuple[Sweep, dict[str, Any]]:
+  """(the sweep, the record of ROOT/sweep.json), checked before anything runs: no override
+  sets a swept key, every key exists (each trial's config of a fixed list is built; for an
+  Optuna sampler, one at each end of every range) and the metric is evaluated."""
   sweep = load_sweep(name)
   swept = set(sweep.grid) | set(sweep.random)
   for override in overrides:
@@ -93,91 +96,199 @@ def plan(
         f"{override!r} sets a key the sweep varies; change the sweep in "
         f"experiments/{name}.py instead."
       )
-  trials = []
-  for index, values in enumerate(sweep.trials()):
-    trial_name = f"trial_{index:03d}"
+  if sweep.sampler_name in ("grid", "random"):
+    examples = sweep.trials()
+  else:
+    examples = [
+      {k: _end_of(d, end) for k, d in sweep_study.space(sweep).items()} for end in (0, -1)
+    ]
+  for values in examples:
     config = registry.load_experiment(name, list(overrides) + trial_overrides(values))
-    if not config.train.bleu_every:
+    every = config.train.eval_every if sweep.metric == "loss" else config.train.bleu_every
+    if not every:
+      flag = "train.eval_every" if sweep.metric == "loss" else "train.bleu_every"
       raise errors.BadValue(
-        "Sweeps rank trials by validation BLEU or chrF: set train.bleu_every > 0."
+        f"The sweep judges trials by validation {sweep.metric}: set {flag} > 0 (the steps "
+        "between validations, where the pruner decides)."
       )
-    trials.append(
-      {
-        "name": trial_name,
-        "workdir": os.path.join(root, trial_name),
-        "overrides": trial_overrides(values),
-      }
-    )
-  record = {
-    "experiment": name,
-    "overrides": list(overrides),
-    "trials": [{"name": t["name"], "overrides": t["overrides"]} for t in trials],
-  }
-  path = os.path.join(root, SWEEP_FILENAME)
-  if os.path.exists(path):
-    previous = text_files.read_json(path)
-    if previous != record:
-      raise errors.BadValue(
-        f"{path} records a different sweep (experiment, overrides or trials "
-        f"changed since it started): {previous}. Use a new --workdir, or rerun with "
-        "the same experiment and overrides."
-      )
-  return trials, record
+  return sweep, sweep_study.record_of(name, overrides, sweep, storage, root)
 
 
-def _final_validation_score(workdir: str, step: int, name: str) -> float | None:
-  """The validation score `name` (e.g. "validation/bleu") logged at the final step (trained
-  now or in an earlier run); None when it was not logged."""
-  final = [r[name] for r in metrics.read_metrics(workdir) if name in r and r["step"] == step]
-  return final[-1] if final else None
+def worker_command(
+  name: str, root: str, overrides: Sequence[str] = (), storage: str | None = None
+) -> str:
+  """The command of one worker, as `--dry-run` prints it (a URL's password hidden)."""
+  shown = ["--storage", study_storage.shown(storage)] if storage else []
+  return shlex.join(
+    ["python", "run.py", "sweep", "--experiment", name, "--workdir", root, *shown, *overrides]
+  )
 
 
-def run_trial(
-  name: str, base_overrides: Sequence[str], trial: dict[str, Any], force_unlock: bool = False
-) -> dict | None:
-  """Trains (or resumes) one trial and records its result; None if a signal stopped it.
+def _end_of(dist, end: int):
+  if isinstance(dist, optuna.distributions.CategoricalDistribution):
+    return dist.choices[end]
+  return (dist.low, dist.high)[end]
 
-  The trial's workdir lock (workdir/lock.py) is held from training to trial.json, so a
-  second process running the same trial (e.g. a doubly submitted array task) is refused.
+
+def run(
+  name: str,
+  root: str,
+  overrides: Sequence[str] = (),
+  parallel: int = 1,
+  storage: str | None = None,
+  force_unlock: bool = False,
+) -> optuna.Study:
+  """Works on the sweep's study until its budget is spent; returns the study.
 
   Args:
-    name: the experiment; `base_overrides` apply to every trial, then `trial["overrides"]`.
-    trial: one entry of `plan`'s list: {"name", "workdir", "overrides"}.
+    name: an experiment declaring `get_sweep()`.
+    root: the sweep's directory: ROOT/sweep.json records it, ROOT/trial_NNN/ are the trials'
+      workdirs, ROOT/study.journal the study (unless `storage` names another).
+    overrides: settings for every trial; none may set a key the sweep varies.
+    parallel: workers at once, each its own process on its own group of this host's devices
+      (`device_groups`); 1: this process is the one worker.
+    storage: an SQLAlchemy URL or a journal path (workdir/study_storage.py); None: the journal
+      file in ROOT.
+    force_unlock: take over trial locks left by another host (which this host cannot check).
 
-  Returns:
-    The status written to WORKDIR/trial.json: the trial, its steps, final validation BLEU
-    and chrF, held-out BLEU, final loss and wall time.
+  Raises:
+    errors.UserError: one line: a bad sweep, storage or --parallel (before any trial runs),
+      or, with `parallel` > 1, workers that failed (after the others ran; rerun to retry).
   """
-  config = registry.load_experiment(name, list(base_overrides) + trial["overrides"])
-  with workdir_lock.held(trial["workdir"], force_unlock):
-    return _train_and_record(config, trial, force_unlock)
+  sweep, record = prepare(name, root, overrides, storage)
+  if parallel > 1:
+    device_groups(parallel)  # a bad --parallel fails before the study is touched
+  study, backend = sweep_study.open_study(root, record, sweep, storage)
+  if parallel > 1:
+    _run_workers(name, root, overrides, parallel, storage, force_unlock)
+  else:
+    work(name, root, overrides, sweep, study, backend, force_unlock)
+  return study
 
 
-def _train_and_record(config, trial: dict[str, Any], force_unlock: bool) -> dict | None:
+def work(name, root, overrides, sweep: Sweep, study, backend, force_unlock: bool) -> None:
+  """One worker: claims trials and trains them until the budget is spent or a signal stops
+  one (that trial stays running in the study, its checkpoint saved, for the next worker)."""
+  while True:
+    with contextlib.ExitStack() as holding:
+      trial = _claim(root, sweep, study, backend, force_unlock, holding)
+      if trial is None:
+        logging.info("Sweep %s: no trial left to run (budget %d).", name, sweep.budget())
+        return
+      finished = run_trial(name, overrides, sweep, study, trial, root)
+    if not finished:
+      logging.warning(
+        "Sweep stopped by a signal during trial %d; rerun the same command to resume it.",
+        trial.number,
+      )
+      return
+
+
+def _claim(root, sweep: Sweep, study, backend, force_unlock, holding) -> optuna.trial.Trial | None:
+  """The next trial for this worker, its workdir lock entered on `holding`: a running trial
+  whose worker is gone, else a new one within the budget; None when the budget is spent."""
+  while True:
+    for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+      trial = _take_over(root, sweep, study, backend, frozen, force_unlock, holding)
+      if trial is not None:
+        return trial
+    if len(study.get_trials(deepcopy=False)) >= sweep.budget():
+      return None
+    trial = study.ask()
+    if trial.number >= sweep.budget():  # another worker asked at the same moment
+      trial.set_user_attr("over_budget", True)
+      study.tell(trial, state=TrialState.FAIL)
+      return None
+    sweep_study.suggest(trial, sweep)
+    try:
+      holding.enter_context(workdir_lock.held(trial_dir(root, trial.number), force_unlock))
+    except workdir_lock.WorkdirBusy:
+      continue  # taken over by another worker between our ask and our lock: it runs it
+    return trial
+
+
+def _take_over(root, sweep, study, backend, frozen, force_unlock, holding):
+  """The running trial `frozen` if its workdir lock is free (its worker is gone), locked."""
+  workdir = trial_dir(root, frozen.number)
+  if not os.path.isdir(workdir) or set(frozen.params) != set(sweep_study.space(sweep)):
+    return None  # its worker has asked for it but not yet taken it
+  lock = contextlib.ExitStack()
+  try:
+    lock.enter_context(workdir_lock.held(workdir, force_unlock))
+  except workdir_lock.WorkdirBusy:
+    return None  # its worker runs it
+  if backend.get_trial(frozen._trial_id).state != TrialState.RUNNING:
+    lock.close()  # it ended between the listing and the lock
+    return None
+  holding.enter_context(lock)
+  logging.warning(
+    "Trial %d was left running by a worker that is gone (its workdir lock is free): training "
+    "it on from its checkpoint with the same parameters.",
+    frozen.number,
+  )
+  return optuna.trial.Trial(study, frozen._trial_id)
+
+
+def run_trial(name, overrides, sweep: Sweep, study, trial, root: str) -> bool:
+  """Trains (or resumes) one trial and tells the study how it ended: complete (its last
+  validation value), pruned or failed; False if a signal stopped it (it stays running)."""
   from transformer_mt.training import train
 
+  values = {key: trial.params[key] for key in sweep_study.space(sweep)}
+  workdir = trial_dir(root, trial.number)
+  metric_key = METRIC_KEYS[sweep.metric]
+  status = {"trial": os.path.basename(workdir), "number": trial.number, "params": values}
+  status["overrides"] = trial_overrides(values)
+  logging.info("Trial %d: %s", trial.number, " ".join(status["overrides"]))
   start = time.perf_counter()
-  result = train.train(config, trial["workdir"], force_unlock=force_unlock)
+  try:
+    config = registry.load_experiment(name, list(overrides) + status["overrides"])
+    reporter = sweep_study.TrialReporter(trial, metric_key)
+    result = train.train(config, workdir, prune_on=metric_key, reporter=reporter)
+  except Exception as e:  # noqa: BLE001 - recorded, and the sweep goes on
+    if not isinstance(e, errors.UserError):
+      logging.error("Trial %d failed:\n%s", trial.number, traceback.format_exc())
+    error = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    logging.error("Trial %d failed: %s", trial.number, error)
+    _record(workdir, dict(status, status="failed", error=error))
+    trial.set_user_attr("error", error)
+    study.tell(trial, state=TrialState.FAIL)
+    return True
   if result["preempted"]:
-    return None
-  losses = [r["loss"] for r in metrics.read_metrics(trial["workdir"]) if "loss" in r]
-  status = {
-    "status": "finished",
-    "trial": trial["name"],
-    "overrides": trial["overrides"],
-    "steps": result["step"],
-    **{
-      field: _final_validation_score(trial["workdir"], result["step"], logged)
-      for logged, field, _ in RANKING_METRICS.values()
-    },
-    "test_bleu": result["bleu"],
-    "final_loss": losses[-1] if losses else None,
-    "wall_seconds_this_run": time.perf_counter() - start,
-  }
-  text_files.write_atomically(
-    os.path.join(trial["workdir"], TRIAL_FILENAME), json.dumps(status, indent=2)
+    return False
+  logged = metrics.read_metrics(workdir)
+  losses = [r["loss"] for r in logged if "loss" in r]
+  status.update(
+    status="pruned" if result["pruned_at"] else "finished",
+    steps=result["step"],
+    pruned_at=result["pruned_at"],
+    value=_value_at(logged, metric_key, result["step"]),
+    **{field: _value_at(logged, key, result["step"]) for key, field, _ in RANKING_METRICS.values()},
+    test_bleu=result["bleu"],
+    final_loss=losses[-1] if losses else None,
+    wall_seconds_this_run=time.perf_counter() - start,
   )
-  return status
+  _record(workdir, status)
+  if result["pruned_at"]:
+    study.tell(trial, state=TrialState.PRUNED)
+  elif status["value"] is None:
+    trial.set_user_attr("error", f"no {metric_key} was logged at the last step")
+    study.tell(trial, state=TrialState.FAIL)
+  else:
+    study.tell(trial, status["value"])
+  return True
+
+
+def _value_at(logged: list[dict], key: str, step: int) -> float | None:
+  """The score `key` logged at `step` (trained now or in an earlier run), or None."""
+  found = [r[key] for r in logged if key in r and r["step"] == step]
+  return found[-1] if found else None
+
+
+def _record(workdir: str, status: dict) -> None:
+  """WORKDIR/trial.json: how the trial ended, for `report` and for whoever reads the root."""
+  os.makedirs(workdir, exist_ok=True)
+  text_files.write_atomically(os.path.join(workdir, TRIAL_FILENAME), json.dumps(status, indent=2))
 
 
 def device_groups(parallel: int) -> tuple[str, list[list[str]]]:
@@ -230,105 +341,13 @@ def _group_environment(variable: str, group: list[str]) -> dict[str, str]:
   return env
 
 
-def run(
-  name: str,
-  root: str,
-  overrides: Sequence[str] = (),
-  parallel: int = 1,
-  only_trial: int | None = None,
-  force_unlock: bool = False,
-) -> list[dict[str, Any]]:
-  """Runs the sweep's unfinished trials (or only trial `only_trial`); returns every status.
-
-  A whole sweep holds the writer lock of ROOT (workdir/lock.py), so a second whole sweep
-  into it is refused at once; a `--trial i` run does not (the tasks of a job array share
-  the root), and each trial holds its own workdir's lock. `force_unlock` takes over locks
-  left by another host, the root's and the trials'.
-
-  Args:
-    name: an experiment declaring `get_sweep()`.
-    root: the sweep's directory: ROOT/sweep.json records the plan, ROOT/trial_NNN/ are the
-      trials' workdirs.
-    overrides: settings for every trial; none may set a key the sweep varies.
-    parallel: trials run at once, each in its own process on its own group of this host's
-      devices (`device_groups`).
-    only_trial: run only this trial index (one task of a job array).
-
-  Returns:
-    Every trial's status (trial.json's; unfinished ones marked so), in trial order.
-
-  Raises:
-    ValueError: a bad sweep, plan or --parallel (before anything runs), or, with
-      `parallel` > 1, trials that failed (after the others ran; rerun to retry).
-  """
-  trials, record = plan(name, root, overrides)
-  with workdir_lock.held(root, force_unlock) if only_trial is None else contextlib.nullcontext():
-    return _run_trials(name, root, overrides, trials, record, parallel, only_trial, force_unlock)
-
-
-def _run_trials(
-  name: str,
-  root: str,
-  overrides: Sequence[str],
-  trials: list[dict[str, Any]],
-  record: dict[str, Any],
-  parallel: int,
-  only_trial: int | None,
-  force_unlock: bool,
-) -> list[dict[str, Any]]:
-  if only_trial is not None:
-    if not 0 <= only_trial < len(trials):
-      raise errors.BadValue(
-        f"--trial {only_trial} is out of range: the sweep has {len(trials)} "
-        f"trials (0..{len(trials) - 1})."
-      )
-    selected = [trials[only_trial]]
-  else:
-    selected = trials
-  os.makedirs(root, exist_ok=True)
-  if not os.path.exists(os.path.join(root, SWEEP_FILENAME)):
-    text_files.write_atomically(os.path.join(root, SWEEP_FILENAME), json.dumps(record, indent=2))
-  todo = []
-  for trial in selected:
-    if (trial_status(trial["workdir"]) or {}).get("status") == "finished":
-      logging.info("Skipping %s: finished earlier.", trial["name"])
-    else:
-      todo.append(trial)
-  logging.info("Sweep %s: %d trials, %d to run.", name, len(trials), len(todo))
-  if parallel == 1:
-    for trial in todo:
-      logging.info("Trial %s: %s", trial["name"], " ".join(trial["overrides"]))
-      if run_trial(name, overrides, trial, force_unlock) is None:
-        logging.warning(
-          "Sweep stopped by a signal during %s; rerun the same command to resume.", trial["name"]
-        )
-        break
-  else:
-    _run_parallel(name, root, overrides, trials, todo, parallel, force_unlock)
-  return [
-    trial_status(t["workdir"])
-    or {"status": "unfinished", "trial": t["name"], "overrides": t["overrides"]}
-    for t in trials
-  ]
-
-
-def _run_parallel(
-  name: str,
-  root: str,
-  overrides: Sequence[str],
-  trials: list[dict[str, Any]],
-  todo: list[dict[str, Any]],
-  parallel: int,
-  force_unlock: bool = False,
-) -> None:
-  """Runs trials K at a time, each in its own `run.py sweep --trial i` process on one device
-  group; output goes to ROOT/logs/<trial>.log. SIGTERM/SIGINT is passed on to the running
-  trials (which checkpoint and stop) and no new trial starts."""
+def _run_workers(name, root, overrides, parallel: int, storage, force_unlock: bool) -> None:
+  """K worker processes (`run.py sweep` each, on one device group) on the same study; their
+  output goes to ROOT/logs/worker_<k>.log. SIGTERM/SIGINT is passed on to them: each
+  checkpoints its trial and stops."""
   variable, groups = device_groups(parallel)
   os.makedirs(os.path.join(root, "logs"), exist_ok=True)
-  free, running, lock = queue.Queue(), set(), threading.Lock()
-  for group in groups:
-    free.put(group)
+  running, lock = set(), threading.Lock()
   stopping = threading.Event()
 
   def forward(signum, frame):
@@ -337,79 +356,47 @@ def _run_parallel(
       for process in running:
         process.send_signal(signum)
 
-  def run_on_free_group(trial) -> int | None:
-    group = free.get()
-    try:
+  def worker(index: int) -> int:
+    command = [
+      sys.executable, "-m", "transformer_mt.cli", "sweep", "--experiment", name,
+      "--workdir", root, *(["--storage", storage] if storage else []), *overrides,
+      *(["--force_unlock"] if force_unlock else []),
+    ]  # fmt: skip
+    log_path = os.path.join(root, "logs", f"worker_{index}.log")
+    group = groups[index]
+    devices = (
+      f"GPUs {','.join(group)}"
+      if variable == "CUDA_VISIBLE_DEVICES"
+      else (f"{len(group)} CPU device(s)")
+    )
+    logging.info("Worker %d on %s (log: %s)", index, devices, log_path)
+    with open(log_path, "a", encoding="utf-8") as log, lock:
       if stopping.is_set():
-        return None
-      index = trials.index(trial)
-      command = [
-        sys.executable,
-        "-m",
-        "transformer_mt.cli",
-        "sweep",
-        "--experiment",
-        name,
-        "--workdir",
-        root,
-        *overrides,
-        "--trial",
-        str(index),
-        *(["--force_unlock"] if force_unlock else []),
-      ]
-      log_path = os.path.join(root, "logs", f"{trial['name']}.log")
-      devices = (
-        f"GPUs {','.join(group)}"
-        if variable == "CUDA_VISIBLE_DEVICES"
-        else f"{len(group)} CPU device(s)"
+        return 0
+      process = subprocess.Popen(
+        command, env=_group_environment(variable, group), stdout=log, stderr=subprocess.STDOUT
       )
-      logging.info(
-        "Trial %s on %s (log: %s): %s",
-        trial["name"],
-        devices,
-        log_path,
-        " ".join(trial["overrides"]),
-      )
-      with open(log_path, "a", encoding="utf-8") as log:
-        process = subprocess.Popen(
-          command, env=_group_environment(variable, group), stdout=log, stderr=subprocess.STDOUT
-        )
-        with lock:
-          running.add(process)
-        returncode = process.wait()
-        with lock:
-          running.discard(process)
-      return returncode
-    finally:
-      free.put(group)
+      running.add(process)
+    returncode = process.wait()
+    with lock:
+      running.discard(process)
+    return returncode
 
   previous = {}
   if threading.current_thread() is threading.main_thread():
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
   try:
     with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
-      returncodes = dict(zip((t["name"] for t in todo), pool.map(run_on_free_group, todo)))
+      returncodes = list(pool.map(worker, range(parallel)))
   finally:
     for signum, handler in previous.items():
       signal.signal(signum, handler)
   failed = [
-    f"{n} (exit {code}, see {os.path.join(root, 'logs', n + '.log')})"
-    for n, code in returncodes.items()
+    f"worker {i} (exit {code}, see {os.path.join(root, 'logs', f'worker_{i}.log')})"
+    for i, code in enumerate(returncodes)
     if code
   ]
   if stopping.is_set():
     logging.warning("Sweep stopped by a signal; rerun the same command to resume.")
   if failed:
-    raise errors.BadValue(
-      "Some trials failed (the others went on; rerun to retry): " + "; ".join(failed)
-    )
-
-
-def dry_run_commands(name: str, root: str, overrides: Sequence[str] = ()) -> list[str]:
-  """One `run.py sweep ... --trial i` command per trial (e.g. for a SLURM job array)."""
-  trials, _ = plan(name, root, overrides)
-  base = ["python", "run.py", "sweep", "--experiment", name, "--workdir", root, *overrides]
-  return [
-    f"{shlex.join(base + ['--trial', str(i)])}  # {' '.join(t['overrides'])}"
-    for i, t in enumerate(trials)
-  ]
+    raise errors.BadValue("Some workers failed (the others went on): " + "; ".join(failed))

@@ -39,6 +39,8 @@ def train(
   workdir: str,
   progress: bool = True,
   force_unlock: bool = False,
+  prune_on: str | None = None,
+  reporter=None,
 ) -> dict[str, Any]:
   """Trains (or resumes) the experiment `config` in `workdir`, then evaluates on held-out pairs.
 
@@ -53,6 +55,9 @@ def train(
     progress: a tqdm bar over the steps (process 0).
     force_unlock: take over a lock from another host, which this host cannot check (a lock
       whose holder died on this host is taken over anyway).
+    prune_on: a sweep trial's metric (e.g. "validation/bleu"): each value of it is handed to
+      `reporter.report(step, value)` (training/sweep_study.py; process 0's, None on the
+      others), and the run ends at the step whose report returns True (actions.Pruning).
 
   Returns:
     {"step": the last step, "state": the train state, "final_model": the directory holding
@@ -61,7 +66,9 @@ def train(
     "bleu_signature": held-out sacreBLEU and its signature, None when the data source has no
     test split or the run was preempted (SIGTERM/SIGINT: the final evaluation is skipped),
     "preempted", "stopped_early_at": the step train.patience ended the run at (None: it did
-    not), "nonfinite_steps_skipped": steps dropped under train.nonfinite="skip"}.
+    not), "pruned_at": the step a sweep's pruner ended the run at (None: it did not; no
+    held-out evaluation then), "nonfinite_steps_skipped": steps dropped under
+    train.nonfinite="skip"}.
 
   Raises:
     errors.UserError: one line, e.g. a bad config, data or workdir (before anything is
@@ -69,14 +76,18 @@ def train(
       (NonFiniteError; the checkpoints hold no update of that step).
   """
   with workdir_lock.held_for_job(workdir, force_unlock):
-    return _train(config, workdir, progress)
+    return _train(config, workdir, progress, prune_on, reporter)
 
 
-def _train(config: ml_collections.ConfigDict, workdir: str, progress: bool) -> dict[str, Any]:
+def _train(
+  config: ml_collections.ConfigDict, workdir: str, progress: bool, prune_on, reporter
+) -> dict[str, Any]:
   """`train` inside the writer lock."""
   run = setup_run(config, workdir)
   with preemption.StopOnSignal(run.start) as stop_signal:
     loop_actions = default_actions(run, stop_signal, progress)
+    if prune_on:  # after the validations that compute its metric, before the checkpoint
+      loop_actions.insert(-1, actions.Pruning(reporter, prune_on))
     state = run_loop(run, loop_actions)
   # Outside the signal handlers, as the loop's teardown always was; on a normal end only: an
   # exception (a non-finite step under "stop") leaves without closing anything.
@@ -86,8 +97,12 @@ def _train(config: ml_collections.ConfigDict, workdir: str, progress: bool) -> d
     run.best_manager.wait_until_finished()
   run.writer.close()
   preempted = _the(loop_actions, actions.Preemption).stopped
-  result = final_evaluation(run, state, preempted, _the(loop_actions, actions.LogMetrics).skipped)
+  pruned_at = _the(loop_actions, actions.Pruning).pruned_at if prune_on else None
+  result = final_evaluation(
+    run, state, preempted, _the(loop_actions, actions.LogMetrics).skipped, pruned_at is not None
+  )
   result["stopped_early_at"] = _the(loop_actions, actions.EarlyStopping).stopped_at
+  result["pruned_at"] = pruned_at
   return result
 
 
@@ -119,10 +134,12 @@ def run_loop(run: RunSetup, loop_actions: Sequence[actions.Action]):
   return state
 
 
-def final_evaluation(run: RunSetup, state, preempted: bool, skipped: int) -> dict[str, Any]:
-  """The run's result: its final model and, unless the run was preempted, has no test split or
-  evaluate.test_after_training is off, that model's held-out BLEU (printed with a few
-  examples).
+def final_evaluation(
+  run: RunSetup, state, preempted: bool, skipped: int, pruned: bool = False
+) -> dict[str, Any]:
+  """The run's result: its final model and, unless the run was preempted or pruned, has no
+  test split or evaluate.test_after_training is off, that model's held-out BLEU (printed with
+  a few examples).
 
   The final model is the one the experiment defines: with evaluate.average_last = N > 1 the
   mean of the last N regular checkpoints, written as WORKDIR/averaged_lastN_toSTEP
@@ -148,7 +165,7 @@ def final_evaluation(run: RunSetup, state, preempted: bool, skipped: int) -> dic
     "nonfinite_steps_skipped": skipped,
   }
   last_n = run.config.evaluate.average_last
-  if last_n > 1 and not preempted:
+  if last_n > 1 and not preempted and not pruned:
     # Setup checked that train.keep_checkpoints keeps N.
     final_dir, steps = averaging.final_model(run.workdir, last_n)
     result.update(final_model=final_dir, averaged_steps=steps)
@@ -160,7 +177,12 @@ def final_evaluation(run: RunSetup, state, preempted: bool, skipped: int) -> dic
           f"The final model: the mean of the last {len(steps)} checkpoints, steps {steps}, in "
           f"{final_dir} (pass it as --workdir to translate, evaluate or score it)."
         )
-  if run.pairs.get("test") and not preempted and run.config.evaluate.test_after_training:
+  if (
+    run.pairs.get("test")
+    and not preempted
+    and not pruned
+    and run.config.evaluate.test_after_training
+  ):
     result.update(
       validation.evaluate_held_out(
         translator, run.pairs["test"], validation.HELD_OUT_EXAMPLES, run.config.evaluate.bleu
