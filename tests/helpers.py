@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import pathlib
 import sys
+import textwrap
+import uuid
 from collections.abc import Iterable
 
 import jax
@@ -210,3 +212,22 @@ def local_train_overrides(root, prepared_dir) -> list[str]:
     "data.train_prefixes=['train']",
     f"data.prepared_dir='{prepared_dir}'",
   ]
+
+
+def experiment_file(tmp_path, sweep_source: str):
+  """An experiment file: the demo's config with `sweep_source` (a Sweep(...) expression) as
+  its sweep."""
+  path = tmp_path / f"exp_{uuid.uuid4().hex[:8]}.py"
+  path.write_text(
+    textwrap.dedent(f"""\
+      from transformer_mt.config import registry
+      from transformer_mt.config.search_space import Sweep
+
+      def get_config():
+        return registry.experiment_module("demo").get_config()
+
+      def get_sweep():
+        return {sweep_source}
+      """)
+  )
+  return str(path)

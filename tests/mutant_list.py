@@ -798,4 +798,12 @@ MUTANTS = (
     "    pass",
     ("tests/test_sweep.py::test_two_workers_share_one_study_and_never_run_one_trial_twice",),
   ),
+  Mutant(
+    "sweep-pruning-decided-per-process",
+    "each process of a multi-process trial follows its own pruner: process 1 never stops",
+    "transformer_mt/training/actions.py",
+    "    if distributed.any_process(prune):",
+    "    if prune:",
+    ("tests/test_multihost.py::test_a_sweep_worker_of_two_processes_prunes_on_both_at_one_step",),
+  ),
 )

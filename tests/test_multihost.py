@@ -20,6 +20,7 @@ from helpers import (
   ROOT,
   assert_same_params_after_real_movement,
   child_xla_flags,
+  experiment_file,
   run_py,
   tiny_overrides,
 )
@@ -59,9 +60,11 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def start_two_processes(workdir, log_dir, overrides=OVERRIDES):
-  """Starts both processes; returns them and their log files (files, not pipes: a full pipe
-  buffer would block one process and so both, at their next collective)."""
+def start_two_processes(
+  workdir, log_dir, overrides=OVERRIDES, command=("train", "--experiment", "demo")
+):
+  """Starts both processes of `run.py COMMAND`; returns them and their log files (files, not
+  pipes: a full pipe buffer would block one process and so both, at their next collective)."""
   env = dict(
     os.environ,
     PYTHONUNBUFFERED="1",
@@ -76,9 +79,7 @@ def start_two_processes(workdir, log_dir, overrides=OVERRIDES):
       processes.append(
         subprocess.Popen(
           run_py(
-            "train",
-            "--experiment",
-            "demo",
+            *command,
             "--workdir",
             str(workdir),
             "--coordinator_address",
@@ -98,11 +99,11 @@ def start_two_processes(workdir, log_dir, overrides=OVERRIDES):
   return processes, logs
 
 
-def finish_two_processes(processes, logs):
+def finish_two_processes(processes, logs, timeout=300):
   """Waits for both processes; returns their outputs, having checked that both exited 0."""
   try:
     for process in processes:
-      process.wait(timeout=300)
+      process.wait(timeout=timeout)
   finally:
     for process in processes:
       if process.poll() is None:
@@ -315,3 +316,40 @@ def test_sigterm_stops_both_processes_at_the_same_step(targets, uninterrupted, t
   jax.tree.map(np.testing.assert_array_equal, saved_params(workdir, final_step), expected_params)
   assert logged_losses(workdir) == expected_losses
   assert sorted(expected_losses) == list(range(1, final_step + 1))
+
+
+@pytest.mark.slow
+def test_a_sweep_worker_of_two_processes_prunes_on_both_at_one_step(tmp_path):
+  """One sweep worker across two processes: process 0 claims each trial and talks to the
+  study, and its pruner's decision reaches process 1, so both stop the diverging trial at
+  its first validation (else process 1 would wait at step 11's collectives for ever) and
+  go on to the end of the budget together."""
+  from optuna.trial import TrialState
+
+  from transformer_mt.evaluation import sweep_report
+
+  experiment = experiment_file(
+    tmp_path,
+    'Sweep(grid={"train.lr_scale": [0.5, 500.0]}, pruner="median", metric="loss", '
+    'pruner_settings={"n_startup_trials": 1, "n_warmup_steps": 0})',
+  )
+  overrides = tiny_overrides(
+    "data.num_validation=8",
+    "train.num_steps=20",
+    "train.warmup_steps=10",
+    "train.checkpoint_every=10",
+    "train.eval_every=10",
+  )
+  root = tmp_path / "root"
+  processes, logs = start_two_processes(
+    root,
+    tmp_path,
+    [*overrides, "train.nonfinite='skip'"],
+    command=("sweep", "--experiment", experiment),
+  )
+  outputs = finish_two_processes(processes, logs, timeout=240)
+  study, _ = sweep_report.load(str(root))
+  assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.PRUNED]
+  assert list(study.trials[1].intermediate_values) == [10]
+  assert checkpointing.all_steps(str(root / "trial_001")) == [10]
+  assert "1 complete, 1 pruned" in outputs[0] and "| trial_" not in outputs[1]

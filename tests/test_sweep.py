@@ -8,13 +8,20 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 import uuid
 
 import optuna
 import pytest
-from helpers import ROOT, assert_same_params, child_xla_flags, final_params, run_py, tiny_overrides
+from helpers import (
+  ROOT,
+  assert_same_params,
+  child_xla_flags,
+  experiment_file,
+  final_params,
+  run_py,
+  tiny_overrides,
+)
 from optuna.trial import TrialState
 
 from transformer_mt import cli
@@ -276,25 +283,6 @@ def test_a_sweep_from_before_optuna_is_still_ranked_by_bleu_or_chrf(tmp_path, ca
     sweep.run("demo", str(root))
 
 
-def experiment_file(tmp_path, sweep_source: str):
-  """An experiment file: the demo's config with `sweep_source` (a Sweep(...) expression) as
-  its sweep."""
-  path = tmp_path / f"exp_{uuid.uuid4().hex[:8]}.py"
-  path.write_text(
-    textwrap.dedent(f"""\
-      from transformer_mt.config import registry
-      from transformer_mt.config.search_space import Sweep
-
-      def get_config():
-        return registry.experiment_module("demo").get_config()
-
-      def get_sweep():
-        return {sweep_source}
-      """)
-  )
-  return str(path)
-
-
 def logged_steps(workdir):
   return [r["step"] for r in metrics.read_metrics(str(workdir)) if "loss" in r]
 
@@ -401,9 +389,10 @@ def test_a_killed_workers_trial_is_finished_from_its_checkpoint(
 @pytest.mark.slow
 def test_two_workers_share_one_study_and_never_run_one_trial_twice(tmp_path, capsys):
   """`--parallel 2`: two worker processes on one journal file run the four trials of a grid,
-  each trial once (its steps logged once), every grid point once."""
+  each trial once (its steps logged once), every grid point once. The two trials with a bad
+  setting fail with their error line, recorded, and the workers go on."""
   experiment = experiment_file(
-    tmp_path, 'Sweep(grid={"train.lr_scale": [0.5, 1.0], "train.warmup_steps": [250, 500]})'
+    tmp_path, 'Sweep(grid={"train.lr_scale": [0.5, 1.0], "train.nonfinite": ["stop", "bogus"]})'
   )
   root = tmp_path / "root"
   output = subprocess.run(
@@ -415,14 +404,20 @@ def test_two_workers_share_one_study_and_never_run_one_trial_twice(tmp_path, cap
   )
   assert output.returncode == 0, (output.stdout + output.stderr)[-3000:]
   study, _ = sweep_report.load(str(root))
-  assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 4
-  points = {(t.params["train.lr_scale"], t.params["train.warmup_steps"]) for t in study.trials}
-  assert points == {(a, b) for a in (0.5, 1.0) for b in (250, 500)}
+  complete, failed = TrialState.COMPLETE, TrialState.FAIL
+  assert [t.state for t in study.trials] == [complete, failed, complete, failed]
+  points = {(t.params["train.lr_scale"], t.params["train.nonfinite"]) for t in study.trials}
+  assert points == {(a, b) for a in (0.5, 1.0) for b in ("stop", "bogus")}
   ran = []
   for worker in (0, 1):
     log = (root / "logs" / f"worker_{worker}.log").read_text()
     ran.append({n for n in range(4) if f"Trial {n}: " in log})
   assert ran[0] and ran[1] and not ran[0] & ran[1] and ran[0] | ran[1] == set(range(4)), ran
-  for number in range(4):
+  for number in (0, 2):
     assert logged_steps(root / f"trial_{number:03d}") == list(range(1, STEPS + 1))
-  assert "4 complete, 0 pruned, 0 running, 0 failed" in output.stdout
+  for number in (1, 3):
+    status = reports.trial_status(str(root / f"trial_{number:03d}"))
+    assert status["status"] == "failed" and "train.nonfinite='bogus'" in status["error"]
+    assert study.trials[number].user_attrs["error"] == status["error"]
+  assert "2 complete, 0 pruned, 0 running, 2 failed" in output.stdout
+  assert "| failed: train.nonfinite='bogus' must be" in output.stdout

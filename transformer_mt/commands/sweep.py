@@ -16,7 +16,7 @@ def add_parser(subparsers) -> None:
     "sweep",
     help="work on an experiment's hyperparameter sweep (an Optuna study), one workdir per "
     "trial, until its trial budget is spent (resumes)",
-    parents=[flags.force_unlock_flag()],
+    parents=[flags.distributed_flags(), flags.force_unlock_flag()],
   )
   p.add_argument("--experiment", required=True, help="experiment declaring get_sweep(), e.g. demo")
   p.add_argument("--workdir", required=True, help="sweep root: ROOT/trial_000, ROOT/trial_001...")
@@ -51,13 +51,24 @@ def run(args) -> None:
   import json
 
   from transformer_mt.evaluation import sweep_report
+  from transformer_mt.runtime import distributed, errors
   from transformer_mt.training import sweep
 
+  if args.parallel > 1 and (args.coordinator_address or args.multihost):
+    raise errors.BadValue(
+      "--parallel K starts K one-process workers on this host; a worker whose trials span "
+      "several processes takes --coordinator_address/--num_processes/--process_id (or SLURM's "
+      "tasks) without --parallel."
+    )
   if args.dry_run:
     _, record = sweep.prepare(args.experiment, args.workdir, args.overrides, args.storage)
     print(json.dumps(record, indent=2))
     print(sweep.worker_command(args.experiment, args.workdir, args.overrides, args.storage))
     return
+  if args.parallel == 1:  # a worker (the --parallel parent starts its workers instead)
+    from transformer_mt.commands.train import initialize_distributed
+
+    initialize_distributed(args)
   sweep.run(
     args.experiment,
     args.workdir,
@@ -66,4 +77,5 @@ def run(args) -> None:
     storage=args.storage,
     force_unlock=args.force_unlock,
   )
-  print(sweep_report.table(args.workdir, args.storage))
+  if args.parallel > 1 or distributed.is_primary():  # (the parent starts no JAX backend)
+    print(sweep_report.table(args.workdir, args.storage))

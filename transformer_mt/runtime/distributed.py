@@ -184,6 +184,13 @@ def reached_preemption_sync_point(step: int) -> bool:
   return multihost_utils.reached_preemption_sync_point(step)
 
 
+def from_primary(value: int) -> int:
+  """Process 0's `value` on every process (e.g. the sweep trial it claimed for them all)."""
+  if jax.process_count() == 1:
+    return value
+  return int(multihost_utils.broadcast_one_to_all(np.int32(value)))
+
+
 def any_process(flag: bool) -> bool:
   """True on every process if `flag` is true on any (e.g. one host got SIGTERM)."""
   if jax.process_count() == 1:

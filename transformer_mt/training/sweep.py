@@ -38,6 +38,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import optuna
 from optuna.trial import TrialState
 
@@ -168,10 +169,14 @@ def run(
 
 def work(name, root, overrides, sweep: Sweep, study, backend, force_unlock: bool) -> None:
   """One worker: claims trials and trains them until the budget is spent or a signal stops
-  one (that trial stays running in the study, its checkpoint saved, for the next worker)."""
+  one (that trial stays running in the study, its checkpoint saved, for the next worker).
+
+  A worker of several processes (one trial across hosts) claims on process 0, which alone
+  holds the trial's lock and talks to the study; the others learn the trial's number from it
+  and train it beside it."""
   while True:
     with contextlib.ExitStack() as holding:
-      trial = _claim(root, sweep, study, backend, force_unlock, holding)
+      trial = _claim_for_job(root, sweep, study, backend, force_unlock, holding)
       if trial is None:
         logging.info("Sweep %s: no trial left to run (budget %d).", name, sweep.budget())
         return
@@ -182,6 +187,32 @@ def work(name, root, overrides, sweep: Sweep, study, backend, force_unlock: bool
         trial.number,
       )
       return
+
+
+# What process 0 tells the others instead of a trial number.
+_NO_TRIAL, _CLAIM_FAILED = -1, -2
+
+
+def _claim_for_job(root, sweep, study, backend, force_unlock, holding):
+  """`_claim` on process 0; every process gets the same trial (the others a Trial object of
+  the number process 0 broadcast, which they only read), or None on all."""
+  if jax.process_count() == 1:
+    return _claim(root, sweep, study, backend, force_unlock, holding)
+  trial, number = None, _NO_TRIAL
+  try:
+    if distributed.is_primary():
+      trial = _claim(root, sweep, study, backend, force_unlock, holding)
+      number = _NO_TRIAL if trial is None else trial.number
+  except BaseException:
+    distributed.from_primary(_CLAIM_FAILED)  # the others must not wait for a number forever
+    raise
+  number = distributed.from_primary(number)
+  if number == _CLAIM_FAILED:
+    raise errors.Stopped("Process 0 could not claim a trial; its error says why.")
+  if number == _NO_TRIAL or distributed.is_primary():
+    return trial
+  frozen = study.get_trials(deepcopy=False)[number]
+  return optuna.trial.Trial(study, frozen._trial_id)
 
 
 def _claim(root, sweep: Sweep, study, backend, force_unlock, holding) -> optuna.trial.Trial | None:
@@ -243,9 +274,12 @@ def run_trial(name, overrides, sweep: Sweep, study, trial, root: str) -> bool:
   start = time.perf_counter()
   try:
     config = registry.load_experiment(name, list(overrides) + status["overrides"])
-    reporter = sweep_study.TrialReporter(trial, metric_key)
+    primary = distributed.is_primary()
+    reporter = sweep_study.TrialReporter(trial, metric_key) if primary else None
     result = train.train(config, workdir, prune_on=metric_key, reporter=reporter)
   except Exception as e:  # noqa: BLE001 - recorded, and the sweep goes on
+    if not distributed.is_primary():
+      return True  # process 0 records it
     if not isinstance(e, errors.UserError):
       logging.error("Trial %d failed:\n%s", trial.number, traceback.format_exc())
     error = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -256,6 +290,8 @@ def run_trial(name, overrides, sweep: Sweep, study, trial, root: str) -> bool:
     return True
   if result["preempted"]:
     return False
+  if not primary:
+    return True
   logged = metrics.read_metrics(workdir)
   losses = [r["loss"] for r in logged if "loss" in r]
   status.update(
