@@ -5,6 +5,7 @@ and two workers sharing one study (journal file and PostgreSQL)."""
 import json
 import logging
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from transformer_mt.config.search_space import Sweep, choice, log_uniform, randi
 from transformer_mt.evaluation import reports, sweep_report
 from transformer_mt.training import sweep, sweep_study
 from transformer_mt.workdir import checkpointing, filesystems
+from transformer_mt.workdir import lock as workdir_lock
 from transformer_mt.workdir import metrics_log as metrics
 
 STEPS = 40
@@ -281,6 +283,35 @@ def test_a_sweep_from_before_optuna_is_still_ranked_by_bleu_or_chrf(tmp_path, ca
   assert len(err) == 1 and err[0].startswith("error: --metric") and "bleu, chrf" in err[0]
   with pytest.raises(ValueError, match="from before sweeps ran on Optuna"):
     sweep.run("demo", str(root))
+
+
+def test_a_trial_locked_by_another_host_is_left_alone_until_forced(tmp_path, monkeypatch, caplog):
+  """A running trial whose workdir lock a process on another host holds (a live worker
+  there, for all this host can tell) is not taken over: the budget spent, the worker ends
+  without training. `--force_unlock` takes it over (a dead node's trial)."""
+  experiment = experiment_file(tmp_path, 'Sweep(grid={"train.lr_scale": [0.5]})')
+  root = str(tmp_path / "root")
+  definition, record = sweep.prepare(experiment, root)
+  study, _ = sweep_study.open_study(root, record, definition, None)
+  sweep_study.suggest(study.ask(), definition)  # as the other host's worker did
+  lock = pathlib.Path(sweep.trial_dir(root, 0), workdir_lock.LOCK_FILENAME)
+  lock.parent.mkdir()
+  foreign = {"host": "node-17", "pid": 4242, "started": "2026-01-01T00:00:00+00:00"}
+  lock.write_text(json.dumps(foreign))
+  trained = []
+
+  def run_trial(name, overrides, definition, study, trial, root):
+    trained.append((trial.number, workdir_lock.read_holder(sweep.trial_dir(root, 0))["pid"]))
+    study.tell(trial, 1.0)
+    return True
+
+  monkeypatch.setattr(sweep, "run_trial", run_trial)
+  sweep.run(experiment, root)
+  assert trained == [] and json.loads(lock.read_text()) == foreign
+  with caplog.at_level(logging.WARNING):
+    sweep.run(experiment, root, force_unlock=True)
+  assert trained == [(0, os.getpid())] and not lock.exists()
+  assert "--force_unlock: took over" in caplog.text and "node-17" in caplog.text
 
 
 def logged_steps(workdir):

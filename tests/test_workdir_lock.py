@@ -269,9 +269,8 @@ def test_a_lock_taken_over_meanwhile_is_left_to_its_new_holder(tmp_path, caplog)
   [
     ["train", "--experiment", "demo"],
     ["reproduce", "--experiment", "demo"],
-    ["sweep", "--experiment", "demo"],
   ],
-  ids=["train", "reproduce", "sweep"],
+  ids=["train", "reproduce"],
 )
 def test_writers_refuse_another_hosts_lock_in_one_line_and_force_unlock_is_a_flag(
   tmp_path, capsys, argv
@@ -285,17 +284,6 @@ def test_writers_refuse_another_hosts_lock_in_one_line_and_force_unlock_is_a_fla
   assert lock_file(tmp_path).read_bytes() == recorded
   args = cli.build_parser().parse_args(argv + ["--workdir", "w", "--force_unlock"])
   assert args.force_unlock
-
-
-def test_a_sweep_trial_refuses_a_lock_on_its_own_workdir(tmp_path, capsys):
-  """`--trial i` (a job array task) does not lock the shared root, but its trial's workdir."""
-  recorded = write_lock(tmp_path / "trial_001")
-  argv = ["sweep", "--experiment", "demo", "--workdir", str(tmp_path), "--trial", "1"]
-  assert cli.main(argv) == 2
-  err = capsys.readouterr().err.strip().splitlines()
-  assert len(err) == 1 and "trial_001 is locked by pid 4242 on host node-17" in err[0]
-  assert lock_file(tmp_path / "trial_001").read_bytes() == recorded
-  assert not lock_file(tmp_path).exists()
 
 
 def train_command(workdir, steps=STEPS):

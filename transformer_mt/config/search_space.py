@@ -85,7 +85,7 @@ class Sweep:
   Attributes:
     grid: key -> list of values (categorical choices for Optuna's samplers).
     random: key -> Distribution.
-    num_random: draws per grid point, for sampler "random" (today's random search).
+    num_random: draws per grid point, for sampler "random" (the random search of before).
     seed: the draws' seed, and the Optuna sampler's.
     sampler: "grid" or "random" (the fixed list of `trials()`), "tpe" or "qmc" (Optuna's);
       by default "random" when there are random keys, else "grid". `sampler_settings` go to
