@@ -26,6 +26,7 @@ ENTRIES = {
   "device_run.sh": "test_device_run_names_only_what_exists",
   "input_pipeline.py": "test_input_pipeline",
   "memory.py": "test_memory",
+  "sweep_savings.py": "test_sweep_savings",
   "torch_reference.py": "test_torch_reference",
   "train_step.py": "test_train_step",
 }
@@ -206,6 +207,25 @@ def test_corpus_scale(capsys):
   assert record["first_step_s"] > 0 and record["rss_gb_main"] > 0
   assert record["target_tokens_per_s_w0"] > 0 and record["in_memory_tokens_per_s_w0"] > 0
   assert record["random_pairs_per_s_warm"] > 0
+
+
+def test_sweep_savings(capsys):
+  """Random search and TPE+ASHA over the same space at --tiny (the demo's synthetic pair, 3
+  trials of 20 steps, one seed): a table row per search and seed and their means, the ratio
+  and the goal lines."""
+  from benchmarks import sweep_savings
+
+  lines = _run(capsys, sweep_savings, "--tiny")
+  assert lines[0].startswith("machine: ")
+  rows = [line for line in lines if line.startswith("| ")]
+  for label in sweep_savings.SEARCHES.values():
+    assert any(line.startswith(f"| {label} | 0 | ") for line in rows), rows
+    assert any(line.startswith(f"| {label} | mean | ") for line in rows), rows
+  assert any(line.startswith("ratio steps(TPE+ASHA) / steps(random) ") for line in lines)
+  assert any(line.startswith("goal (TPE+ASHA reaches random's best") for line in lines)
+  record = _json(lines)
+  assert set(record["results"]) == set(sweep_savings.SEARCHES)
+  assert all(sum(r["0"]["trials"].values()) == 3 for r in record["results"].values())
 
 
 def test_device_run_names_only_what_exists():

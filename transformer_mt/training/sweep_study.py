@@ -67,6 +67,12 @@ class FixedTrialsSampler(optuna.samplers.BaseSampler):
     return self.trials[trial.number][param_name]
 
 
+def tpe_startup_trials(num_trials: int) -> int:
+  """TPE's random start-up trials when the sweep does not set them: a third of the budget, 2
+  to 10. Optuna's default, 10, would leave a budget of 10 or fewer trials all random."""
+  return min(10, max(2, num_trials // 3))
+
+
 def sampler(sweep: Sweep) -> optuna.samplers.BaseSampler:
   name = sweep.sampler_name
   if name in FIXED_SAMPLERS:
@@ -74,7 +80,7 @@ def sampler(sweep: Sweep) -> optuna.samplers.BaseSampler:
   settings = dict(sweep.sampler_settings, seed=sweep.seed)
   try:
     if name == "tpe":
-      settings.setdefault("n_startup_trials", min(10, max(2, sweep.num_trials // 3)))
+      settings.setdefault("n_startup_trials", tpe_startup_trials(sweep.num_trials))
       return optuna.samplers.TPESampler(**settings)
     return optuna.samplers.QMCSampler(**settings)
   except (TypeError, ValueError) as e:
