@@ -161,13 +161,14 @@ def open_study(root: str, record: dict, sweep: Sweep, storage: str | None):
     direction=sweep.direction,
     load_if_exists=True,
   )
+  # One attribute, written whole: workers starting together see it complete or not at all.
+  described = json.dumps(
+    {k: record[k] for k in ("experiment", "overrides", "sweep")}, sort_keys=True
+  )
   recorded = study.user_attrs.get("sweep")
-  described = json.dumps(record["sweep"], sort_keys=True)
   if recorded is None:
     study.set_user_attr("sweep", described)
-    study.set_user_attr("experiment", record["experiment"])
-    study.set_user_attr("overrides", record["overrides"])
-  elif recorded != described or study.user_attrs.get("overrides") != record["overrides"]:
+  elif recorded != described:
     raise errors.BadValue(
       f"The study {record['study_name']!r} in {study_storage.shown(storage or root)} was "
       "started by a different sweep or with other overrides. Use a new --workdir (a new "
