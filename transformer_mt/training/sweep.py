@@ -216,12 +216,11 @@ def _claim(root, sweep: Sweep, study, backend, force_unlock, holding) -> optuna.
   """The next trial for this worker, its workdir lock entered on `holding`: a running trial
   whose worker is gone, else a new one within the budget; None when the budget is spent."""
   while True:
-    trials = study.get_trials(deepcopy=False)
-    for frozen in (t for t in trials if t.state == TrialState.RUNNING):
+    for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
       trial = _take_over(root, sweep, study, backend, frozen, force_unlock, holding)
       if trial is not None:
         return trial
-    if len(trials) >= sweep.budget():
+    if len(study.get_trials(deepcopy=False)) >= sweep.budget():
       return None
     trial = study.ask()
     if trial.number >= sweep.budget():  # another worker asked at the same moment
