@@ -85,7 +85,9 @@ def _train(
   """`train` inside the writer lock."""
   run = setup_run(config, workdir)
   with preemption.StopOnSignal(run.start) as stop_signal:
-    loop_actions = default_actions(run, stop_signal, progress, prune_on, reporter)
+    loop_actions = default_actions(run, stop_signal, progress)
+    if prune_on:  # after the validations that compute its metric, before the checkpoint
+      loop_actions.insert(-1, actions.Pruning(reporter, prune_on))
     state = run_loop(run, loop_actions)
   # Outside the signal handlers, as the loop's teardown always was; on a normal end only: an
   # exception (a non-finite step under "stop") leaves without closing anything.
@@ -195,15 +197,9 @@ def _the(loop_actions: Sequence[actions.Action], kind: type):
 
 
 def default_actions(
-  run: RunSetup,
-  stop_signal: preemption.StopOnSignal,
-  progress: bool,
-  prune_on: str | None = None,
-  reporter=None,
+  run: RunSetup, stop_signal: preemption.StopOnSignal, progress: bool
 ) -> list[actions.Action]:
-  """The run's actions, in the order the loop calls them; a sweep trial's (`prune_on`, see
-  `train`) also prunes, after the validations that compute its metric and before the
-  checkpoint of the step it stops at."""
+  """The run's actions, in the order the loop calls them."""
   config = run.config
   bar = tqdm(
     total=config.train.num_steps,
@@ -247,6 +243,5 @@ def default_actions(
     actions.ValidationBleu(
       scores, run.bleu_every, run.writer, run.manager, run.best_manager, config, run.tokenizer
     ),
-    *([actions.Pruning(reporter, prune_on)] if prune_on else []),
     actions.SaveCheckpoint(run.manager, run.batches, config, run.tokenizer, run.restored_step),
   ]
