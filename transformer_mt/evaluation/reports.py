@@ -24,11 +24,6 @@ RANKING_METRICS = {
   "bleu": ("validation/bleu", "validation_bleu", "validation BLEU"),
   "chrf": ("validation/chrf", "validation_chrf", "validation chrF"),
 }
-# A sweep on an Optuna study may also judge its trials by validation loss (config.search_space).
-SWEEP_METRICS = {
-  **RANKING_METRICS,
-  "loss": ("validation/loss", "validation_loss", "validation loss"),
-}
 
 
 def check_metric(metric: str) -> None:

@@ -17,10 +17,11 @@ import warnings
 from typing import Any
 
 from transformer_mt.data import text_files
-from transformer_mt.evaluation.reports import SWEEP_FILENAME, SWEEP_METRICS, trial_status
+from transformer_mt.evaluation.reports import SWEEP_FILENAME, trial_status
 from transformer_mt.runtime import errors
 from transformer_mt.workdir import study_storage
 
+LABELS = {"bleu": "validation BLEU", "chrf": "validation chrF", "loss": "validation loss"}
 # The order of states in the table: ranked complete trials, then the others.
 STATE_ORDER = ("complete", "pruned", "running", "failed", "waiting")
 PLOTS = ("optimization_history", "intermediate_values", "param_importances")
@@ -119,7 +120,7 @@ def table(root: str, storage: str | None = None, metric: str | None = None) -> s
   def fmt(value, spec=".2f"):
     return "–" if value is None else format(value, spec)
 
-  label = SWEEP_METRICS[sweep["metric"]][2]
+  label = LABELS[sweep["metric"]]
   lines = [
     f"Sweep {record['experiment']} in {root}"
     + (f" (overrides: {' '.join(record['overrides'])})" if record["overrides"] else "")

@@ -45,12 +45,15 @@ from optuna.trial import TrialState
 from transformer_mt.config import registry
 from transformer_mt.config.search_space import Sweep
 from transformer_mt.data import text_files
-from transformer_mt.evaluation.reports import RANKING_METRICS, SWEEP_METRICS, TRIAL_FILENAME
+from transformer_mt.evaluation.reports import RANKING_METRICS, TRIAL_FILENAME
 from transformer_mt.runtime import distributed, errors
 from transformer_mt.training import sweep_study
 from transformer_mt.workdir import lock as workdir_lock
 from transformer_mt.workdir import metrics_log as metrics
 from transformer_mt.workdir import study_storage
+
+# Sweep.metric -> the validation score the loop logs and the pruner hears.
+METRIC_KEYS = {"bleu": "validation/bleu", "chrf": "validation/chrf", "loss": "validation/loss"}
 
 
 def trial_overrides(trial: dict[str, Any]) -> list[str]:
@@ -264,7 +267,7 @@ def run_trial(name, overrides, sweep: Sweep, study, trial, root: str) -> bool:
 
   values = {key: trial.params[key] for key in sweep_study.space(sweep)}
   workdir = trial_dir(root, trial.number)
-  metric_key = SWEEP_METRICS[sweep.metric][0]  # the score the loop logs and the pruner hears
+  metric_key = METRIC_KEYS[sweep.metric]
   status = {"trial": os.path.basename(workdir), "number": trial.number, "params": values}
   status["overrides"] = trial_overrides(values)
   logging.info("Trial %d: %s", trial.number, " ".join(status["overrides"]))
