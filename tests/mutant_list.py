@@ -806,4 +806,24 @@ MUTANTS = (
     "    if prune:",
     ("tests/test_multihost.py::test_a_sweep_worker_of_two_processes_prunes_on_both_at_one_step",),
   ),
+  Mutant(
+    "ahead-of-time-drops-eval-steps",
+    "a run's eval steps left off the programs compiled ahead: the first validation compiles them",
+    "transformer_mt/training/run_programs.py",
+    "    run.validate.list_programs(programs, run.layout.abstract_params)",
+    "    pass",
+    (
+      "tests/test_ahead_of_time.py::test_no_program_compiles_on_the_loop_path_after_the_first_step",
+    ),
+  ),
+  Mutant(
+    "ahead-of-time-drops-decodes",
+    "the BLEU and test decodes left off the programs compiled ahead",
+    "transformer_mt/training/run_programs.py",
+    "    translator.list_programs(lines, programs)",
+    "    pass",
+    (
+      "tests/test_ahead_of_time.py::test_no_program_compiles_on_the_loop_path_after_the_first_step",
+    ),
+  ),
 )

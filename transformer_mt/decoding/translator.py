@@ -31,7 +31,7 @@ from jax.sharding import Mesh
 
 from transformer_mt.config import registry
 from transformer_mt.data import tokenizer as tokenizers
-from transformer_mt.data.input_pipeline import bucket_length
+from transformer_mt.data.input_pipeline import bucket_length, evaluation_bucket
 from transformer_mt.data.tokenizer import AnyTokenizer
 from transformer_mt.decoding import beam_decode, beam_rows, beam_search, sampling
 from transformer_mt.decoding import incremental as decode
@@ -39,6 +39,7 @@ from transformer_mt.decoding.settings import decode_settings
 from transformer_mt.model import setup as run_setup
 from transformer_mt.model.transformer_config import TransformerConfig
 from transformer_mt.runtime import errors, sharding
+from transformer_mt.runtime.ahead_of_time import Programs
 from transformer_mt.workdir import checkpointing
 
 # A shrinking batch stops before a stage of fewer sentences: each stage is one more compiled
@@ -95,6 +96,9 @@ class Translator:
   # the tuple of their parameter trees; `model_config` is then the first member's, whose
   # ids (PAD, EOS, decoder start) and tokenizer every member shares. None: one model.
   members: tuple[TransformerConfig, ...] | None = None
+  # Decode programs compiled ahead (`list_programs`): a decode waits for its program there
+  # instead of compiling it again. None: each program compiles at its first call.
+  ahead: Programs | None = None
 
   def __post_init__(self):
     # Learned position tables end at max_len: no source token and no generated token may sit
@@ -121,10 +125,19 @@ class Translator:
     return self.members or (self.model_config,)
 
   def translate(self, lines: Sequence[str], progress: bool = False) -> list[str]:
-    """Each line's translation, in order ("" for an empty line); `progress`: a tqdm bar."""
+    """Each line's translation, in order ("" for an empty line); `progress`: a tqdm bar.
+
+    The decoder programs of all batches compile together, ahead, in threads (in `ahead`, or
+    in programs of this call's own), while the first batches decode."""
+    if self.ahead is None:
+      with Programs() as programs:
+        return dataclasses.replace(self, ahead=programs).translate(lines, progress)
     outputs = [""] * len(lines)
-    for batch in self.source_batches(lines, progress, "translate"):
-      for (index, _), ids in zip(batch, self._decode_batch([ids for _, ids in batch])):
+    batches = self.source_batches(lines)
+    shapes = self.program_shapes(batches)
+    self._add_programs(shapes, self.beam_size > 1)
+    for batch, shape in _progress(zip(batches, shapes), progress, len(batches), "translate"):
+      for (index, _), ids in zip(batch, self._decode_batch([ids for _, ids in batch], shape)):
         outputs[index] = self.tokenizer.decode(ids)
     return outputs
 
@@ -156,7 +169,8 @@ class Translator:
       if ids is not None
       for number in range(num_samples)
     ]
-    for batch in self._batches(rows, progress, "sample"):
+    batches = self._batches(rows)
+    for batch in _progress(batches, progress, len(batches), "sample"):
       decoded = self._sample_batch(
         [ids for _, ids in batch], [key for key, _ in batch], settings, seed
       )
@@ -164,24 +178,28 @@ class Translator:
         outputs[index][number] = self.tokenizer.decode(ids)
     return outputs
 
-  def source_batches(
-    self, lines: Sequence[str], progress: bool = False, desc: str = "translate"
-  ) -> list[list[tuple[int, list[int]]]]:
+  def source_batches(self, lines: Sequence[str]) -> list[list[tuple[int, list[int]]]]:
     """The non-empty lines as (index, source ids) in batches of `batch_size`, sorted by length
     so each batch pads little; an overlong line is truncated with a warning."""
     todo = [(i, ids) for i, ids in enumerate(self.encode_sources(lines)) if ids is not None]
-    return self._batches(todo, progress, desc)
+    return self._batches(todo)
 
-  def _batches(self, todo: list, progress: bool, desc: str) -> Iterable[list]:
+  def _batches(self, todo: list) -> list[list]:
     """(key, source ids) items sorted by source length (so each batch pads little), in
     batches of `batch_size`."""
     todo = sorted(todo, key=lambda item: len(item[1]))
-    batches = [todo[i : i + self.batch_size] for i in range(0, len(todo), self.batch_size)]
-    if progress:
-      from tqdm import tqdm
+    return [todo[i : i + self.batch_size] for i in range(0, len(todo), self.batch_size)]
 
-      return tqdm(batches, desc=desc, unit="batch")
-    return batches
+  def program_shapes(self, batches: list[list[tuple[Any, list[int]]]]) -> list[tuple[int, int]]:
+    """Each batch's decoder program, (src_len, max_len): its own `padded_shape`, except that
+    batches with the same max_len (capped by max_target_len) share the program of the
+    longest source among them. Only the encoder's padding grows there, and one program fewer
+    compiles (seconds each on a CPU, more on a GPU)."""
+    shapes = [self.padded_shape([ids for _, ids in batch]) for batch in batches]
+    longest: dict[int, int] = {}
+    for src_len, max_len in shapes:
+      longest[max_len] = max(longest.get(max_len, 0), src_len)
+    return [(longest[max_len], max_len) for _, max_len in shapes]
 
   def encode_sources(self, lines: Sequence[str]) -> list[list[int] | None]:
     """Source ids of every line (None for an empty one); an overlong line is truncated to
@@ -217,8 +235,14 @@ class Translator:
     empty_slot = Hypothesis("", float("-inf"), float("-inf"))
     # An empty line: beam search's empty hypothesis (score 0) then empty slots.
     outputs = [[Hypothesis("", 0.0, 0.0)] + [empty_slot] * (k - 1) for _ in lines]
-    for batch in self.source_batches(lines, progress, "n-best"):
-      result = self._search_batch([ids for _, ids in batch])
+    if self.ahead is None:  # as in `translate`
+      with Programs() as programs:
+        return dataclasses.replace(self, ahead=programs).nbest(lines, k, progress)
+    batches = self.source_batches(lines)
+    shapes = self.program_shapes(batches)
+    self._add_programs(shapes, beam=True)
+    for batch, shape in _progress(zip(batches, shapes), progress, len(batches), "n-best"):
+      result = self._search_batch([ids for _, ids in batch], shape)
       for row, (index, _) in enumerate(batch):
         outputs[index] = [
           Hypothesis(self.tokenizer.decode(ids), float(score), float(logprob))
@@ -230,15 +254,43 @@ class Translator:
         ]
     return outputs
 
-  def _search_batch(self, sources: list[list[int]]) -> beam_search.BeamSearchOutput:
+  def _search_batch(
+    self, sources: list[list[int]], shape: tuple[int, int] | None = None
+  ) -> beam_search.BeamSearchOutput:
     """Beam search over `sources`: every hypothesis and its scores, on the host, one row per
     source (the padding rows dropped)."""
-    inputs, max_lengths, max_len = self.padded_batch(sources)
-    with jax.set_mesh(self.mesh):
-      output = self._beam_decode(
-        sharding.global_batch_from_host(inputs, self.mesh), max_lengths, max_len
-      )
+    output = self._run_decoder(*self.padded_batch(sources, shape), beam=True)
     return jax.tree.map(lambda x: sharding.to_host(x)[: len(sources)] if x.ndim else x, output)
+
+  def list_programs(self, lines: Sequence[str], programs: Programs) -> None:
+    """Adds to `programs` the decode programs `translate(lines)` (and `nbest`) will run: one
+    per padded batch shape. `params` may be abstract (sharded ShapeDtypeStructs of the
+    parameters the decode will get)."""
+    self._add_programs(
+      self.program_shapes(self.source_batches(lines)), self.beam_size > 1, programs
+    )
+
+  def _add_programs(
+    self, shapes: list[tuple[int, int]], beam: bool, programs: Programs | None = None
+  ) -> None:
+    """Adds the decoder programs of `shapes` ((src_len, max_len) each) to `programs` (default:
+    `ahead`) and starts their compilation."""
+    programs = programs or self.ahead
+    rows = bucket_length(self.batch_size, self.mesh.devices.size)
+    for shape in sorted(set(shapes)):
+      inputs = jax.ShapeDtypeStruct((rows, shape[0]), np.int32, sharding=self._row_sharding(2))
+      max_lengths = jax.ShapeDtypeStruct((rows,), np.int32, sharding=self._row_sharding(1))
+      name, fn, args, kwargs = self._decoder(inputs, max_lengths, shape[1], beam)
+
+      def lower(fn=fn, args=args, kwargs=kwargs):
+        with jax.set_mesh(self.mesh):
+          return fn.lower(*args, **kwargs)
+
+      programs.add(name, lower)
+    programs.start()
+
+  def _row_sharding(self, ndim: int):
+    return sharding.batch_sharding(self.mesh, ndim, 0)
 
   def _sample_batch(
     self,
@@ -268,42 +320,59 @@ class Translator:
       )
     return list(sharding.to_host(outputs)[: len(sources)])
 
-  def padded_batch(self, sources: list[list[int]]) -> tuple[np.ndarray, np.ndarray, int]:
+  def padded_shape(self, sources: list[list[int]]) -> tuple[int, int]:
+    """(src_len, max_len) of the decoder program for these sources: the source length padded
+    to its bucket (input_pipeline.evaluation_bucket), so a few programs cover every batch, and
+    the longest target it may generate."""
+    src_len = evaluation_bucket(max(len(s) for s in sources))
+    if self.position_limit is not None:  # the bucket's padding stays inside the table too
+      src_len = max(min(src_len, self.position_limit), max(len(s) for s in sources))
+    return src_len, min(self.max_target_len, src_len + self.extra_len)
+
+  def padded_batch(
+    self, sources: list[list[int]], shape: tuple[int, int] | None = None
+  ) -> tuple[np.ndarray, np.ndarray, int]:
     """(inputs int32 [rows, src_len], max_lengths int32 [rows], max_len) for the decoder.
 
     Rows are padded to a fixed count (a multiple of the device count) with empty rows and
-    the source length to a bucket, so a few shapes cover every batch.
+    the source length to a bucket, so a few shapes cover every batch; `shape`: the program's
+    (src_len, max_len) (`program_shapes`), default the batch's own `padded_shape`.
     """
-    src_len = bucket_length(max(len(s) for s in sources))
-    if self.position_limit is not None:  # the bucket's padding stays inside the table too
-      src_len = max(min(src_len, self.position_limit), max(len(s) for s in sources))
+    src_len, max_len = shape or self.padded_shape(sources)
     rows = bucket_length(self.batch_size, self.mesh.devices.size)
     pad_id = self.model_config.pad_id
     inputs = np.full((rows, src_len), pad_id, np.int32)
     for row, ids in enumerate(sources):
       inputs[row, : len(ids)] = ids
-    max_len = min(self.max_target_len, src_len + self.extra_len)
     # Each sentence may grow to its own source length + extra_len (the paper's +50).
     max_lengths = np.minimum((inputs != pad_id).sum(axis=1) + self.extra_len, max_len)
     return inputs, max_lengths.astype(np.int32), max_len
 
-  def _beam_decode(
-    self, inputs: jax.Array, max_lengths: np.ndarray, max_len: int
-  ) -> beam_search.BeamSearchOutput:
-    """Beam search with this translator's settings over global `inputs` (inside its mesh)."""
-    return beam_decode.beam_decode(
+  def _decoder(self, inputs, max_lengths, max_len: int, beam: bool):
+    """(program name, jitted decoder, args, kwargs) of one padded batch: beam search with this
+    translator's settings (`beam`), else greedy decoding. `inputs` [rows, src_len] and
+    `max_lengths` [rows] are global arrays or their ShapeDtypeStructs (`list_programs`)."""
+    rows, src_len = inputs.shape
+    if not beam:
+      name = f"greedy_decode[{rows}x{src_len}, max_len {max_len}]"
+      kwargs = dict(forced_first_id=self.forced_first_id, max_lengths=max_lengths)
+      return name, decode.greedy_decode, (self.params, inputs, self.decoder_config, max_len), kwargs
+    name = f"beam_decode[{rows}x{src_len}, max_len {max_len}]"
+    args = (
       self.params,
       inputs,
       self.decoder_config,
       self.beam_size,
       max_len,
       self.alpha,
-      sharding.global_batch_from_host(max_lengths, self.mesh),
+      max_lengths,
+    )
+    kwargs = dict(
       forced_first_id=self.forced_first_id,
       length_penalty=self.length_penalty,
       candidate_pool=self.candidate_pool,
       cache_reorder=beam_rows.resolve_cache_reorder(
-        self.cache_reorder, self.mesh.devices.flat[0].platform, inputs.shape[0]
+        self.cache_reorder, self.mesh.devices.flat[0].platform, rows
       ),
       stop_check_every=self.stop_check_every,
       shrink_batch=self.shrink_batch,
@@ -311,24 +380,36 @@ class Translator:
       min_batch=self.mesh.devices.size,
       smallest_batch=SMALLEST_SHRUNK_BATCH,
     )
+    return name, beam_decode.beam_decode, args, kwargs
 
-  def _decode_batch(self, sources: list[list[int]]) -> list[np.ndarray]:
-    inputs, max_lengths, max_len = self.padded_batch(sources)
+  def _run_decoder(self, inputs: np.ndarray, max_lengths: np.ndarray, max_len: int, beam: bool):
+    """The decoder's output for one padded batch (`padded_batch`), after waiting for its
+    program when it is being compiled ahead."""
     with jax.set_mesh(self.mesh):
       # Every process decodes the same sentences, each device its slice of the rows.
-      inputs = sharding.global_batch_from_host(inputs, self.mesh)
-      if self.beam_size > 1:
-        outputs = self._beam_decode(inputs, max_lengths, max_len).sequences
-      else:
-        outputs = decode.greedy_decode(
-          self.params,
-          inputs,
-          self.decoder_config,
-          max_len,
-          forced_first_id=self.forced_first_id,
-          max_lengths=sharding.global_batch_from_host(max_lengths, self.mesh),
-        )
+      inputs, max_lengths = sharding.global_batch_from_host((inputs, max_lengths), self.mesh)
+      name, fn, args, kwargs = self._decoder(inputs, max_lengths, max_len, beam)
+      if self.ahead is not None:
+        self.ahead.wait(name)
+      return fn(*args, **kwargs)
+
+  def _decode_batch(
+    self, sources: list[list[int]], shape: tuple[int, int] | None = None
+  ) -> list[np.ndarray]:
+    beam = self.beam_size > 1
+    outputs = self._run_decoder(*self.padded_batch(sources, shape), beam=beam)
+    if beam:
+      outputs = outputs.sequences
     return list(sharding.to_host(outputs)[: len(sources)])
+
+
+def _progress(items: Iterable, progress: bool, total: int, desc: str) -> Iterable:
+  """`items`, under a tqdm bar of `total` batches when `progress`."""
+  if not progress:
+    return items
+  from tqdm import tqdm
+
+  return tqdm(items, total=total, desc=desc, unit="batch")
 
 
 def load_translator(

@@ -230,6 +230,16 @@ class DevicePrefetch:
       self._ahead.append((state, placed))
     return self._ahead.popleft()[1]
 
+  def peek(self) -> dict[str, jax.Array]:
+    """The batch the next `next` returns, without taking it (its shapes and shardings are
+    the train step's, which can then compile ahead: runtime/ahead_of_time.py)."""
+    if not self._ahead:
+      state = self._batches.get_state()
+      self._ahead.append(
+        (state, global_batch_from_local(next(self._batches), self._mesh, self._batch_dim))
+      )
+    return self._ahead[0][1]
+
   def get_state(self) -> bytes:
     return self._ahead[0][0] if self._ahead else self._batches.get_state()
 

@@ -17,6 +17,7 @@ This module is the loop that runs them, and the final held-out evaluation.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -27,7 +28,8 @@ from tqdm import tqdm
 
 from transformer_mt.decoding.settings import decode_settings
 from transformer_mt.decoding.translator import Translator
-from transformer_mt.training import actions, optimizer, preemption, validation
+from transformer_mt.runtime import ahead_of_time
+from transformer_mt.training import actions, optimizer, preemption, run_programs, validation
 from transformer_mt.training.setup import RunSetup, setup_run
 from transformer_mt.workdir import averaging, checkpointing
 from transformer_mt.workdir import lock as workdir_lock
@@ -84,38 +86,73 @@ def _train(
 ) -> dict[str, Any]:
   """`train` inside the writer lock."""
   run = setup_run(config, workdir)
-  with preemption.StopOnSignal(run.start) as stop_signal:
-    loop_actions = default_actions(run, stop_signal, progress)
-    if prune_on:  # after the validations that compute its metric, before the checkpoint
-      loop_actions.insert(-1, actions.Pruning(reporter, prune_on))
-    state = run_loop(run, loop_actions)
-  # Outside the signal handlers, as the loop's teardown always was; on a normal end only: an
-  # exception (a non-finite step under "stop") leaves without closing anything.
-  for action in loop_actions:
-    action.close()
-  if run.best_manager:
-    run.best_manager.wait_until_finished()
+  with ahead_of_time.Programs() as programs:
+    run_programs.list_programs(run, programs)
+    with preemption.StopOnSignal(run.start) as stop_signal:
+      loop_actions = default_actions(run, stop_signal, progress, programs)
+      if prune_on:  # after the validations that compute its metric, before the checkpoint
+        loop_actions.insert(-1, actions.Pruning(reporter, prune_on))
+      state = run_loop(run, loop_actions, programs)
+    # Outside the signal handlers, as the loop's teardown always was; on a normal end only: an
+    # exception (a non-finite step under "stop") leaves without closing anything.
+    for action in loop_actions:
+      action.close()
+    if run.best_manager:
+      run.best_manager.wait_until_finished()
+    preempted = _the(loop_actions, actions.Preemption).stopped
+    pruned_at = _the(loop_actions, actions.Pruning).pruned_at if prune_on else None
+    result = final_evaluation(
+      run,
+      state,
+      preempted,
+      _the(loop_actions, actions.LogMetrics).skipped,
+      pruned_at is not None,
+      programs,
+    )
+    _report_compilation(run, programs, result["step"])
   run.writer.close()
-  preempted = _the(loop_actions, actions.Preemption).stopped
-  pruned_at = _the(loop_actions, actions.Pruning).pruned_at if prune_on else None
-  result = final_evaluation(
-    run, state, preempted, _the(loop_actions, actions.LogMetrics).skipped, pruned_at is not None
-  )
   result["stopped_early_at"] = _the(loop_actions, actions.EarlyStopping).stopped_at
   result["pruned_at"] = pruned_at
   return result
 
 
-def run_loop(run: RunSetup, loop_actions: Sequence[actions.Action]):
+def _report_compilation(run: RunSetup, programs: ahead_of_time.Programs, step: int) -> None:
+  """The run's one line on its programs, and the same figures in metrics.jsonl."""
+  summary = programs.summary()
+  if not summary["programs"]:
+    return
+  if jax.process_index() == 0:
+    logging.info("%s", programs.describe())
+  run.writer.write(
+    step,
+    {
+      "compile/programs": len(summary["programs"]),
+      "compile/seconds": summary["compile_s"],
+      "compile/waited_after_first_step_s": summary["waited_after_first_step_s"],
+    },
+  )
+
+
+def run_loop(
+  run: RunSetup,
+  loop_actions: Sequence[actions.Action],
+  programs: ahead_of_time.Programs | None = None,
+):
   """Runs steps run.start + 1 .. train.num_steps (or until an action stops the run) and
-  returns the last train state. Each action sees every step, in list order."""
+  returns the last train state. Each action sees every step, in list order. With `programs`
+  (compiling ahead, run_programs.py) the first step waits for the train step's program there,
+  and the waits for programs after it are counted."""
   state, num_steps = run.state, run.config.train.num_steps
   for number in range(run.start + 1, num_steps + 1):
+    if programs is not None and number == run.start + 2:
+      programs.loop_started()
     if any(action.ended_run for action in loop_actions):
       break  # stopped early before a resume: nothing left to run
     waited = time.perf_counter()
     batch = next(run.batches)  # already on the mesh (DevicePrefetch)
     waited = time.perf_counter() - waited
+    if programs is not None and number == run.start + 1:
+      programs.wait(run_programs.TRAIN_STEP)
     for action in loop_actions:
       action.before(number)
     state, step_metrics = run.step_fn(state, batch)
@@ -135,7 +172,12 @@ def run_loop(run: RunSetup, loop_actions: Sequence[actions.Action]):
 
 
 def final_evaluation(
-  run: RunSetup, state, preempted: bool, skipped: int, pruned: bool = False
+  run: RunSetup,
+  state,
+  preempted: bool,
+  skipped: int,
+  pruned: bool = False,
+  programs: ahead_of_time.Programs | None = None,
 ) -> dict[str, Any]:
   """The run's result: its final model and, unless the run was preempted or pruned, has no
   test split or evaluate.test_after_training is off, that model's held-out BLEU (printed with
@@ -151,6 +193,7 @@ def final_evaluation(
     tokenizer=run.tokenizer,
     mesh=run.mesh,
     forced_first_id=run.forced_first_id,
+    ahead=programs,
     **decode_settings(run.config),
   )
   translator = Translator(params=state.params, **settings)
@@ -197,9 +240,13 @@ def _the(loop_actions: Sequence[actions.Action], kind: type):
 
 
 def default_actions(
-  run: RunSetup, stop_signal: preemption.StopOnSignal, progress: bool
+  run: RunSetup,
+  stop_signal: preemption.StopOnSignal,
+  progress: bool,
+  programs: ahead_of_time.Programs | None = None,
 ) -> list[actions.Action]:
-  """The run's actions, in the order the loop calls them."""
+  """The run's actions, in the order the loop calls them; the validations wait for their
+  programs in `programs` (compiling ahead) instead of compiling them."""
   config = run.config
   bar = tqdm(
     total=config.train.num_steps,
@@ -221,6 +268,7 @@ def default_actions(
       config,
       run.pairs["validation"],
       run.forced_first_id,
+      programs,
     )
 
   return [

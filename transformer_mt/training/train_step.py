@@ -372,4 +372,10 @@ def jit_eval_step(
     with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
       return compiled(params, batch)
 
+  def lower(params, batch):
+    """The program `run` compiles for these arguments (jax.stages.Lowered)."""
+    with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
+      return compiled.lower(params, batch)
+
+  run.lower = lower
   return run

@@ -18,6 +18,7 @@ from transformer_mt.decoding.settings import decode_settings
 from transformer_mt.decoding.translator import Translator
 from transformer_mt.evaluation import corpus_scores as evaluation
 from transformer_mt.runtime import sharding
+from transformer_mt.runtime.ahead_of_time import Programs
 from transformer_mt.training import train_step
 
 # Held-out (source, reference, hypothesis) triples printed above the final BLEU line.
@@ -36,10 +37,16 @@ def validation_fn(pairs, tokenizer, model, mesh, shardings, config):
     )
   )
 
+  # One program per padded batch shape [1, rows, bucket].
+  names = [f"eval_step[{b['inputs'].shape[1]}x{b['inputs'].shape[2]}]" for b in batches]
+  ahead: list[Programs] = []  # where list_programs put them: wait there before each call
+
   def validate(params):
-    totals = [
-      eval_step(params, sharding.global_batch_from_host(b, mesh, batch_dim=1)) for b in batches
-    ]
+    totals = []
+    for name, batch in zip(names, batches):
+      if ahead:
+        ahead[0].wait(name)
+      totals.append(eval_step(params, sharding.global_batch_from_host(batch, mesh, batch_dim=1)))
     sums = {k: sum(float(t[k]) for t in totals) for k in totals[0]}
     tokens = max(sums["num_tokens"], 1.0)
     return {
@@ -47,24 +54,44 @@ def validation_fn(pairs, tokenizer, model, mesh, shardings, config):
       "validation/accuracy": sums["correct"] / tokens,
     }
 
+  def list_programs(programs: Programs, abstract_params) -> None:
+    """Adds the eval step of every batch shape to `programs` (runtime/ahead_of_time.py)."""
+    ahead[:] = [programs]
+    for name, batch in zip(names, batches):
+      placed = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(
+          x.shape, x.dtype, sharding=sharding.batch_sharding(mesh, x.ndim, 1)
+        ),
+        batch,
+      )
+      programs.add(name, lambda placed=placed: eval_step.lower(abstract_params, placed))
+
+  validate.list_programs = list_programs
   return validate
 
 
+def bleu_pairs(config, pairs) -> list[tuple[str, str]]:
+  """The validation pairs BLEU is computed on: the first train.bleu_sentences (0: all)."""
+  limit = config.train.bleu_sentences or len(pairs)
+  return [pairs[i] for i in range(min(limit, len(pairs)))]
+
+
 def validation_scores(
-  params, model_config, tokenizer, mesh, config, pairs, forced_first_id=None
+  params, model_config, tokenizer, mesh, config, pairs, forced_first_id=None, ahead=None
 ) -> dict[str, float]:
   """BLEU (the experiment's `evaluate.bleu`: sacreBLEU, or tokenized BLEU for tokenized data)
   and chrF of the current parameters on (the first train.bleu_sentences of) validation, as
   metrics.jsonl records them. chrF rides along because it scores the same hypotheses (no
-  second decode), so a sweep can be ranked by either."""
-  limit = config.train.bleu_sentences or len(pairs)
-  chosen = [pairs[i] for i in range(min(limit, len(pairs)))]
+  second decode), so a sweep can be ranked by either. `ahead`: the run's Programs, where
+  the decode programs compile ahead (training/run_programs.py)."""
+  chosen = bleu_pairs(config, pairs)
   translator = Translator(
     params=params,
     model_config=model_config,
     tokenizer=tokenizer,
     mesh=mesh,
     forced_first_id=forced_first_id,
+    ahead=ahead,
     **decode_settings(config),
   )
   hypotheses = translator.translate([source for source, _ in chosen])
