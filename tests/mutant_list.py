@@ -827,4 +827,18 @@ MUTANTS = (
     "  lowest = _total_order_keys(jnp.array(-jnp.inf, x.dtype))",
     ("tests/test_vocab_top_k.py::test_nan_of_either_sign_and_signed_zeros_rank_as_in_lax_top_k",),
   ),
+  Mutant(
+    "fused-qkv-biases-reversed",
+    "the fused Q/K/V matmul stacks the projections' biases in reverse order (the value's bias"
+    " added to the queries, the query's to the values)",
+    "transformer_mt/model/attention.py",
+    "      bias = jnp.stack([jnp.zeros_like(kernel[0, 0]) if b is None else b for _, b in"
+    " weights])",
+    "      bias = jnp.stack([jnp.zeros_like(kernel[0, 0]) if b is None else b for _, b in"
+    " weights[::-1]])",
+    (
+      "tests/test_fused_qkv.py::test_logits_and_gradients_equal_the_separate_projections",
+      "tests/test_hf_reference.py::test_fused_qkv_gives_marians_logits",
+    ),
+  ),
 )
