@@ -841,4 +841,16 @@ MUTANTS = (
       "tests/test_hf_reference.py::test_fused_qkv_gives_marians_logits",
     ),
   ),
+  Mutant(
+    "loss-chunk-tokens-over-global-rows",
+    "train.loss_chunk_tokens cut over the global batch's rows: on k data-parallel devices each"
+    " device's chunk is 1/k of the tokens asked",
+    "transformer_mt/training/train_step.py",
+    "      row_shards=sharding.batch_shards(),  # the chunk's tokens are each device's",
+    "      row_shards=1,",
+    (
+      "tests/test_chunked_loss.py::"
+      "test_a_chunk_holds_the_asked_tokens_on_each_device[data2-fsdp2-tensor2]",
+    ),
+  ),
 )
