@@ -682,10 +682,10 @@ MUTANTS = (
   ),
   Mutant(
     "blocked-top-k-nan-blocks-unmarked",
-    "the blocked top-k ranks blocks by a maximum that may skip NaN",
+    "the blocked top-k ranks blocks by a float maximum, which may skip NaN",
     "transformer_mt/decoding/vocab_top_k.py",
-    "  block_max = jnp.where(jnp.isnan(padded).any(axis=-1), jnp.nan, jnp.max(padded, axis=-1))",
-    "  block_max = jnp.max(padded, axis=-1)",
+    "  block_max = _from_keys(jnp.max(padded, axis=-1), x.dtype)  # [..., blocks]",
+    "  block_max = jnp.max(_from_keys(padded, x.dtype), axis=-1)",
     ("tests/test_vocab_top_k.py::test_blocked_top_k_is_lax_top_k[True-4-9712]",),
   ),
   Mutant(
@@ -805,6 +805,53 @@ MUTANTS = (
     "    if distributed.any_process(prune):",
     "    if prune:",
     ("tests/test_multihost.py::test_a_sweep_worker_of_two_processes_prunes_on_both_at_one_step",),
+  ),
+  Mutant(
+    "blocked-top-k-nan-blocks-first",
+    "the blocked top-k ranks a block holding NaN first, whatever the NaN's sign (x86's inf - inf"
+    " ranked above every number, where lax.top_k ranks it below -inf)",
+    "transformer_mt/decoding/vocab_top_k.py",
+    "  block_max = _from_keys(jnp.max(padded, axis=-1), x.dtype)  # [..., blocks]",
+    "  block_max = (lambda f: jnp.where(jnp.isnan(f).any(-1), jnp.nan, f.max(-1)))"
+    "(_from_keys(padded, x.dtype))",
+    (
+      "tests/test_vocab_top_k.py::test_blocked_top_k_is_lax_top_k[True-4-9712]",
+      "tests/test_vocab_top_k.py::test_nan_of_either_sign_and_signed_zeros_rank_as_in_lax_top_k",
+    ),
+  ),
+  Mutant(
+    "blocked-top-k-padded-with-minus-inf",
+    "the blocked top-k pads rows to whole blocks with -inf, which ranks above a sign-bit NaN",
+    "transformer_mt/decoding/vocab_top_k.py",
+    "  lowest = jnp.iinfo(keys.dtype).min",
+    "  lowest = _total_order_keys(jnp.array(-jnp.inf, x.dtype))",
+    ("tests/test_vocab_top_k.py::test_nan_of_either_sign_and_signed_zeros_rank_as_in_lax_top_k",),
+  ),
+  Mutant(
+    "fused-qkv-biases-reversed",
+    "the fused Q/K/V matmul stacks the projections' biases in reverse order (the value's bias"
+    " added to the queries, the query's to the values)",
+    "transformer_mt/model/attention.py",
+    "      bias = jnp.stack([jnp.zeros_like(kernel[0, 0]) if b is None else b for _, b in"
+    " weights])",
+    "      bias = jnp.stack([jnp.zeros_like(kernel[0, 0]) if b is None else b for _, b in"
+    " weights[::-1]])",
+    (
+      "tests/test_fused_qkv.py::test_logits_and_gradients_equal_the_separate_projections",
+      "tests/test_hf_reference.py::test_fused_qkv_gives_marians_logits",
+    ),
+  ),
+  Mutant(
+    "loss-chunk-tokens-over-global-rows",
+    "train.loss_chunk_tokens cut over the global batch's rows: on k data-parallel devices each"
+    " device's chunk is 1/k of the tokens asked",
+    "transformer_mt/training/train_step.py",
+    "      row_shards=sharding.batch_shards(),  # the chunk's tokens are each device's",
+    "      row_shards=1,",
+    (
+      "tests/test_chunked_loss.py::"
+      "test_a_chunk_holds_the_asked_tokens_on_each_device[data2-fsdp2-tensor2]",
+    ),
   ),
   Mutant(
     "ahead-of-time-drops-eval-steps",

@@ -15,6 +15,7 @@ sums differ by <= 2e-7 relative and the gradients by <= 3e-6 absolute (of values
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import flax
@@ -300,13 +301,64 @@ def test_a_sharded_train_step_with_the_chunked_loss_equals_the_default_one(cpu_d
     return metrics, jax.device_get(state.params)
 
   want_metrics, want_params = run(0)
-  got_metrics, got_params = run(50)  # 4 positions a chunk: 4 chunks, the last partial
+  # 12 tokens a device: over its 3 rows, 4 positions a chunk: 4 chunks, the last partial.
+  got_metrics, got_params = run(12)
   for got, want in zip(got_metrics, want_metrics):
     for key in ("loss", "nll", "accuracy", "num_tokens", "grad_norm"):
       np.testing.assert_allclose(got[key], want[key], rtol=SUMS_RTOL, err_msg=key)
   assert want_metrics[0]["accuracy"] > 0.1
   for got, want in zip(jax.tree.leaves(got_params), jax.tree.leaves(want_params)):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
+def _scan_lengths(jaxpr) -> set[int]:
+  """The lengths of the scans (lax.map among them) in `jaxpr`, sub-jaxprs included."""
+  lengths = set()
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "scan":
+      lengths.add(eqn.params["length"])
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      lengths |= _scan_lengths(sub)
+  return lengths
+
+
+@pytest.mark.parametrize(
+  "mesh_shape, chunks, positions",
+  [
+    (None, 13, 1),  # one device, all 24 rows: 1 position a chunk
+    ((2, 2, 2), 4, 4),  # rows over data x fsdp: 6 a device, 4 positions a chunk
+    ((8, 1, 1), 2, 7),  # 3 a device: 8 positions asked, 13 cut as 2 chunks of 7
+  ],
+  ids=["one-device", "data2-fsdp2-tensor2", "data8"],
+)
+def test_a_chunk_holds_the_asked_tokens_on_each_device(cpu_devices, mesh_shape, chunks, positions):
+  """train.loss_chunk_tokens counts one device's tokens: 24 tokens a chunk on a batch of 24
+  rows split over 1, 4 or 8 of the simulated devices give each device's chunk about 24 of its
+  own tokens (not 24 of all devices' rows, 1 position). Read from the traced gradient program
+  (global shapes, nothing compiled): the scans over the chunks, and its largest
+  vocabulary-wide array, one chunk's logits [24 rows, positions, vocab]."""
+  config = model_config("tied")
+  rows, chunk_tokens = 24, 24
+  batch = {
+    key: jax.ShapeDtypeStruct((rows, SRC_LEN if key.startswith("inputs") else TGT_LEN), jnp.int32)
+    for key in ("inputs", "targets", "targets_in")
+    + tuple(
+      f"{side}_{kind}" for side in ("inputs", "targets") for kind in ("positions", "segment_ids")
+    )
+  }
+  mesh = contextlib.nullcontext()
+  if mesh_shape is not None:
+    sizes = ml_collections.ConfigDict(dict(zip(sharding.MESH_AXES, mesh_shape)))
+    mesh = jax.set_mesh(sharding.make_mesh(sizes, cpu_devices))
+  with mesh:
+    program = jax.make_jaxpr(
+      jax.grad(train_step._micro_batch_sums, has_aux=True), static_argnums=(2, 3, 4, 5)
+    )(parameter_shapes(config), batch, None, Transformer(config), 0.1, chunk_tokens).jaxpr
+  assert _scan_lengths(program) == {chunks}  # the forward's lax.map and the backward's scan
+  assert _largest_vocabulary_array(program, VOCAB, config.d_model) == rows * positions * VOCAB
+  device_rows = rows // (1 if mesh_shape is None else mesh_shape[0] * mesh_shape[1])
+  # Each device's chunk: at most the tokens asked, and more than half of them.
+  assert device_rows * positions <= chunk_tokens < 2 * device_rows * positions
 
 
 @pytest.mark.parametrize("value", [-1, 2.5, "8192", True])

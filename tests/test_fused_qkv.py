@@ -1,7 +1,10 @@
 """model.fuse_qkv: the Q/K/V projections (K/V of cross-attention) as one matmul against their
 kernels stacked at call time. The reference is the same model with the switch off: the same
 parameters (names, shapes, initial values), and to float32 rounding the same logits,
-gradients, cached decoding steps and beam search."""
+gradients, cached decoding steps and beam search. The comparisons run on random biases, not
+the zeros of initialization: zeros stacked in any order are the same zeros. (An imported
+Marian model, whose q/k/v biases are real, is compared with transformers' own logits with the
+switch on: tests/test_hf_reference.py.)"""
 
 import helpers
 import jax
@@ -16,6 +19,20 @@ from transformer_mt.model.transformer import Transformer
 
 CONFIG = tiny_model_config(num_encoder_layers=1, num_decoder_layers=1)  # each layer kind once
 FUSED = CONFIG.replace(fuse_qkv=True)
+
+
+def params_with_random_biases():
+  """The initial parameters with every bias drawn at random (std 0.5): those of the query and
+  value projections, whose order in the stacked bias a mutant swaps, among them."""
+  params = helpers.init_params(CONFIG)
+  rng = np.random.default_rng(1)
+
+  def draw(path, x):
+    if path[-1].key != "bias":
+      return x
+    return jnp.asarray(0.5 * rng.standard_normal(x.shape), x.dtype)
+
+  return jax.tree_util.tree_map_with_path(draw, params)
 
 
 def packed_rows():
@@ -50,7 +67,7 @@ def test_parameters_are_the_same_three_kernels():
 
 def test_logits_and_gradients_equal_the_separate_projections():
   """Training: packed rows, dropout on (the same key), loss and gradients to 1e-5."""
-  params = helpers.init_params(CONFIG)
+  params = params_with_random_biases()
   args = packed_rows()
   weights = (args[5] > 0).astype(jnp.float32)
 
@@ -77,7 +94,7 @@ def test_logits_and_gradients_equal_the_separate_projections():
 
 def test_cached_decoding_steps_equal_the_separate_projections():
   """Decoding: the cross-attention cache's keys/values and every step's logits (1e-5)."""
-  params = helpers.init_params(CONFIG)
+  params = params_with_random_biases()
   inputs = jnp.asarray([[5, 9, 12, 7, EOS_ID, PAD_ID], [11, 4, EOS_ID, PAD_ID, PAD_ID, PAD_ID]])
   tokens = jnp.asarray([[BOS_ID, 14, 15, 16], [BOS_ID, 21, 22, 23]], jnp.int32)
   caches = {c.fuse_qkv: decode.init_cache(params, inputs, c, max_len=4) for c in (CONFIG, FUSED)}
@@ -94,7 +111,7 @@ def test_cached_decoding_steps_equal_the_separate_projections():
 
 
 def test_beam_search_returns_the_same_translations():
-  params = helpers.init_params(CONFIG)
+  params = params_with_random_biases()
   inputs = jnp.asarray([[5, 9, 12, 7, EOS_ID, PAD_ID], [11, 4, EOS_ID, PAD_ID, PAD_ID, PAD_ID]])
   outputs = [
     beam_decode.beam_decode(params, inputs, config=config, beam_size=3, max_len=7)

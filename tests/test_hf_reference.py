@@ -261,3 +261,22 @@ def test_base_row_config_equals_marian_with_permuted_coordinates(marian):
   # the wrong coordinates.
   unpermuted = _our_logits(base, params, sources, targets_in)
   assert np.abs(unpermuted - theirs)[valid].max() > 1e-2
+
+
+def test_fused_qkv_gives_marians_logits(marian):
+  """model.fuse_qkv on Marian's imported weights: its query and value projections carry real
+  biases (random here; the key's is dropped on import, softmax cancels it), stacked with the
+  kernels in the fused matmul. The logits equal transformers' (1e-5) and the unfused ones."""
+  _, model, config, params = marian
+  for layer, attention in (
+    ("encoder_layers_0", "self_attention"),
+    ("decoder_layers_1", "cross_attention"),
+  ):
+    for name in ("query", "value"):
+      assert np.abs(params[layer][attention][name]["bias"]).max() > 0.1
+  sources, targets_in, valid = _padded_batch()
+  theirs = _hf_logits(model, sources, targets_in, valid)
+  fused = _our_logits(config.replace(fuse_qkv=True), params, sources, targets_in)
+  assert _max_difference(fused, theirs, valid, "marian, fuse_qkv") < LOGITS_TOLERANCE
+  unfused = _our_logits(config, params, sources, targets_in)
+  np.testing.assert_allclose(fused[valid], unfused[valid], rtol=0, atol=LOGITS_TOLERANCE)

@@ -132,9 +132,10 @@ def base_config() -> ml_collections.ConfigDict:
   # Label smoothing epsilon: q(k) = (1 - eps) 1[k = y] + eps / |V|.
   config.train.label_smoothing = 0.1
   # The loss from the full float32 logits [tokens, vocab] (0), or from the decoder's states a
-  # chunk of about this many target tokens at a time (e.g. 8192), the logits recomputed in the
-  # backward pass: the same loss, gradients and metrics without the step's largest buffers,
-  # for one more vocabulary matmul (training/chunked_loss.py). Validation follows it too.
+  # chunk of about this many target tokens per device at a time (e.g. 8192; each device's own
+  # rows, whatever the data-parallel degree), the logits recomputed in the backward pass: the
+  # same loss, gradients and metrics without the step's largest buffers, for one more
+  # vocabulary matmul (training/chunked_loss.py). Validation follows it too.
   config.train.loss_chunk_tokens = 0
   # On a NaN/Inf loss or gradient: "stop" (exit naming the step) or "skip" (drop the update,
   # count it). Either way the update is never applied and the checkpoints stay clean. A

@@ -25,11 +25,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from transformer_mt.runtime import errors
 
 MESH_AXES = ("data", "fsdp", "tensor")
+# The mesh axes a batch's rows are split over (the "batch" rule below).
+BATCH_AXES = ("data", "fsdp")
 
 # Logical axis -> mesh axes. Flax uses the first rule whose mesh axes are still free,
 # so an activation's "embed" falls back to unsharded once "batch" has taken "fsdp".
 LOGICAL_AXIS_RULES = (
-  ("batch", ("data", "fsdp")),
+  ("batch", BATCH_AXES),
   ("vocab", "tensor"),
   ("mlp", "tensor"),
   ("heads", "tensor"),
@@ -176,8 +178,16 @@ def logical_shardings(
 def batch_sharding(mesh: Mesh, ndim: int = 2, batch_dim: int = 0) -> NamedSharding:
   """Shards dimension `batch_dim` of an input array over (data, fsdp)."""
   spec = [None] * ndim
-  spec[batch_dim] = ("data", "fsdp")
+  spec[batch_dim] = BATCH_AXES
   return NamedSharding(mesh, PartitionSpec(*spec))
+
+
+def batch_shards() -> int:
+  """The devices a batch's rows are split over (the product of the BATCH_AXES sizes) in the
+  mesh the caller is traced under (`jax.set_mesh`, as the jitted steps are); 1 outside one.
+  Shapes seen while tracing are global: a device holds the rows over this many."""
+  sizes = jax.sharding.get_abstract_mesh().shape
+  return math.prod(sizes.get(axis, 1) for axis in BATCH_AXES)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -21,11 +21,13 @@ matmuls per token instead of 3).
 
 The chunks cut every row's positions, not the flattened tokens: each chunk holds the same
 positions of all rows, so under data parallelism every device computes its own rows' share
-of every chunk (a flat cut would put a chunk on one device's rows). `chunk_tokens` asks for
-c = chunk_tokens // rows positions a chunk; a row of `len` positions is cut into
-n = ceil(len / c) chunks of ceil(len / n) positions (as even as they come: 256 positions at
-c = 85 give 4 chunks of 64, not 4 of 85 with 84 wasted), the rows padded at their end to
-n such chunks with positions whose outputs are cut off again.
+of every chunk (a flat cut would put a chunk on one device's rows). `chunk_tokens` counts one
+device's tokens, so a device's largest buffer is the same at any data-parallel degree: over
+its rows / row_shards rows (the traced, global rows over the devices the batch is split over)
+it asks for c = chunk_tokens // (rows / row_shards) positions a chunk. A row of `len`
+positions is cut into n = ceil(len / c) chunks of ceil(len / n) positions (as even as they
+come: 256 positions at c = 85 give 4 chunks of 64, not 4 of 85 with 84 wasted), the rows
+padded at their end to n such chunks with positions whose outputs are cut off again.
 
 A padded vocabulary (`TransformerConfig.vocab_pad_multiple`) is masked inside each chunk: the
 padded ids are outside the softmax's normalizer and outside label smoothing's uniform mass
@@ -69,7 +71,8 @@ def check_chunk_tokens(value: object) -> int:
 
 def chunk_shape(chunk_tokens: int, rows: int, length: int) -> tuple[int, int]:
   """(chunks, positions per chunk) cutting rows of `length` positions into chunks of at most
-  about `chunk_tokens` tokens over `rows` rows, as evenly as possible (module docstring)."""
+  about `chunk_tokens` tokens over `rows` rows (one device's), as evenly as possible (module
+  docstring)."""
   most = max(1, chunk_tokens // rows)
   num_chunks = -(-length // most)
   return num_chunks, -(-length // num_chunks)  # the last chunk may be partial
@@ -86,6 +89,7 @@ def cross_entropy_sums(
   vocab_size: int,
   chunk_tokens: int,
   compute_dtype: Any,
+  row_shards: int = 1,
 ) -> dict[str, jax.Array]:
   """`losses.cross_entropy_sums` of the logits `hidden W^T + bias` (cut to `vocab_size`),
   never materialized whole.
@@ -99,17 +103,23 @@ def cross_entropy_sums(
     weights: float [batch, len]; 0 at padding.
     label_smoothing: eps; the smoothed target puts eps / vocab_size on every real id.
     vocab_size: the real vocabulary: rows of `weight` from here on are padding.
-    chunk_tokens: about this many target tokens per chunk (over the batch's rows).
+    chunk_tokens: about this many target tokens per chunk on each device (over its rows).
     compute_dtype: dtype of the logits matmuls' inputs and of their cotangent.
+    row_shards: the devices the rows are split over (`sharding.batch_shards()` of the step's
+      mesh): each holds rows / row_shards of them.
 
   Returns:
     The sums of `losses.cross_entropy_sums`: loss, nll, correct, num_tokens.
   """
   if bias is None:
     bias = jnp.zeros(weight.shape[0], jnp.float32)
-  rows, length = hidden.shape[:2]
+  rows, length = hidden.shape[:2]  # global rows: traced shapes are the whole batch's
+  device_rows = max(1, rows // row_shards)
   chunking = _Chunking(
-    float(label_smoothing), vocab_size, *chunk_shape(chunk_tokens, rows, length), compute_dtype
+    float(label_smoothing),
+    vocab_size,
+    *chunk_shape(chunk_tokens, device_rows, length),
+    compute_dtype,
   )
   token_loss, token_nll, correct = _token_losses(hidden, weight, bias, targets, chunking)
   return {

@@ -195,6 +195,7 @@ def _micro_batch_sums(
       vocab_size=model.config.output_vocab_size,
       chunk_tokens=loss_chunk_tokens,
       compute_dtype=model.config.compute_dtype,
+      row_shards=sharding.batch_shards(),  # the chunk's tokens are each device's
     )
   else:
     sums = losses.cross_entropy_sums(outputs, micro_batch["targets"], weights, label_smoothing)
