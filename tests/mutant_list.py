@@ -806,4 +806,37 @@ MUTANTS = (
     "    if prune:",
     ("tests/test_multihost.py::test_a_sweep_worker_of_two_processes_prunes_on_both_at_one_step",),
   ),
+  Mutant(
+    "gpu-kernel-checkpoint-refused-here",
+    "a model trained with a GPU kernel refuses to translate on a CPU (no 'auto' fallback)",
+    "transformer_mt/model/setup.py",
+    "  if problem is None:",
+    "  if True:",
+    (
+      "tests/test_end_to_end.py::test_a_model_trained_on_a_gpu_kernel_translates_here"
+      "[cudnn_packed]",
+    ),
+  ),
+  Mutant(
+    "training-kernel-refused-at-first-validation",
+    "training does not check its attention kernel runs here: with attention dropout it trains, "
+    "and refuses at the first validation",
+    "transformer_mt/training/setup.py",
+    "  fused_kernels.require(config.model.attention_implementation)",
+    "  pass",
+    (
+      "tests/test_fused_kernels.py::test_training_refuses_a_kernel_this_process_lacks_before_tracing",
+    ),
+  ),
+  Mutant(
+    "attention-dropout-skips-kernel-silently",
+    "attention dropout keeps training off the asked kernel without the warning line",
+    "transformer_mt/training/setup.py",
+    "  if note:",
+    "  if False:",
+    (
+      "tests/test_fused_kernels.py::"
+      "test_attention_dropout_keeping_training_off_the_kernel_is_one_warning[0.1]",
+    ),
+  ),
 )

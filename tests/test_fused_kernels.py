@@ -10,6 +10,7 @@ undefined (outputs and gradients at padding). "pallas" runs JAX's Pallas kernel 
 Pallas' interpreter."""
 
 import functools
+import logging
 
 import helpers
 import jax
@@ -18,11 +19,13 @@ import numpy as np
 import pytest
 from helpers import tiny_model_config
 
+from transformer_mt.config import registry
 from transformer_mt.data.tokenizer import BOS_ID, PAD_ID
 from transformer_mt.model import attention, fused_kernels
 from transformer_mt.model.attention import AttentionMask, fused_attention
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.runtime import errors
+from transformer_mt.training import train
 
 
 def packed_segments(lengths_per_row, length):
@@ -311,6 +314,51 @@ def test_fused_kernels_refuse_a_backend_that_cannot_run_them():
     with pytest.raises(errors.BadValue, match=words) as raised:
       Transformer(config).init(jax.random.key(0), dummy, dummy)
     assert "\n" not in str(raised.value)
+
+
+# A later check of the same config (evaluate.average_last=3 needs 3 kept checkpoints) ends
+# train() before it reads any data, so the two tests below cost no training run.
+_THEN_REFUSED = ["evaluate.average_last=3", "train.keep_checkpoints=2"]
+
+
+def test_training_refuses_a_kernel_this_process_lacks_before_tracing(tmp_path):
+  """With attention dropout, training's trace never reaches the kernel: without the config
+  check, a run on this CPU would train and refuse only at its first validation."""
+  config = registry.load_experiment(
+    "demo",
+    [
+      "model.attention_implementation='cudnn_packed'",
+      "model.dtype='bfloat16'",
+      "model.attention_dropout_rate=0.1",
+      *_THEN_REFUSED,
+    ],
+  )
+  with pytest.raises(errors.BadValue, match="'cudnn_packed' needs an NVIDIA GPU"):
+    train.train(config, str(tmp_path / "run"), progress=False)
+  assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.usefixtures("pallas_interpreted")
+@pytest.mark.parametrize("rate", [0.1, 0.0])
+def test_attention_dropout_keeping_training_off_the_kernel_is_one_warning(tmp_path, caplog, rate):
+  """Dropout on the probabilities needs them as an array, which the kernel never stores:
+  training spells the softmax out, and one warning line names the key and what runs."""
+  config = registry.load_experiment(
+    "demo",
+    [
+      "model.attention_implementation='pallas'",
+      f"model.attention_dropout_rate={rate}",
+      *_THEN_REFUSED,
+    ],
+  )
+  with pytest.raises(errors.BadValue, match="train.keep_checkpoints=3"):
+    train.train(config, str(tmp_path / "run"), progress=False)
+  warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+  warnings = [line for line in warnings if "attention_dropout_rate" in line]
+  assert len(warnings) == (rate > 0), warnings
+  if rate:
+    assert "model.attention_dropout_rate=0.1" in warnings[0] and "'pallas'" in warnings[0]
+    assert "softmax spelled out" in warnings[0] and "\n" not in warnings[0]
 
 
 def test_auto_stays_xla_until_the_constant_says_otherwise(monkeypatch):
