@@ -839,4 +839,13 @@ MUTANTS = (
       "test_attention_dropout_keeping_training_off_the_kernel_is_one_warning[0.1]",
     ),
   ),
+  Mutant(
+    "cudnn-packed-fits-ignores-unpaired-sentences",
+    '"cudnn_packed" trusts rows whose query and key sentences fill different slots, which JAX\'s '
+    "compaction across the batch pairs with other rows' sentences",
+    "transformer_mt/model/fused_kernels.py",
+    "  fits &= jnp.all((q_seqlen > 0) == (kv_seqlen > 0))",
+    "  fits &= True",
+    ("tests/test_fused_kernels.py::test_cudnn_packed_refuses_rows_whose_sentences_do_not_fit",),
+  ),
 )

@@ -6,8 +6,10 @@ offsets it builds from segment ids, against a NumPy transcription of cuDNN's pac
 and everything around the kernel (padding, scale, causality, cross-attention, the bound on
 sentences per row), with the kernel replaced by `emulated_cudnn`, a transcription of what
 JAX's packed-layout API documents, which also writes NaN wherever cuDNN leaves memory
-undefined (outputs and gradients at padding). "pallas" runs JAX's Pallas kernel itself, in
-Pallas' interpreter."""
+undefined (outputs and gradients at padding). `emulated_cudnn` pairs sentence slots within a
+row; `compacted_cudnn` transcribes what the kernel gets instead, JAX's own compaction of the
+slots across the batch, which agrees only under cudnn_packed_attention's `fits` check (tested
+on both sides). "pallas" runs JAX's Pallas kernel itself, in Pallas' interpreter."""
 
 import functools
 import logging
@@ -230,6 +232,108 @@ def test_cudnn_packed_poisons_rows_beyond_its_bound():
   mask = AttentionMask(valid, valid, segments, segments)
   out = jax.jit(lambda q, k, v: fused_attention(q, k, v, mask, "cudnn_packed"))(q, k, v)
   assert np.isnan(np.asarray(out)).all()
+
+
+def compacted_cudnn(
+  query, key, value, *, q_seqlen, kv_seqlen, q_offsets, kv_offsets, scale, mask_type, qkv_layout
+):
+  """What cuDNN computes from what JAX hands it, forward only: JAX's own
+  `_fix_seqlen_offsets` compacts the [batch, M] layout across the batch into one list of
+  sentences (dropping the -1 slots), and cuDNN's ragged layout pairs the i-th query sentence
+  of that list with the i-th key sentence, wherever in the batch each lies. NaN outside every
+  sentence. `emulated_cudnn` pairs slot m with slot m of the same row instead: the two agree
+  only where every row has its query and key sentences in the same slots."""
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn
+
+  assert qkv_layout == "BTNH" and mask_type in ("PADDING", "PADDING_CAUSAL")
+  (batch, q_len, heads, depth), k_len = query.shape, key.shape[1]
+  q_seqlen, kv_seqlen, q_offsets, kv_offsets = cudnn._fix_seqlen_offsets(
+    q_seqlen, kv_seqlen, q_offsets, kv_offsets, query, key
+  )
+
+  def sentence_of(seqlens, offsets, tokens):
+    """Per token of the flattened batch: its sentence in the compacted list (-1: none) and
+    its position in that sentence. Offsets count elements: token * heads * depth."""
+    seqlens, starts = seqlens.reshape(-1), offsets.reshape(-1)[: seqlens.size] // (heads * depth)
+    position = jnp.arange(tokens)[:, None]  # [tokens, 1]
+    inside = (position >= starts) & (position < starts + seqlens)  # [tokens, sentences]
+    sentence = jnp.where(inside.any(1), jnp.argmax(inside, axis=1), -1)
+    return sentence, position[:, 0] - starts[jnp.maximum(sentence, 0)]
+
+  q_sentence, q_local = sentence_of(q_seqlen, q_offsets, batch * q_len)
+  k_sentence, k_local = sentence_of(kv_seqlen, kv_offsets, batch * k_len)
+  allowed = (q_sentence[:, None] == k_sentence[None, :]) & (q_sentence[:, None] >= 0)
+  if mask_type == "PADDING_CAUSAL":
+    allowed &= q_local[:, None] >= k_local[None, :]
+  flat_q = query.reshape(batch * q_len, heads, depth)
+  flat_k, flat_v = (x.reshape(batch * k_len, heads, depth) for x in (key, value))
+  logits = jnp.einsum("qhd,khd->hqk", flat_q, flat_k) * scale
+  probs = jax.nn.softmax(jnp.where(allowed[None], logits, -1e30), axis=-1)
+  context = jnp.einsum("hqk,khd->qhd", probs, flat_v)
+  context = jnp.where((q_sentence >= 0)[:, None, None], context, jnp.nan)
+  return context.reshape(query.shape)
+
+
+KERNELS = (compacted_cudnn, emulated_cudnn)
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_cudnn_packed_equals_the_default_as_jax_compacts_sentences(monkeypatch, cross):
+  """Through JAX's own compaction of the layout (`compacted_cudnn`): rows whose query and
+  key sentences fill the same slots (`fits` in cudnn_packed_attention), as the pipeline's
+  rows always do, attend as the default does; here with 3, 2 and 1 sentences per row, so
+  that row 0's extra sentence shifts every later row's position in the compacted list."""
+  monkeypatch.setattr(fused_kernels, "cudnn_packed_problem", lambda: None)
+  monkeypatch.setattr(fused_kernels, "_cudnn_dot_product_attention", compacted_cudnn)
+  keys = packed_segments([[4, 6, 3], [7, 5], [20]], 20) if cross else TARGET
+  q, k, v = qkv(5, 3, 16, keys.shape[1])
+  mask = AttentionMask(
+    jnp.asarray(TARGET > 0),
+    jnp.asarray(keys > 0),
+    jnp.asarray(TARGET),
+    jnp.asarray(keys),
+    causal=not cross,
+  )
+  out, reference = (
+    np.asarray(
+      jax.jit(functools.partial(fused_attention, implementation=i, cross_attention=cross))(
+        q, k, v, mask
+      )
+    )
+    for i in ("cudnn_packed", "auto")
+  )
+  valid = TARGET > 0
+  np.testing.assert_allclose(out[valid], reference[valid], rtol=1e-5, atol=1e-5)
+
+
+def test_cudnn_packed_refuses_rows_whose_sentences_do_not_fit():
+  """Row 0 has a target sentence more than its sources, row 1 one less (the same total): in
+  JAX's compacted list, row 0's third target sentence meets row 1's first source sentence,
+  and every row-1 pairing shifts by one, where the per-row slots (`emulated_cudnn`) pair
+  within the row. The kernel's answer is wrong either way: all NaN, the train step's
+  non-finite signal, under both transcriptions."""
+  source = jnp.asarray(packed_segments([[6, 7], [4, 5, 3], [16]], 16))
+  target = jnp.asarray(packed_segments([[5, 2, 6], [3, 8], [16]], 16))
+  mask = AttentionMask(target > 0, source > 0, target, source)
+
+  def kernels_and_adapter(q, k, v):  # one program for all four
+    q_seqlen, q_offsets = fused_kernels.packed_layout(target, 8)
+    kv_seqlen, kv_offsets = fused_kernels.packed_layout(source, 8)
+    layout = dict(q_seqlen=q_seqlen, kv_seqlen=kv_seqlen, q_offsets=q_offsets)
+    layout.update(kv_offsets=kv_offsets, scale=0.5, mask_type="PADDING", qkv_layout="BTNH")
+    outputs = [kernel(q, k, v, **layout) for kernel in KERNELS]
+    for kernel in KERNELS:
+      with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fused_kernels, "cudnn_packed_problem", lambda: None)
+        patch.setattr(fused_kernels, "_cudnn_dot_product_attention", kernel)
+        outputs.append(fused_attention(q, k, v, mask, "cudnn_packed", cross_attention=True))
+    return outputs
+
+  compacted, per_row, *adapted = map(np.asarray, jax.jit(kernels_and_adapter)(*qkv(6, 3, 16, 16)))
+  row_1 = np.asarray(target[1] > 0)
+  assert not np.allclose(compacted[1, row_1], per_row[1, row_1])
+  for out, kernel in zip(adapted, KERNELS):
+    assert np.isnan(out).all(), kernel.__name__
 
 
 def model_args():
