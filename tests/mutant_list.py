@@ -848,4 +848,26 @@ MUTANTS = (
     "  fits &= True",
     ("tests/test_fused_kernels.py::test_cudnn_packed_refuses_rows_whose_sentences_do_not_fit",),
   ),
+  Mutant(
+    "pallas-backward-block-past-the-row",
+    '"pallas" takes backward blocks of 32 tokens on rows that only blocks of 16 divide',
+    "transformer_mt/model/fused_kernels.py",
+    "  return block, min(_PALLAS_BACKWARD_BLOCK, block)",
+    "  return block, _PALLAS_BACKWARD_BLOCK",
+    (
+      "tests/test_fused_kernels.py::test_pallas_tiles_rows_of_several_blocks_as_the_default"
+      "[48_tokens]",
+      "tests/test_fused_kernels.py::test_pallas_blocks_divide_the_row_and_fit_the_backward_kernels",
+    ),
+  ),
+  Mutant(
+    "pallas-backward-block-as-forward",
+    '"pallas" runs its backward kernels on the forward block (128 tokens: past JAX\'s 32)',
+    "transformer_mt/model/fused_kernels.py",
+    "  return block, min(_PALLAS_BACKWARD_BLOCK, block)",
+    "  return block, block",
+    (
+      "tests/test_fused_kernels.py::test_pallas_blocks_divide_the_row_and_fit_the_backward_kernels",
+    ),
+  ),
 )

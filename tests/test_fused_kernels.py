@@ -486,6 +486,36 @@ def test_pallas_self_attention_equals_the_default(causal):
 
 
 @pytest.mark.usefixtures("pallas_interpreted")
+@pytest.mark.parametrize(
+  "rows, length, blocks",
+  [
+    ([[7, 12, 9, 11], [30, 18]], 48, (16, 16)),  # 3 blocks each way
+    ([[20, 25, 10], [64]], 64, (64, 32)),  # 1 forward block, 2 backward ones
+  ],
+  ids=["48_tokens", "64_tokens"],
+)
+def test_pallas_tiles_rows_of_several_blocks_as_the_default(rows, length, blocks):
+  """Causal self-attention over rows longer than one block, sentences and padding across the
+  block boundaries: the forward pass's causal bound on key blocks, the backward pass's on
+  query blocks, and a backward block smaller than the forward one."""
+  assert fused_kernels.pallas_blocks(length) == blocks
+  segments = jnp.asarray(packed_segments(rows, length))
+  q, k, v = qkv(7, len(rows), length, length, heads=1, depth=16)
+  valid = segments > 0
+  assert_same_attention("pallas", q, k, v, AttentionMask(valid, valid, segments, segments, True))
+
+
+def test_pallas_blocks_divide_the_row_and_fit_the_backward_kernels():
+  """Per length: forward, the largest power-of-two block of 16 to 128 tokens dividing it;
+  backward, the largest of 16 or 32 tokens dividing it (JAX's default backward block is 32:
+  its kernels hold a query and a key block at once). None where no block divides it."""
+  for length in range(1, 600):
+    divisors = [b for b in (16, 32, 64, 128) if length % b == 0]
+    expected = (max(divisors), max(b for b in divisors if b <= 32)) if divisors else None
+    assert fused_kernels.pallas_blocks(length) == expected, length
+
+
+@pytest.mark.usefixtures("pallas_interpreted")
 def test_pallas_leaves_cross_attention_and_odd_lengths_to_the_default(monkeypatch):
   """Pallas' kernel takes one segment array for queries and keys, and Triton blocks of 16+
   tokens: cross-attention, and rows of 12 tokens, go the default way (bit for bit)."""
@@ -500,7 +530,7 @@ def test_pallas_leaves_cross_attention_and_odd_lengths_to_the_default(monkeypatc
   np.testing.assert_array_equal(
     fused_attention(k, k, v, self_mask, "pallas"), fused_attention(k, k, v, self_mask, "auto")
   )
-  assert fused_kernels.pallas_block(12) is None and fused_kernels.pallas_block(48) == 16
+  assert fused_kernels.pallas_blocks(12) is None
 
 
 @pytest.mark.usefixtures("pallas_interpreted")

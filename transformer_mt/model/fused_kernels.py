@@ -256,13 +256,21 @@ def cudnn_packed_attention(
   return jnp.where(fits, context, jnp.asarray(jnp.nan, context.dtype))
 
 
-def pallas_block(length: int) -> int | None:
-  """The largest power-of-two block of at most 128 tokens dividing `length` (Triton's tiles),
-  or None if no block of at least 16 does."""
+def pallas_blocks(length: int) -> tuple[int, int] | None:
+  """(forward, backward) Triton blocks for self-attention over rows of `length` tokens, or
+  None if no block of at least 16 tokens divides `length`.
+
+  Forward: the largest power of two of at most 128 tokens dividing `length`. Backward: JAX's
+  32 (its kernels hold a query block and a key block at once), or the forward block where
+  that is smaller. It must divide `length` as well: the backward kernel tiles the gradient
+  of queries and of keys with the same grid, and JAX checks only that both sides have as
+  many blocks, not that the blocks cover the row."""
   block = _PALLAS_BLOCK
   while block >= _PALLAS_MIN_BLOCK and length % block:
     block //= 2
-  return block if block >= _PALLAS_MIN_BLOCK else None
+  if block < _PALLAS_MIN_BLOCK:
+    return None
+  return block, min(_PALLAS_BACKWARD_BLOCK, block)
 
 
 def pallas_self_attention(
@@ -286,13 +294,13 @@ def pallas_self_attention(
     of 16): the caller then takes the default path. Padded queries attend to the padded
     keys at or before them (segment 0), a finite value nothing reads.
   """
-  block = pallas_block(query.shape[1])
-  if block is None:
+  blocks = pallas_blocks(query.shape[1])
+  if blocks is None:
     return None
   from jax.experimental.pallas.ops.gpu import attention as pallas_attention
 
-  backward = min(_PALLAS_BACKWARD_BLOCK, block)
-  blocks = pallas_attention.BlockSizes(
+  block, backward = blocks
+  sizes = pallas_attention.BlockSizes(
     block_q=block,
     block_k=block,
     block_q_dkv=backward,
@@ -308,6 +316,6 @@ def pallas_self_attention(
     segments,
     sm_scale=1.0 / math.sqrt(query.shape[-1]),
     causal=causal,
-    block_sizes=blocks,
+    block_sizes=sizes,
     interpret=interpret,
   )
