@@ -873,4 +873,68 @@ MUTANTS = (
       "tests/test_ahead_of_time.py::test_no_program_compiles_on_the_loop_path_after_the_first_step",
     ),
   ),
+  Mutant(
+    "gpu-kernel-checkpoint-refused-here",
+    "a model trained with a GPU kernel refuses to translate on a CPU (no 'auto' fallback)",
+    "transformer_mt/model/setup.py",
+    "  if problem is None:",
+    "  if True:",
+    (
+      "tests/test_end_to_end.py::test_a_model_trained_on_a_gpu_kernel_translates_here"
+      "[cudnn_packed]",
+    ),
+  ),
+  Mutant(
+    "training-kernel-refused-at-first-validation",
+    "training does not check its attention kernel runs here: with attention dropout it trains, "
+    "and refuses at the first validation",
+    "transformer_mt/training/setup.py",
+    "  fused_kernels.require(config.model.attention_implementation)",
+    "  pass",
+    (
+      "tests/test_fused_kernels.py::test_training_refuses_a_kernel_this_process_lacks_before_tracing",
+    ),
+  ),
+  Mutant(
+    "attention-dropout-skips-kernel-silently",
+    "attention dropout keeps training off the asked kernel without the warning line",
+    "transformer_mt/training/setup.py",
+    "  if note:",
+    "  if False:",
+    (
+      "tests/test_fused_kernels.py::"
+      "test_attention_dropout_keeping_training_off_the_kernel_is_one_warning[0.1]",
+    ),
+  ),
+  Mutant(
+    "cudnn-packed-fits-ignores-unpaired-sentences",
+    '"cudnn_packed" trusts rows whose query and key sentences fill different slots, which JAX\'s '
+    "compaction across the batch pairs with other rows' sentences",
+    "transformer_mt/model/fused_kernels.py",
+    "  fits &= jnp.all((q_seqlen > 0) == (kv_seqlen > 0))",
+    "  fits &= True",
+    ("tests/test_fused_kernels.py::test_cudnn_packed_refuses_rows_whose_sentences_do_not_fit",),
+  ),
+  Mutant(
+    "pallas-backward-block-past-the-row",
+    '"pallas" takes backward blocks of 32 tokens on rows that only blocks of 16 divide',
+    "transformer_mt/model/fused_kernels.py",
+    "  return block, min(_PALLAS_BACKWARD_BLOCK, block)",
+    "  return block, _PALLAS_BACKWARD_BLOCK",
+    (
+      "tests/test_fused_kernels.py::test_pallas_tiles_rows_of_several_blocks_as_the_default"
+      "[48_tokens]",
+      "tests/test_fused_kernels.py::test_pallas_blocks_divide_the_row_and_fit_the_backward_kernels",
+    ),
+  ),
+  Mutant(
+    "pallas-backward-block-as-forward",
+    '"pallas" runs its backward kernels on the forward block (128 tokens: past JAX\'s 32)',
+    "transformer_mt/model/fused_kernels.py",
+    "  return block, min(_PALLAS_BACKWARD_BLOCK, block)",
+    "  return block, block",
+    (
+      "tests/test_fused_kernels.py::test_pallas_blocks_divide_the_row_and_fit_the_backward_kernels",
+    ),
+  ),
 )

@@ -253,6 +253,33 @@ def test_average_then_translate(trained, tmp_path, capsys):
   assert (tmp_path / "out.txt").read_text(encoding="utf-8").count("\n") == 1
 
 
+@pytest.mark.parametrize("implementation", ["cudnn_packed", "pallas"])
+def test_a_model_trained_on_a_gpu_kernel_translates_here(trained, tmp_path, caplog, implementation):
+  """A checkpoint whose model asks for a kernel this CPU lacks (a GPU run's config, dtype
+  "auto": bfloat16 there, float32 here) translates with JAX's default attention: the tokens
+  of the same parameters under "auto", and one log line that says so."""
+  import logging
+  import shutil
+
+  from transformer_mt.data import sources as data_sources
+  from transformer_mt.decoding.translator import load_translator
+  from transformer_mt.workdir import checkpointing
+
+  step_dir = tmp_path / "gpu_run" / "checkpoints" / "20"
+  shutil.copytree(os.path.join(trained[0], "checkpoints", "20"), step_dir)
+  saved = json.loads((step_dir / "config" / "metadata").read_text())
+  saved["model"].update(attention_implementation=implementation, dtype="auto")
+  (step_dir / "config" / "metadata").write_text(json.dumps(saved))
+  config = checkpointing.read_config(trained[0])[0]
+  test_pairs = data_sources.load_pairs(config.data, require_train=False)["test"]
+  sources = [source for source, _ in list(test_pairs)[:8]]
+  with caplog.at_level(logging.INFO):
+    translated = load_translator(str(tmp_path / "gpu_run"), beam_size=2).translate(sources)
+  notes = [r.getMessage() for r in caplog.records if "running 'auto'" in r.getMessage()]
+  assert len(notes) == 1 and f"attention_implementation='{implementation}'" in notes[0], notes
+  assert translated == load_translator(trained[0], beam_size=2).translate(sources)
+
+
 def test_attention_and_plot_commands_write_pngs(trained, tmp_path):
   png = tmp_path / "attention.png"
   assert (

@@ -4,25 +4,32 @@ what the default attention computes, on packed rows with several sentences and p
 No CPU runs cuDNN, so "cudnn_packed" is checked in two independent halves: the lengths and
 offsets it builds from segment ids, against a NumPy transcription of cuDNN's packed layout;
 and everything around the kernel (padding, scale, causality, cross-attention, the bound on
-sentences per row), with the kernel replaced by `emulated_cudnn`, a transcription of what
+sentences per row), with the kernel replaced by `emulated_cudnn`
+(tests/cudnn_transcriptions.py, as the other two transcriptions), a transcription of what
 JAX's packed-layout API documents, which also writes NaN wherever cuDNN leaves memory
-undefined (outputs and gradients at padding). "pallas" runs JAX's Pallas kernel itself, in
-Pallas' interpreter."""
+undefined (outputs and gradients at padding). `emulated_cudnn` pairs sentence slots within a
+row; `compacted_cudnn` transcribes what the kernel gets instead, JAX's own compaction of the
+slots across the batch, which agrees only under cudnn_packed_attention's `fits` check (tested
+on both sides). "pallas" runs JAX's Pallas kernel itself, in Pallas' interpreter."""
 
 import functools
+import logging
 
 import helpers
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from cudnn_transcriptions import compacted_cudnn, emulated_cudnn, numpy_layout
 from helpers import tiny_model_config
 
+from transformer_mt.config import registry
 from transformer_mt.data.tokenizer import BOS_ID, PAD_ID
 from transformer_mt.model import attention, fused_kernels
 from transformer_mt.model.attention import AttentionMask, fused_attention
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.runtime import errors
+from transformer_mt.training import train
 
 
 def packed_segments(lengths_per_row, length):
@@ -34,98 +41,6 @@ def packed_segments(lengths_per_row, length):
       ids[row, start : start + n] = segment
       start += n
   return ids
-
-
-def numpy_layout(segments, num_segments):
-  """cuDNN's packed layout by hand: per row, slot m - 1 holds sentence m's token count and
-  first token, -1 where the row has no sentence m; offsets get one more -1 column."""
-  rows = segments.shape[0]
-  seqlens = np.full((rows, num_segments), -1, np.int32)
-  offsets = np.full((rows, num_segments + 1), -1, np.int32)
-  for row in range(rows):
-    for m in range(1, num_segments + 1):
-      where = [t for t, s in enumerate(segments[row]) if s == m]
-      if where:
-        seqlens[row, m - 1], offsets[row, m - 1] = len(where), where[0]
-  return seqlens, offsets
-
-
-def slots_of(seqlens, offsets, length):
-  """int [batch, length]: the layout slot each token belongs to (-1: none), and the token's
-  position within its slot: what the layout says, read without segment ids."""
-  positions = jnp.arange(length)
-  start = offsets[:, :-1, None]  # [batch, M, 1]
-  inside = (
-    (seqlens[:, :, None] > 0) & (positions >= start) & (positions < start + seqlens[:, :, None])
-  )
-  slot = jnp.where(inside.any(1), jnp.argmax(inside, axis=1), -1)  # [batch, length]
-  local = positions - jnp.take_along_axis(offsets, jnp.maximum(slot, 0), axis=1)
-  return slot, local
-
-
-def _attend(query, key, value, q_seqlen, kv_seqlen, q_offsets, kv_offsets, scale, causal):
-  """Slot m of the queries attends to slot m of the keys (causal within it); zeros for
-  queries outside every slot. Also returns which queries and keys lie in a slot."""
-  q_slot, q_local = slots_of(q_seqlen, q_offsets, query.shape[1])
-  k_slot, k_local = slots_of(kv_seqlen, kv_offsets, key.shape[1])
-  allowed = (q_slot[:, :, None] == k_slot[:, None, :]) & (q_slot[:, :, None] >= 0)
-  if causal:
-    allowed &= q_local[:, :, None] >= k_local[:, None, :]
-  logits = jnp.einsum("bqhd,bkhd->bhqk", query, key) * scale
-  probs = jax.nn.softmax(jnp.where(allowed[:, None], logits, -1e30), axis=-1)
-  probs = jnp.where((q_slot >= 0)[:, None, :, None], probs, 0)
-  return jnp.einsum("bhqk,bkhd->bqhd", probs, value), q_slot >= 0, k_slot >= 0
-
-
-def _rows(x, keep, fill):
-  return jnp.where(keep[:, :, None, None], x, fill)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
-def _emulated(query, key, value, q_seqlen, kv_seqlen, q_offsets, kv_offsets, scale, causal):
-  context, q_in, _ = _attend(
-    query, key, value, q_seqlen, kv_seqlen, q_offsets, kv_offsets, scale, causal
-  )
-  return _rows(context, q_in, jnp.nan)  # undefined outside every sentence
-
-
-def _emulated_forward(query, key, value, q_seqlen, kv_seqlen, q_offsets, kv_offsets, scale, causal):
-  layout = (q_seqlen, kv_seqlen, q_offsets, kv_offsets)
-  return _emulated(query, key, value, *layout, scale, causal), (query, key, value, layout)
-
-
-def _emulated_backward(scale, causal, residuals, cotangent):
-  query, key, value, layout = residuals
-  _, q_in, k_in = _attend(query, key, value, *layout, scale, causal)
-  grads = jax.vjp(lambda q, k, v: _attend(q, k, v, *layout, scale, causal)[0], query, key, value)[
-    1
-  ](_rows(cotangent, q_in, 0))
-  # cuDNN writes no gradient for tokens outside every sentence: garbage there.
-  garbage = [_rows(g, keep, jnp.nan) for g, keep in zip(grads, (q_in, k_in, k_in))]
-  return (*garbage, None, None, None, None)
-
-
-_emulated.defvjp(_emulated_forward, _emulated_backward)
-
-
-def emulated_cudnn(
-  query, key, value, *, q_seqlen, kv_seqlen, q_offsets, kv_offsets, scale, mask_type, qkv_layout
-):
-  """What `jax._src.cudnn.fused_attention_stablehlo.dot_product_attention` documents for the
-  packed layout (BTNH): sentence slot m of a row attends to key slot m, causal within it
-  for PADDING_CAUSAL; output and gradients undefined (NaN here) outside every slot."""
-  assert qkv_layout == "BTNH" and mask_type in ("PADDING", "PADDING_CAUSAL")
-  return _emulated(
-    query,
-    key,
-    value,
-    q_seqlen,
-    kv_seqlen,
-    q_offsets,
-    kv_offsets,
-    scale,
-    mask_type == "PADDING_CAUSAL",
-  )
 
 
 @pytest.fixture
@@ -229,6 +144,68 @@ def test_cudnn_packed_poisons_rows_beyond_its_bound():
   assert np.isnan(np.asarray(out)).all()
 
 
+KERNELS = (compacted_cudnn, emulated_cudnn)
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_cudnn_packed_equals_the_default_as_jax_compacts_sentences(monkeypatch, cross):
+  """Through JAX's own compaction of the layout (`compacted_cudnn`): rows whose query and
+  key sentences fill the same slots (`fits` in cudnn_packed_attention), as the pipeline's
+  rows always do, attend as the default does; here with 3, 2 and 1 sentences per row, so
+  that row 0's extra sentence shifts every later row's position in the compacted list."""
+  monkeypatch.setattr(fused_kernels, "cudnn_packed_problem", lambda: None)
+  monkeypatch.setattr(fused_kernels, "_cudnn_dot_product_attention", compacted_cudnn)
+  keys = packed_segments([[4, 6, 3], [7, 5], [20]], 20) if cross else TARGET
+  q, k, v = qkv(5, 3, 16, keys.shape[1])
+  mask = AttentionMask(
+    jnp.asarray(TARGET > 0),
+    jnp.asarray(keys > 0),
+    jnp.asarray(TARGET),
+    jnp.asarray(keys),
+    causal=not cross,
+  )
+  out, reference = (
+    np.asarray(
+      jax.jit(functools.partial(fused_attention, implementation=i, cross_attention=cross))(
+        q, k, v, mask
+      )
+    )
+    for i in ("cudnn_packed", "auto")
+  )
+  valid = TARGET > 0
+  np.testing.assert_allclose(out[valid], reference[valid], rtol=1e-5, atol=1e-5)
+
+
+def test_cudnn_packed_refuses_rows_whose_sentences_do_not_fit():
+  """Row 0 has a target sentence more than its sources, row 1 one less (the same total): in
+  JAX's compacted list, row 0's third target sentence meets row 1's first source sentence,
+  and every row-1 pairing shifts by one, where the per-row slots (`emulated_cudnn`) pair
+  within the row. The kernel's answer is wrong either way: all NaN, the train step's
+  non-finite signal, under both transcriptions."""
+  source = jnp.asarray(packed_segments([[6, 7], [4, 5, 3], [16]], 16))
+  target = jnp.asarray(packed_segments([[5, 2, 6], [3, 8], [16]], 16))
+  mask = AttentionMask(target > 0, source > 0, target, source)
+
+  def kernels_and_adapter(q, k, v):  # one program for all four
+    q_seqlen, q_offsets = fused_kernels.packed_layout(target, 8)
+    kv_seqlen, kv_offsets = fused_kernels.packed_layout(source, 8)
+    layout = dict(q_seqlen=q_seqlen, kv_seqlen=kv_seqlen, q_offsets=q_offsets)
+    layout.update(kv_offsets=kv_offsets, scale=0.5, mask_type="PADDING", qkv_layout="BTNH")
+    outputs = [kernel(q, k, v, **layout) for kernel in KERNELS]
+    for kernel in KERNELS:
+      with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fused_kernels, "cudnn_packed_problem", lambda: None)
+        patch.setattr(fused_kernels, "_cudnn_dot_product_attention", kernel)
+        outputs.append(fused_attention(q, k, v, mask, "cudnn_packed", cross_attention=True))
+    return outputs
+
+  compacted, per_row, *adapted = map(np.asarray, jax.jit(kernels_and_adapter)(*qkv(6, 3, 16, 16)))
+  row_1 = np.asarray(target[1] > 0)
+  assert not np.allclose(compacted[1, row_1], per_row[1, row_1])
+  for out, kernel in zip(adapted, KERNELS):
+    assert np.isnan(out).all(), kernel.__name__
+
+
 def model_args():
   """The model's packed-row arguments for SOURCE and TARGET (positions restart per sentence)."""
 
@@ -313,6 +290,51 @@ def test_fused_kernels_refuse_a_backend_that_cannot_run_them():
     assert "\n" not in str(raised.value)
 
 
+# A later check of the same config (evaluate.average_last=3 needs 3 kept checkpoints) ends
+# train() before it reads any data, so the two tests below cost no training run.
+_THEN_REFUSED = ["evaluate.average_last=3", "train.keep_checkpoints=2"]
+
+
+def test_training_refuses_a_kernel_this_process_lacks_before_tracing(tmp_path):
+  """With attention dropout, training's trace never reaches the kernel: without the config
+  check, a run on this CPU would train and refuse only at its first validation."""
+  config = registry.load_experiment(
+    "demo",
+    [
+      "model.attention_implementation='cudnn_packed'",
+      "model.dtype='bfloat16'",
+      "model.attention_dropout_rate=0.1",
+      *_THEN_REFUSED,
+    ],
+  )
+  with pytest.raises(errors.BadValue, match="'cudnn_packed' needs an NVIDIA GPU"):
+    train.train(config, str(tmp_path / "run"), progress=False)
+  assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.usefixtures("pallas_interpreted")
+@pytest.mark.parametrize("rate", [0.1, 0.0])
+def test_attention_dropout_keeping_training_off_the_kernel_is_one_warning(tmp_path, caplog, rate):
+  """Dropout on the probabilities needs them as an array, which the kernel never stores:
+  training spells the softmax out, and one warning line names the key and what runs."""
+  config = registry.load_experiment(
+    "demo",
+    [
+      "model.attention_implementation='pallas'",
+      f"model.attention_dropout_rate={rate}",
+      *_THEN_REFUSED,
+    ],
+  )
+  with pytest.raises(errors.BadValue, match="train.keep_checkpoints=3"):
+    train.train(config, str(tmp_path / "run"), progress=False)
+  warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+  warnings = [line for line in warnings if "attention_dropout_rate" in line]
+  assert len(warnings) == (rate > 0), warnings
+  if rate:
+    assert "model.attention_dropout_rate=0.1" in warnings[0] and "'pallas'" in warnings[0]
+    assert "softmax spelled out" in warnings[0] and "\n" not in warnings[0]
+
+
 def test_auto_stays_xla_until_the_constant_says_otherwise(monkeypatch):
   monkeypatch.setattr(fused_kernels, "cudnn_packed_problem", lambda: None)  # a Hopper GPU
   assert not fused_kernels.AUTO_PICKS_CUDNN_PACKED_ON_GPU
@@ -334,6 +356,36 @@ def test_pallas_self_attention_equals_the_default(causal):
 
 
 @pytest.mark.usefixtures("pallas_interpreted")
+@pytest.mark.parametrize(
+  "rows, length, blocks",
+  [
+    ([[7, 12, 9, 11], [30, 18]], 48, (16, 16)),  # 3 blocks each way
+    ([[20, 25, 10], [64]], 64, (64, 32)),  # 1 forward block, 2 backward ones
+  ],
+  ids=["48_tokens", "64_tokens"],
+)
+def test_pallas_tiles_rows_of_several_blocks_as_the_default(rows, length, blocks):
+  """Causal self-attention over rows longer than one block, sentences and padding across the
+  block boundaries: the forward pass's causal bound on key blocks, the backward pass's on
+  query blocks, and a backward block smaller than the forward one."""
+  assert fused_kernels.pallas_blocks(length) == blocks
+  segments = jnp.asarray(packed_segments(rows, length))
+  q, k, v = qkv(7, len(rows), length, length, heads=1, depth=16)
+  valid = segments > 0
+  assert_same_attention("pallas", q, k, v, AttentionMask(valid, valid, segments, segments, True))
+
+
+def test_pallas_blocks_divide_the_row_and_fit_the_backward_kernels():
+  """Per length: forward, the largest power-of-two block of 16 to 128 tokens dividing it;
+  backward, the largest of 16 or 32 tokens dividing it (JAX's default backward block is 32:
+  its kernels hold a query and a key block at once). None where no block divides it."""
+  for length in range(1, 600):
+    divisors = [b for b in (16, 32, 64, 128) if length % b == 0]
+    expected = (max(divisors), max(b for b in divisors if b <= 32)) if divisors else None
+    assert fused_kernels.pallas_blocks(length) == expected, length
+
+
+@pytest.mark.usefixtures("pallas_interpreted")
 def test_pallas_leaves_cross_attention_and_odd_lengths_to_the_default(monkeypatch):
   """Pallas' kernel takes one segment array for queries and keys, and Triton blocks of 16+
   tokens: cross-attention, and rows of 12 tokens, go the default way (bit for bit)."""
@@ -348,7 +400,7 @@ def test_pallas_leaves_cross_attention_and_odd_lengths_to_the_default(monkeypatc
   np.testing.assert_array_equal(
     fused_attention(k, k, v, self_mask, "pallas"), fused_attention(k, k, v, self_mask, "auto")
   )
-  assert fused_kernels.pallas_block(12) is None and fused_kernels.pallas_block(48) == 16
+  assert fused_kernels.pallas_blocks(12) is None
 
 
 @pytest.mark.usefixtures("pallas_interpreted")

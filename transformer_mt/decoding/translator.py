@@ -499,6 +499,7 @@ def _prepare(
   """(one model's Translator holding its abstract parameters, the checkpoint step): all of
   `load_translator` but reading the parameters."""
   config, tokenizer, step = checkpointing.read_config(workdir, step)
+  config = run_setup.runnable_here(config)
   not_decode = [o for o in decode_overrides if not o.startswith("decode.")]
   if not_decode:
     raise errors.BadValue(

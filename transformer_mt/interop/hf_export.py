@@ -338,6 +338,7 @@ def exportable(workdir: str, step: int | None = None, fixed_epsilon: bool = True
   """Checkpoint `step` (default: the latest) of `workdir`, checked before anything is read
   but its config and tokenizer (`check_exportable`)."""
   config, tokenizer, step = checkpointing.read_config(workdir, step)
+  config = run_setup.runnable_here(config)
   model_config = run_setup.model_config_for(config, tokenizer)
   check_exportable(model_config, tokenizer, fixed_epsilon)
   return Exportable(workdir, step, config, model_config, tokenizer)

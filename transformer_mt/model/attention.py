@@ -176,7 +176,7 @@ def _packed_kernel_attention(query, key, value, mask, implementation, cross_atte
   apply (the caller then takes JAX's "cudnn" or default path). Refuses, with one `error:`
   line, a backend the kernel cannot run on."""
   if implementation == "cudnn_packed":
-    fused_kernels.require_cudnn_packed()
+    fused_kernels.require("cudnn_packed")
     if not isinstance(mask, AttentionMask) or mask.query_segments is None:
       return None
     return fused_kernels.cudnn_packed_attention(

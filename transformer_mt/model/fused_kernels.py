@@ -24,6 +24,11 @@ outputs and the gradients by the padding mask before comparing. The adapter ther
 padded queries, keys and values going in (so whatever the kernel writes into their
 gradients is dropped by `where`'s transpose) and padded outputs coming out.
 
+Where a kernel cannot run (`platform_problem`), training refuses before its first trace
+(`require`, one `error:` line), and inference on a checkpoint that names it runs "auto",
+the same attention from the same parameters (model/setup.py's `runnable_here`): a model
+trained on a Hopper GPU translates on a CPU.
+
 The rest of attention (masks, projections, the decode cache) is model/attention.py's; this
 module adapts the kernels and says where they can run.
 """
@@ -75,19 +80,14 @@ def resolve(implementation: str, dtype) -> str:
 @functools.cache
 def cudnn_packed_problem() -> str | None:
   """Why cuDNN's packed layout cannot run in this process (None: it can)."""
-  backend = jax.default_backend()
-  if backend != "gpu":
-    return f"needs an NVIDIA GPU with cuDNN, and this process runs on {backend}"
-  try:
-    from jax._src.cudnn import fused_attention_stablehlo as cudnn
-  except ImportError:
-    return f"needs jax._src.cudnn.fused_attention_stablehlo, which JAX {jax.__version__} lacks"
+  problem = cudnn_problem()
+  if problem is not None:
+    return problem
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn
+
   if "q_offsets" not in inspect.signature(cudnn.dot_product_attention).parameters:
     return f"needs cuDNN's packed layout (q_offsets), which JAX {jax.__version__} does not pass"
-  try:
-    version = cudnn.check_cudnn_version()
-  except RuntimeError as error:  # "cuDNN is not detected." (a ROCm GPU, say)
-    return f"needs cuDNN: {error}"
+  version = cudnn.check_cudnn_version()
   if version < PACKED_MIN_CUDNN_VERSION:
     return f"needs cuDNN >= {PACKED_MIN_CUDNN_VERSION}, found {version}"
   capability = getattr(jax.devices()[0], "compute_capability", "0.0")
@@ -99,24 +99,64 @@ def cudnn_packed_problem() -> str | None:
   return None
 
 
-def require_cudnn_packed() -> None:
-  """Refuses (one `error:` line) where the packed cuDNN kernel cannot run."""
-  problem = cudnn_packed_problem()
+@functools.cache
+def cudnn_problem() -> str | None:
+  """Why JAX's cuDNN attention cannot run in this process (None: it can)."""
+  backend = jax.default_backend()
+  if backend != "gpu":
+    return f"needs an NVIDIA GPU with cuDNN, and this process runs on {backend}"
+  try:
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn
+  except ImportError:
+    return f"needs jax._src.cudnn.fused_attention_stablehlo, which JAX {jax.__version__} lacks"
+  try:
+    cudnn.check_cudnn_version()
+  except RuntimeError as error:  # "cuDNN is not detected." (a ROCm GPU, say)
+    return f"needs cuDNN: {error}"
+  return None
+
+
+def platform_problem(implementation: str) -> str | None:
+  """Why the kernel `implementation` names cannot run in this process; None where it can, or
+  where it names none ("auto", "xla"). "pallas" runs off a GPU only interpreted, and only
+  when INTERPRET_PALLAS_OFF_GPU is set."""
+  if implementation == "cudnn":
+    return cudnn_problem()
+  if implementation == "cudnn_packed":
+    return cudnn_packed_problem()
+  backend = jax.default_backend()
+  if implementation == "pallas" and backend != "gpu" and not INTERPRET_PALLAS_OFF_GPU:
+    return (
+      f"runs Triton kernels on an NVIDIA GPU, and this process runs on {backend}: use 'auto' here"
+    )
+  return None
+
+
+def require(implementation: str) -> None:
+  """Refuses (one `error:` line) a kernel that cannot run in this process."""
+  problem = platform_problem(implementation)
   if problem is not None:
-    raise errors.BadValue(f"model.attention_implementation='cudnn_packed' {problem}")
+    raise errors.BadValue(f"model.attention_implementation={implementation!r} {problem}")
 
 
 def pallas_interpret() -> bool:
   """Whether "pallas" runs interpreted here; refuses (one `error:` line) off a GPU unless
   INTERPRET_PALLAS_OFF_GPU is set."""
-  backend = jax.default_backend()
-  if backend == "gpu":
-    return False
-  if INTERPRET_PALLAS_OFF_GPU:
-    return True
-  raise errors.BadValue(
-    "model.attention_implementation='pallas' runs Triton kernels on an NVIDIA GPU, and this "
-    f"process runs on {backend}: use 'auto' here"
+  require("pallas")
+  return jax.default_backend() != "gpu"
+
+
+def attention_dropout_note(implementation: str, attention_dropout_rate: float) -> str | None:
+  """What training runs instead of the kernel `implementation` asks for when attention
+  dropout needs the probabilities as an array (attention.py's `_needs_weights`); None when
+  nothing is skipped. Evaluation and decoding, deterministic, still use the kernel."""
+  if attention_dropout_rate <= 0 or implementation in ("auto", "xla"):
+    return None
+  return (
+    f"model.attention_dropout_rate={attention_dropout_rate:g} keeps training's attention off "
+    f"model.attention_implementation={implementation!r}: it applies dropout to the "
+    "probabilities, which the kernel never stores, so it runs the softmax spelled out "
+    "(evaluation and decoding still use the kernel); set it to 0 to train on the kernel"
   )
 
 
@@ -216,13 +256,21 @@ def cudnn_packed_attention(
   return jnp.where(fits, context, jnp.asarray(jnp.nan, context.dtype))
 
 
-def pallas_block(length: int) -> int | None:
-  """The largest power-of-two block of at most 128 tokens dividing `length` (Triton's tiles),
-  or None if no block of at least 16 does."""
+def pallas_blocks(length: int) -> tuple[int, int] | None:
+  """(forward, backward) Triton blocks for self-attention over rows of `length` tokens, or
+  None if no block of at least 16 tokens divides `length`.
+
+  Forward: the largest power of two of at most 128 tokens dividing `length`. Backward: JAX's
+  32 (its kernels hold a query block and a key block at once), or the forward block where
+  that is smaller. It must divide `length` as well: the backward kernel tiles the gradient
+  of queries and of keys with the same grid, and JAX checks only that both sides have as
+  many blocks, not that the blocks cover the row."""
   block = _PALLAS_BLOCK
   while block >= _PALLAS_MIN_BLOCK and length % block:
     block //= 2
-  return block if block >= _PALLAS_MIN_BLOCK else None
+  if block < _PALLAS_MIN_BLOCK:
+    return None
+  return block, min(_PALLAS_BACKWARD_BLOCK, block)
 
 
 def pallas_self_attention(
@@ -246,13 +294,13 @@ def pallas_self_attention(
     of 16): the caller then takes the default path. Padded queries attend to the padded
     keys at or before them (segment 0), a finite value nothing reads.
   """
-  block = pallas_block(query.shape[1])
-  if block is None:
+  blocks = pallas_blocks(query.shape[1])
+  if blocks is None:
     return None
   from jax.experimental.pallas.ops.gpu import attention as pallas_attention
 
-  backward = min(_PALLAS_BACKWARD_BLOCK, block)
-  blocks = pallas_attention.BlockSizes(
+  block, backward = blocks
+  sizes = pallas_attention.BlockSizes(
     block_q=block,
     block_k=block,
     block_q_dkv=backward,
@@ -268,6 +316,6 @@ def pallas_self_attention(
     segments,
     sm_scale=1.0 / math.sqrt(query.shape[-1]),
     causal=causal,
-    block_sizes=blocks,
+    block_sizes=sizes,
     interpret=interpret,
   )

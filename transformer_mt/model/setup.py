@@ -9,13 +9,14 @@ restored alone, without the Adam moments that would triple the memory.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 import ml_collections
 from jax.sharding import Mesh
 
 from transformer_mt.data.tokenizer import AnyTokenizer
-from transformer_mt.model import layout
+from transformer_mt.model import fused_kernels, layout
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.model.transformer_config import TransformerConfig
 from transformer_mt.runtime import errors, sharding
@@ -34,6 +35,28 @@ def model_config_for(
     return TransformerConfig.from_mapping(config.model.to_dict())
   vocab_size = tokenizer.vocab_size if tokenizer else config.tokenizer.vocab_size
   return TransformerConfig.from_mapping(config.model.to_dict(), vocab_size=vocab_size)
+
+
+def runnable_here(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A checkpoint's config for inference in this process: itself, or a copy whose
+  model.attention_implementation is "auto" where the kernel it names cannot run here
+  ("cudnn_packed" or "pallas" trained on a GPU, read on a CPU or a GPU before Hopper). The
+  kernels compute the same attention from the same parameters as JAX's dense-mask path; one
+  log line says which runs. Training keeps refusing such a process (fused_kernels.require):
+  there the kernel is what the run asked for."""
+  implementation = config.model.attention_implementation
+  problem = fused_kernels.platform_problem(implementation)
+  if problem is None:
+    return config
+  logging.info(
+    "model.attention_implementation=%r %s: running 'auto' (JAX's attention with a dense mask, "
+    "the same parameters) instead.",
+    implementation,
+    problem,
+  )
+  config = config.copy_and_resolve_references()
+  config.model.attention_implementation = "auto"
+  return config
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,6 +28,7 @@ from transformer_mt.data import input_pipeline
 from transformer_mt.data import sources as data_sources
 from transformer_mt.data.tokenizer import AnyTokenizer, load_or_train
 from transformer_mt.evaluation import corpus_scores
+from transformer_mt.model import fused_kernels
 from transformer_mt.model.setup import (
   ModelSetup,
   check_learned_positions,
@@ -239,7 +240,16 @@ def setup_run(config: ml_collections.ConfigDict, workdir: str) -> RunSetup:
 
 
 def _check_before_writing(config: ml_collections.ConfigDict) -> int:
-  """Raises on a config the run cannot use; returns the packed rows per step."""
+  """Raises on a config the run cannot use, and warns (one line) where it would quietly run
+  something else than it asks; returns the packed rows per step."""
+  # Before the model is traced: with attention dropout, training's trace never reaches the
+  # kernel, and the first validation would be the first to refuse it.
+  fused_kernels.require(config.model.attention_implementation)
+  note = fused_kernels.attention_dropout_note(
+    config.model.attention_implementation, config.model.attention_dropout_rate
+  )
+  if note:
+    logging.warning(note)
   check_learned_positions(config, model_config_for(config))
   data_shards, fsdp_shards, _ = sharding.mesh_shape(config.mesh, jax.device_count())
   actions.profile_range(config.train.profile_steps)

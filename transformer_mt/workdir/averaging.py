@@ -57,7 +57,8 @@ def average_last(workdir: str, last_n: int, output_dir: str | None = None) -> tu
   config, tokenizer, _ = checkpointing.read_config(workdir, chosen[-1])
   # The devices this command runs on, not the training mesh (which may need more of them).
   mesh = sharding.make_mesh(sharding.inference_mesh_config())
-  target = run_setup.model_setup(config, tokenizer, mesh).abstract_params
+  # The saved config stays the checkpoint's, kernel included.
+  target = run_setup.model_setup(run_setup.runnable_here(config), tokenizer, mesh).abstract_params
   mean = mean_params(workdir, chosen, target)
   checkpointing.save_inference(output_dir, chosen[-1], mean, config, tokenizer)
   return output_dir, chosen
