@@ -806,4 +806,12 @@ MUTANTS = (
     "    if prune:",
     ("tests/test_multihost.py::test_a_sweep_worker_of_two_processes_prunes_on_both_at_one_step",),
   ),
+  Mutant(
+    "torch-reference-q-v-swapped",
+    "the PyTorch reference takes our value projection as its query and our query as its value",
+    "benchmarks/torch_reference.py",
+    '    for name, short in (("query", "q"), ("key", "k"), ("value", "v")):',
+    '    for name, short in (("query", "v"), ("key", "k"), ("value", "q")):',
+    ("tests/test_torch_reference.py::test_the_reference_computes_our_loss_on_our_weights",),
+  ),
 )

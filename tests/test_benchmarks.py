@@ -159,8 +159,9 @@ def test_torch_reference(capsys):
   pytest.importorskip("torch", reason=INTEROP)
   from benchmarks import torch_reference
 
-  torch_reference.main(["--tiny", "--no-compile", "--reps", "1"])
-  lines = capsys.readouterr().out.splitlines()
+  lines = _run(capsys, torch_reference, "--tiny", "--no-compile", "--reps", "1")
+  checks = [line for line in lines if " on our initial weights, " in line]
+  assert len(checks) == 2 and all("within the tolerance" in line for line in checks), checks
   steps = [line for line in lines if line.startswith("PyTorch ") and " train step" in line]
   assert [line.split(" train step")[0] for line in steps] == ["PyTorch Base", "PyTorch Big"]
   assert all("tokens/s" in line and "MFU" in line and "eager" in line for line in steps)
