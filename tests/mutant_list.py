@@ -814,4 +814,12 @@ MUTANTS = (
     '    for name, short in (("query", "v"), ("key", "k"), ("value", "q")):',
     ("tests/test_torch_reference.py::test_the_reference_computes_our_loss_on_our_weights",),
   ),
+  Mutant(
+    "cross-keys-transposed-whatever-the-switch",
+    "the cross-attention keys are cached transposed even with cross_keys_transposed off",
+    "transformer_mt/model/attention.py",
+    "      keys = index == 0 and self.config.cross_keys_transposed",
+    "      keys = index == 0",
+    ("tests/test_beam_decode.py::test_cross_keys_kept_untransposed_give_the_default_outputs",),
+  ),
 )
