@@ -299,11 +299,19 @@ class Translator:
       max_len,
       self.alpha,
       sharding.global_batch_from_host(max_lengths, self.mesh),
+      **self.beam_decode_options(inputs.shape[0]),
+    )
+
+  def beam_decode_options(self, rows: int) -> dict:
+    """beam_decode's keyword arguments for a batch of `rows` sentences under this translator's
+    settings ("auto" resolved for its mesh): what users run, and what
+    benchmarks/accelerator.py's decode section times."""
+    return dict(
       forced_first_id=self.forced_first_id,
       length_penalty=self.length_penalty,
       candidate_pool=self.candidate_pool,
       cache_reorder=beam_rows.resolve_cache_reorder(
-        self.cache_reorder, self.mesh.devices.flat[0].platform, inputs.shape[0]
+        self.cache_reorder, self.mesh.devices.flat[0].platform, rows
       ),
       stop_check_every=self.stop_check_every,
       shrink_batch=self.shrink_batch,
