@@ -14,8 +14,14 @@ Prints, for the first device:
     such as a CPU), and the step's memory as XLA's analysis of the very program timed reports it
     (arguments, outputs and temporaries; the process's peak so far, `memory_stats()`, beside
     it, is cumulative: Big's line includes what Base took);
-  * beam-4 decoding of the Base model, sentences/s: random weights seldom emit EOS, so every
-    sentence runs to its length limit (source + 50 at most), an upper bound on the work;
+  * beam-4 decoding of the Base model as users run it (the experiment defaults' decode
+    section through the Translator: on a GPU or TPU cache_reorder "auto" is "gather"), target
+    tokens/s: random weights seldom emit EOS, so every sentence runs to its length limit
+    (source + 50), an upper bound on the work;
+  * the same decoding, then with each decode lever of DECODE_LEVERS changed alone (the cache
+    reorders, the growing cache, the shrinking batch, the transposed cross keys, the blocked
+    top-k): target tokens/s, the ratio to the defaults, compile seconds, and whether the best
+    hypotheses are the defaults';
   * our beam 4 against transformers' `generate` on a Base-shaped Marian model, same weights,
     256 sentences, bf16 on both sides (benchmarks/harness/models.py);
   * which attention implementation XLA chose for the training attention (a cuDNN fused
@@ -39,7 +45,8 @@ Useful FLOPs are counted by benchmarks/harness/steps.py's `useful_flops` (parame
 x 6, the vocabulary projection, and the attention scores over the full rows), as train_step.py
 and torch_reference.py count them. Nothing is asserted about speed: figures depend on the
 machine. tests/test_benchmarks.py runs `--tiny` on CPU so this script cannot rot before an
-accelerator is lent; at --tiny, "levers" runs one lever and "combined" one batch size.
+accelerator is lent; at --tiny, "levers" and "decode_levers" run one lever each and
+"combined" one batch size.
 """
 
 from __future__ import annotations
@@ -70,7 +77,8 @@ from benchmarks.harness.steps import (  # noqa: E402
   useful_flops,
 )
 from transformer_mt.config import defaults as _defaults  # noqa: E402
-from transformer_mt.decoding import beam_decode  # noqa: E402
+from transformer_mt.decoding import beam_decode, translator  # noqa: E402
+from transformer_mt.decoding.settings import decode_settings  # noqa: E402
 from transformer_mt.model import attention  # noqa: E402
 from transformer_mt.model.transformer import Transformer  # noqa: E402
 from transformer_mt.runtime import sharding  # noqa: E402
@@ -107,6 +115,7 @@ SECTIONS = (
   "base",
   "big",
   "decode",
+  "decode_levers",
   "generate",
   "attention",
   "bf16",
@@ -116,6 +125,29 @@ SECTIONS = (
   "levers",
   "combined",
 )
+# The decode section's levers (issue 57), each changed alone from what users run (the
+# defaults' decode section through the Translator): name -> (beam_decode arguments,
+# TransformerConfig changes). "cache_reorder ancestry" keeps the growing cache of
+# beam_decode.GROW_CACHE_FROM_BYTES, which the next row turns off; a lever that is the default
+# on the device is not timed twice.
+DECODE_LEVERS = {
+  "cache_reorder gather": ({"cache_reorder": "gather"}, {}),
+  "cache_reorder chunked": ({"cache_reorder": "chunked"}, {}),
+  "cache_reorder ancestry": ({"cache_reorder": "ancestry"}, {}),
+  "cache_reorder ancestry, cache never grown": (
+    {"cache_reorder": "ancestry", "grow_cache_from_bytes": None},
+    {},
+  ),
+  "shrink_batch off": ({"shrink_batch": False}, {}),
+  "cross keys not transposed": ({}, {"cross_keys_transposed": False}),
+  "blocked top-k off (jax.lax.top_k)": ({"blocked_top_k": False}, {}),
+}
+# The one decode lever at --tiny: the GPU's and TPU's default reorder, where a CPU's is
+# "ancestry" (TINY's 256-entry vocabulary is below vocab_top_k.BLOCKED_FROM: top-k is not
+# blocked there).
+TINY_DECODE_LEVER = "cache_reorder gather"
+# The decode section's compiled programs, by their static arguments and batch shape.
+_COMPILED_DECODES = {}
 # The bf16 check's model on a CPU (but at --tiny, TINY's Base): test_bf16.py's size.
 CPU_BF16_CHECK = (32, 64, 4, 2, 64, 8, 12)
 
@@ -171,39 +203,95 @@ def combined_figures(sizes, reps, peak, attention_implementation, tiny=False):
       train_step_figures(name, shape, reps, peak, attention_implementation, lever="all levers")
 
 
-def decode_figures(size, reps, beam=4, sentences=64, source_len=32):
-  """Base beam-4 decoding with random weights: sentences/s, as a printed line."""
+def decode_translator(size, sentences):
+  """A Translator of the Base model with random weights (float32 parameters, compute in "auto")
+  under the experiment defaults' decode section (`settings.decode_settings`), as `run.py
+  translate` builds it, batches of `sentences`."""
   config = model_config(size, "auto").replace(deterministic=True)
   mesh = one_device_mesh()
   dummy = jnp.ones((1, 2), jnp.int32)
-  params = nn.unbox(Transformer(config).init(jax.random.key(0), dummy, dummy)["params"])
-  params = jax.device_put(params, sharding.replicated(mesh))
+  params = nn.unbox(jax.jit(Transformer(config).init)(jax.random.key(0), dummy, dummy)["params"])
+  settings = decode_settings(_defaults.base_config())
+  return translator.Translator(
+    params=jax.device_put(params, sharding.replicated(mesh)),
+    model_config=config,
+    tokenizer=None,  # ids in, ids out: nothing to tokenize
+    mesh=mesh,
+    **dict(settings, batch_size=sentences),
+  )
+
+
+def decode_figures(size, reps, sentences=64, source_len=32, levers=()):
+  """Beam search of the Base model as users run it, then with each of `levers` (keys of
+  DECODE_LEVERS) changed: a line each, target tokens/s (the defaults' first).
+
+  The batch is the Translator's (`padded_batch`) for `sentences` random sources of 2 to
+  `source_len` tokens, each allowed its source length + decode.extra_len target tokens:
+  random weights seldom emit EOS, so a sentence ends at its limit, and the batch shrinks as the
+  shorter ones end. The defaults are beam_decode's arguments as `Translator._decoder` passes
+  them under the defaults' decode section (`Translator.beam_decode_options`: cache_reorder
+  "auto" resolved for this device and batch, the shrinking batch) with beam_decode's own
+  defaults for the rest (the growing cache, transposed cross keys, blocked top-k)."""
+  decoder = decode_translator(size, sentences)
   rng = np.random.default_rng(0)
-  inputs = rng.integers(4, config.vocab_size, size=(sentences, source_len)).astype(np.int32)
+  eos, vocab = decoder.model_config.eos_id, decoder.model_config.vocab_size
+  sources = [
+    [*rng.integers(4, vocab, size=length - 1).tolist(), eos]
+    for length in rng.integers(2, source_len + 1, size=sentences)
+  ]
+  inputs, max_lengths, max_len = decoder.padded_batch(sources)
+  mesh = decoder.mesh
   inputs = jax.device_put(inputs, sharding.batch_sharding(mesh))
-  max_len = source_len + 50
-  max_lengths = jax.device_put(
-    np.full(sentences, max_len, np.int32), sharding.batch_sharding(mesh, 1)
+  max_lengths = jax.device_put(max_lengths, sharding.batch_sharding(mesh, 1))
+  defaults = dict(
+    decoder.beam_decode_options(inputs.shape[0]),
+    config=decoder.decoder_config,
+    beam_size=decoder.beam_size,
+    max_len=max_len,
+    alpha=decoder.alpha,
   )
+
+  def run(options):
+    """(outputs, Timing, compile seconds) of beam_decode with `options` (each program compiled
+    once a process: the "decode_levers" section times the defaults of "decode" again)."""
+    start = time.perf_counter()
+    key = (inputs.shape, *sorted(options.items()))
+    if key not in _COMPILED_DECODES:
+      _COMPILED_DECODES[key] = beam_decode.beam_decode.lower(
+        decoder.params, inputs, max_lengths=max_lengths, **options
+      ).compile()
+    compiled = _COMPILED_DECODES[key]
+    compile_s = time.perf_counter() - start
+    call = lambda: compiled(decoder.params, inputs, max_lengths=max_lengths)  # noqa: E731
+    return call(), timing.time_calls(call, warmup=1, reps=reps), compile_s
+
   with jax.set_mesh(mesh):
-    # The whole batch at every step, the program of the figures before the batch could shrink
-    # (random weights end few sentences early; each smaller batch is one more compilation).
-    compiled = beam_decode.beam_decode.lower(
-      params,
-      inputs,
-      config=config,
-      beam_size=beam,
-      max_len=max_len,
-      max_lengths=max_lengths,
-      shrink_batch=False,
-    ).compile()
-    decode_timing = timing.time_calls(
-      lambda: compiled(params, inputs, max_lengths=max_lengths), warmup=1, reps=reps
+    reference, best, compile_s = run(defaults)
+    sequences = np.asarray(reference.sequences)[: len(sources)]
+    tokens = int((sequences != decoder.model_config.pad_id).sum())
+    print(
+      f"Base beam-{decoder.beam_size} decode, {decoder.model_config.dtype}, {len(sources)} "
+      f"sentences of 2-{source_len} tokens, up to {max_len} out, {tokens} target tokens; "
+      f"defaults (cache_reorder {decoder.cache_reorder} = {defaults['cache_reorder']}, "
+      f"shrink_batch {defaults['shrink_batch']}, cache grown from "
+      f"{beam_decode.GROW_CACHE_FROM_BYTES / 2**20:g} MiB a layer under ancestry, cross keys "
+      f"transposed, blocked top-k): {tokens / best.best:,.0f} target tokens/s "
+      f"({len(sources) / best.best:,.1f} sentences/s), compile {compile_s:.1f} s"
     )
-  print(
-    f"Base beam-{beam} decode, {config.dtype}, {sentences} sentences of {source_len} tokens, up to "
-    f"{max_len} out: {sentences / decode_timing.best:,.1f} sentences/s"
-  )
+    for lever in levers:
+      options, model_changes = DECODE_LEVERS[lever]
+      changed = dict(defaults, **options)
+      changed["config"] = defaults["config"].replace(**model_changes)
+      if changed == defaults:
+        print(f"  {lever}: the defaults on this device")
+        continue
+      outputs, lever_timing, compile_s = run(changed)
+      same = np.mean(np.all(np.asarray(outputs.sequences)[: len(sources)] == sequences, axis=1))
+      print(
+        f"  {lever}: {tokens / lever_timing.best:,.0f} target tokens/s, "
+        f"{best.best / lever_timing.best:.2f}x the defaults, compile {compile_s:.1f} s, "
+        f"the defaults' best hypothesis for {same:.0%} of sentences"
+      )
 
 
 def attention_choice(size) -> str:
@@ -280,11 +368,18 @@ def main(argv=None):
   print(f"device: {device.device_kind} ({device.platform}, {peak_text}), jax {jax.__version__}")
   print(f"sizes ({'tiny, for CI' if args.tiny else 'the paper'}): {sizes}")
   on_cpu = jax.default_backend() == "cpu"
+  decode_batch = (8, 8) if args.tiny else (64, 32)  # sentences, longest source
   sections = {
     "base": lambda: train_step_figures("Base", sizes["Base"], reps, peak),
     "big": lambda: train_step_figures("Big", sizes["Big"], reps, peak),
-    "decode": lambda: decode_figures(
-      sizes["Base"], reps, sentences=8 if args.tiny else 64, source_len=8 if args.tiny else 32
+    # Beam 4 as users run it (the defaults' decode section).
+    "decode": lambda: decode_figures(sizes["Base"], reps, *decode_batch),
+    # The same, then each decode lever changed alone (at --tiny TINY_DECODE_LEVER only).
+    "decode_levers": lambda: decode_figures(
+      sizes["Base"],
+      reps,
+      *decode_batch,
+      levers=[TINY_DECODE_LEVER] if args.tiny else list(DECODE_LEVERS),
     ),
     # Issue 42's decoding anchor: our beam 4 against transformers' generate, same weights.
     "generate": lambda: print(

@@ -8,14 +8,16 @@
 # installed) and Multi30k from device_data/multi30k/ (otherwise from data.root's default,
 # ../shared/data). It runs, in this order (a run cut short loses the end):
 #   1. benchmarks/accelerator.py, the sections of ACCELERATOR_SECTIONS (default: the train
-#      steps and decoding, what the PyTorch reference is compared with);
+#      steps, what the PyTorch reference is compared with, and beam 4 with the decode
+#      defaults users run, alone and against transformers' generate);
 #   2. benchmarks/torch_reference.py, the same Base and Big steps in PyTorch, in its own
 #      process (JAX's process would hold most of the GPU's memory), unless SKIP_TORCH=1;
 #   3. the published Multi30k row from data to BLEU: `run.py reproduce` of
 #      transformer_tiny_multi30k_ende, timed as a whole command (its log gives the steps/s,
 #      the input wait share and test2016 BLEU), unless SKIP_REPRODUCE=1; stopped after
 #      REPRODUCE_LIMIT seconds (default 330: the goal is 300), so the sections after it run;
-#   4. benchmarks/accelerator.py again for ACCELERATOR_LATER (default: every other section);
+#   4. benchmarks/accelerator.py again for ACCELERATOR_LATER (default: every other section,
+#      the decode defaults against each decode lever on and off, "decode_levers", second);
 #      "none" runs none.
 # Everything is also written under $OUT (default /tmp/device_out): logs, results.json.
 set -uo pipefail
@@ -55,7 +57,7 @@ if [ -d device_data/multi30k ]; then data_root=(data.root=device_data); fi
   python3 -c "import jax, flax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())"
 } 2>&1 | tee "$OUT/machine.txt"
 first="${ACCELERATOR_SECTIONS:-base,big,decode,generate}"
-later="${ACCELERATOR_LATER:-combined,attention,bf16,cudnn,packed,xla_flags,levers}"
+later="${ACCELERATOR_LATER:-combined,decode_levers,attention,bf16,cudnn,packed,xla_flags,levers}"
 if [ "$first" != none ]; then
   python3 benchmarks/accelerator.py --sections "$first" 2>&1 | tee "$OUT/accelerator.txt"
 fi

@@ -7,8 +7,11 @@ standard setup, on the very batches benchmarks/accelerator.py times ours on.
 
 The model is ours in PyTorch: post-LN encoder-decoder, ReLU FFN, biases, sinusoidal positions,
 embeddings scaled by sqrt(d_model) and tied three ways (source, target, pre-softmax), dropout 0.1
-on embeddings and sub-layer outputs, none on attention, no key bias; the same parameter count as our
-`Transformer` (tests/test_torch_reference.py checks it). The step: bf16 autocast (float32
+on embeddings and sub-layer outputs, none on attention, no key bias. It starts from our
+`Transformer`'s initial parameters (`torch_state`: every one of ours, under its name here), and
+before timing each size prints the float32 loss of both models on the same rows with dropout
+off: equal within SAME_LOSS_TOLERANCE, or the exit status says they are not the same model
+(tests/test_torch_reference.py checks it at the toy size). The step: bf16 autocast (float32
 parameters, Adam and loss, as ours), `F.scaled_dot_product_attention` (flash on a GPU: no mask
 tensor, `is_causal` for the decoder), label-smoothed cross-entropy (eps 0.1 spread over the whole
 vocabulary, as ours), `torch.optim.Adam(fused=True)` (betas 0.9/0.98, eps 1e-9), the model under
@@ -34,9 +37,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from flax import linen  # noqa: E402
 from torch import nn  # noqa: E402
 
 from benchmarks.harness.steps import (  # noqa: E402
@@ -47,8 +52,16 @@ from benchmarks.harness.steps import (  # noqa: E402
   peak_of,
   useful_flops,
 )
+from transformer_mt.model.transformer import Transformer  # noqa: E402
+from transformer_mt.training import losses  # noqa: E402
 
 DROPOUT, LABEL_SMOOTHING, LN_EPS = 0.1, 0.1, 1e-6
+# |loss_torch / loss_ours - 1| allowed on the same parameters and rows, both in float32 with
+# dropout off: the two differ only in the order of float32 sums (2^-24 relative per rounding,
+# a few hundred of them along a row of a 37k-vocabulary logsumexp).
+SAME_LOSS_TOLERANCE = 1e-5
+# Rows of the size's batch the loss is compared on: JAX runs on the CPU in this process.
+CHECK_ROWS = 2
 
 
 def sinusoids(length: int, d_model: int) -> torch.Tensor:
@@ -127,6 +140,107 @@ class TransformerReference(nn.Module):
     return x @ self.embedding.weight.T  # tied pre-softmax projection
 
 
+def our_initial_params(size, seed: int = 0) -> dict:
+  """Our `Transformer`'s initial parameters for a SIZES / TINY tuple (float32, on the CPU)."""
+  config = model_config(size, "float32")
+  dummy = jax.numpy.ones((1, 2), jax.numpy.int32)
+  init = jax.jit(Transformer(config).init)  # one program, not hundreds of dispatched ops
+  return linen.unbox(init(jax.random.key(seed), dummy, dummy)["params"])
+
+
+def torch_state(params: dict, layers: int) -> dict[str, torch.Tensor]:
+  """Our parameters (a flax tree) as TransformerReference's state dict: projection kernels
+  [d_model, heads, head_dim] become nn.Linear weights [heads * head_dim, d_model] (heads
+  major, as `Attention.forward` splits them), LayerNorm scale its weight.
+
+  Raises:
+    ValueError: one of our parameters has no place here (it would be silently dropped).
+  """
+  used = set()
+
+  def take(*path) -> torch.Tensor:
+    tree = params
+    for key in path:
+      tree = tree[key]
+    used.add(path)
+    return torch.from_numpy(np.array(tree, np.float32))
+
+  state = {"embedding.weight": take("source_embedder", "embedding", "embedding")}
+
+  def attention(theirs, *ours):
+    for name, short in (("query", "q"), ("key", "k"), ("value", "v")):
+      kernel = take(*ours, name, "kernel")
+      state[f"{theirs}.{short}.weight"] = kernel.reshape(kernel.shape[0], -1).T
+      if name != "key":  # no key bias, on either side
+        state[f"{theirs}.{short}.bias"] = take(*ours, name, "bias").reshape(-1)
+    kernel = take(*ours, "out", "kernel")  # [heads, head_dim, d_model]
+    state[f"{theirs}.o.weight"] = kernel.reshape(-1, kernel.shape[-1]).T
+    state[f"{theirs}.o.bias"] = take(*ours, "out", "bias")
+
+  def layer(theirs, ours, attentions, blocks):
+    for name in attentions:
+      attention(f"{theirs}.{name}", ours, name)
+    for index, block in enumerate(blocks):
+      state[f"{theirs}.norms.{index}.weight"] = take(ours, block, "norm", "scale")
+      state[f"{theirs}.norms.{index}.bias"] = take(ours, block, "norm", "bias")
+    for index, name in ((0, "wi"), (2, "wo")):
+      state[f"{theirs}.ffn.{index}.weight"] = take(ours, "ffn", name, "kernel").T
+      state[f"{theirs}.ffn.{index}.bias"] = take(ours, "ffn", name, "bias")
+
+  for i in range(layers):
+    layer(
+      f"encoder.{i}", f"encoder_layers_{i}", ("self_attention",), ("attention_block", "ffn_block")
+    )
+    layer(
+      f"decoder.{i}",
+      f"decoder_layers_{i}",
+      ("self_attention", "cross_attention"),
+      ("self_attention_block", "cross_attention_block", "ffn_block"),
+    )
+  leaves = {
+    tuple(getattr(k, "key", k) for k in path)
+    for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]
+  }
+  if leaves != used:
+    raise ValueError(f"our parameters without a place in the reference: {sorted(leaves - used)}")
+  return state
+
+
+def reference_with_our_params(size, params: dict) -> TransformerReference:
+  """TransformerReference of a size, on the CPU, holding `params` (ours) exactly."""
+  d_model, d_ff, heads, layers, vocab, _, max_len = size
+  model = TransformerReference(d_model, d_ff, heads, layers, vocab, max_len)
+  # strict: every parameter of the reference set, no name left over.
+  model.load_state_dict(torch_state(params, layers), strict=True)
+  return model
+
+
+def same_weights_losses(size, params: dict, model: nn.Module, rows: int) -> tuple[float, float]:
+  """(our loss, the reference's) on the first `rows` rows of the size's batch (seed 0), both
+  float32 with dropout off: label-smoothed cross-entropy per target token, as each trains."""
+  numpy_batch = {k: v[0, :rows] for k, v in full_rows_batch(*size[5:7], size[4], seed=0).items()}
+  config = model_config(size, "float32").replace(deterministic=True)
+  logits = jax.jit(Transformer(config).apply)(
+    {"params": params},
+    numpy_batch["inputs"],
+    numpy_batch["targets_in"],
+    inputs_positions=numpy_batch["inputs_positions"],
+    targets_positions=numpy_batch["targets_positions"],
+    inputs_segmentation=numpy_batch["inputs_segment_ids"],
+    targets_segmentation=numpy_batch["targets_segment_ids"],
+  )
+  weights = np.ones(numpy_batch["targets"].shape, np.float32)  # full rows: no padding
+  sums = losses.cross_entropy_sums(logits, numpy_batch["targets"], weights, LABEL_SMOOTHING)
+  ours = float(sums["loss"]) / float(sums["num_tokens"])
+  batch = {k: torch.from_numpy(numpy_batch[k]).long() for k in ("inputs", "targets", "targets_in")}
+  training = model.training
+  model.eval()
+  with torch.no_grad():
+    theirs = float(loss_fn(model, batch))
+  model.train(training)
+  return ours, theirs
+
+
 def loss_fn(model, batch):
   logits = model(batch["inputs"], batch["targets_in"])
   return F.cross_entropy(
@@ -134,11 +248,24 @@ def loss_fn(model, batch):
   )
 
 
-def step_figures(name, size, device, reps, compile_model, peak) -> None:
-  """Times one size's step and prints its line."""
+def same_model_line(name, size, params, model, rows) -> tuple[str, bool]:
+  """(the printed comparison of our loss with the reference's on our weights, whether they
+  agree within SAME_LOSS_TOLERANCE)."""
+  ours, theirs = same_weights_losses(size, params, model, rows)
+  relative = abs(theirs / ours - 1)
+  same = relative <= SAME_LOSS_TOLERANCE
+  return (
+    f"PyTorch {name} on our initial weights, float32, dropout off, {rows} x {size[6]} target "
+    f"tokens: loss {theirs:.6f}, ours {ours:.6f}, relative difference {relative:.1e}, "
+    f"{'within' if same else 'OUTSIDE'} the tolerance {SAME_LOSS_TOLERANCE:g}"
+  ), same
+
+
+def step_figures(name, size, device, reps, compile_model, peak, model) -> None:
+  """Times one size's step, `model` (on the CPU) moved to `device`, and prints its line."""
   d_model, d_ff, heads, layers, vocab, rows, max_len = size
-  torch.manual_seed(0)
-  model = TransformerReference(d_model, d_ff, heads, layers, vocab, max_len).to(device)
+  torch.manual_seed(0)  # dropout's draws
+  model = model.to(device)
   fused = device.type == "cuda"
   optimizer = torch.optim.Adam(
     model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=fused or None
@@ -212,11 +339,25 @@ def main(argv=None):
   if device.type == "cuda":
     torch.backends.cuda.matmul.allow_tf32 = True
   print(f"PyTorch {torch.__version__} on {kind}", flush=True)
+  different = 0
   for name in args.sizes.split(","):
+    params = our_initial_params(sizes[name])
+    model = reference_with_our_params(sizes[name], params)
+    line, same = same_model_line(name, sizes[name], params, model, min(CHECK_ROWS, sizes[name][5]))
+    print(line, flush=True)
+    different += not same
+    del params  # the CPU copy: only the reference's is trained from here
     step_figures(
-      name, sizes[name], device, args.reps or (2 if args.tiny else 10), not args.no_compile, peak
+      name,
+      sizes[name],
+      device,
+      args.reps or (2 if args.tiny else 10),
+      not args.no_compile,
+      peak,
+      model,
     )
+  return 1 if different else 0
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -937,4 +937,20 @@ MUTANTS = (
       "tests/test_fused_kernels.py::test_pallas_blocks_divide_the_row_and_fit_the_backward_kernels",
     ),
   ),
+  Mutant(
+    "torch-reference-q-v-swapped",
+    "the PyTorch reference takes our value projection as its query and our query as its value",
+    "benchmarks/torch_reference.py",
+    '    for name, short in (("query", "q"), ("key", "k"), ("value", "v")):',
+    '    for name, short in (("query", "v"), ("key", "k"), ("value", "q")):',
+    ("tests/test_torch_reference.py::test_the_reference_computes_our_loss_on_our_weights",),
+  ),
+  Mutant(
+    "cross-keys-transposed-whatever-the-switch",
+    "the cross-attention keys are cached transposed even with cross_keys_transposed off",
+    "transformer_mt/model/attention.py",
+    "      keys = index == 0 and self.config.cross_keys_transposed",
+    "      keys = index == 0",
+    ("tests/test_beam_decode.py::test_cross_keys_kept_untransposed_give_the_default_outputs",),
+  ),
 )

@@ -221,6 +221,31 @@ def test_shrinking_batch_gives_the_whole_batch_outputs(candidate_pool):
   assert whole.sentence_steps == 8 * whole.num_steps > shrunk.sentence_steps
 
 
+def test_cross_keys_kept_untransposed_give_the_default_outputs():
+  """TransformerConfig.cross_keys_transposed=False (the cross-attention keys cached as the
+  values are, [batch, heads, src_len, head_dim]: the device run's comparison) gives the
+  default's hypotheses, scores to float32 rounding (another order of the same products); the
+  keys taken in the wrong layout would attend over head_dim positions and fail to trace."""
+  reference = search("beam", shrink_batch=False)
+  with jax.default_device(jax.devices("cpu")[0]):
+    out = bd.beam_decode(
+      transformer_params(),
+      eight_sources(),
+      CONFIG.replace(cross_keys_transposed=False),
+      beam_size=BEAM,
+      max_len=MAX_LEN,
+      max_lengths=jnp.array(MAX_LENGTHS, jnp.int32),
+      shrink_batch=False,
+      **PENALTIES["beam"],
+    )
+  for name in ("sequences", "all_sequences", "num_steps"):
+    np.testing.assert_array_equal(getattr(out, name), getattr(reference, name), err_msg=name)
+  for name in ("scores", "all_scores", "all_log_probs"):
+    np.testing.assert_allclose(
+      getattr(out, name), getattr(reference, name), rtol=1e-5, atol=1e-5, err_msg=name
+    )
+
+
 def test_auto_cache_reorder_is_the_default_program_on_cpu():
   """decode.cache_reorder="auto" on this CPU: the chunked copy below ANCESTRY_FROM_BATCH
   sentences (the very program of beam_decode's default), the cache kept in place from there

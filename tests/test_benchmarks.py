@@ -7,11 +7,16 @@ corpus_scale.py starts its own `run.py` processes, since what it measures is the
 scripts that compare with torch, transformers or CTranslate2 skip without their extra.
 """
 
+import dataclasses
+import inspect
 import json
 import subprocess
 
 import pytest
 from helpers import ROOT
+
+from transformer_mt.decoding import beam_decode
+from transformer_mt.model.transformer_config import TransformerConfig
 
 INTEROP = "needs the interop extra: pip install -e '.[test,interop]'"
 CT2 = "needs the ctranslate2 extra: pip install -e '.[test,ctranslate2]'"
@@ -56,7 +61,7 @@ def test_every_entry_script_has_its_test_and_there_are_at_most_ten():
 
 def test_accelerator(capsys):
   """Every section but "generate" (test_generate_comparisons, with the extra), at --tiny:
-  "levers" runs one lever and "combined" one batch size per model."""
+  "levers" and "decode_levers" run one lever each and "combined" one batch size per model."""
   from benchmarks import accelerator
 
   sections = [name for name in accelerator.SECTIONS if name != "generate"]
@@ -65,7 +70,18 @@ def test_accelerator(capsys):
   for name in ("Base", "Big"):
     (line,) = [line for line in lines if line.startswith(f"{name} train step, ")]
     assert "tokens/s" in line and "MFU" in line and "XLA's peak for the step" in line
-  assert any(line.startswith("Base beam-4 decode") and "sentences/s" in line for line in lines)
+  # "decode" and "decode_levers": the defaults users run (cache_reorder "auto" resolved), then
+  # at --tiny one lever beside them; every lever names switches that exist.
+  decodes = [line for line in lines if line.startswith("Base beam-4 decode")]
+  assert len(decodes) == 2, decodes
+  assert all("defaults (cache_reorder auto = " in line for line in decodes)
+  assert all("target tokens/s" in line for line in decodes)
+  (lever,) = [line for line in lines if line.startswith(f"  {accelerator.TINY_DECODE_LEVER}: ")]
+  assert "x the defaults" in lever and "best hypothesis for 100% of sentences" in lever, lever
+  arguments = inspect.signature(beam_decode.beam_decode).parameters
+  fields = {field.name for field in dataclasses.fields(TransformerConfig)}
+  for options, model_changes in accelerator.DECODE_LEVERS.values():
+    assert set(options) <= set(arguments) and set(model_changes) <= fields
   assert any(line.startswith("attention: ") for line in lines)
   (check,) = [line for line in lines if line.startswith("bf16 loss ")]
   assert "within the tolerance" in check, check
@@ -159,8 +175,9 @@ def test_torch_reference(capsys):
   pytest.importorskip("torch", reason=INTEROP)
   from benchmarks import torch_reference
 
-  torch_reference.main(["--tiny", "--no-compile", "--reps", "1"])
-  lines = capsys.readouterr().out.splitlines()
+  lines = _run(capsys, torch_reference, "--tiny", "--no-compile", "--reps", "1")
+  checks = [line for line in lines if " on our initial weights, " in line]
+  assert len(checks) == 2 and all("within the tolerance" in line for line in checks), checks
   steps = [line for line in lines if line.startswith("PyTorch ") and " train step" in line]
   assert [line.split(" train step")[0] for line in steps] == ["PyTorch Base", "PyTorch Big"]
   assert all("tokens/s" in line and "MFU" in line and "eager" in line for line in steps)

@@ -13,7 +13,8 @@ bias) runs on both sides: built as a transformers MarianMTModel and converted wi
 init (and then no reference is timed). 32 sentences of 32 random source tokens, beam 4, exactly
 64 generated tokens on both sides: the EOS id is set outside the vocabulary, so no hypothesis
 ends before the maximum length, and both sides mask PAD (ours always does; `generate` gets it
-as `suppress_tokens`).
+as `suppress_tokens`). Ours reorders its cache as users' decoding does on the device
+(decode.cache_reorder "auto": "gather" on a GPU or TPU).
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ import ml_collections
 import numpy as np
 
 from benchmarks.harness import timing
+from transformer_mt.config import defaults
 from transformer_mt.data import sources as data_sources
 from transformer_mt.data.tokenizer import Tokenizer, train_tokenizer
-from transformer_mt.decoding import beam_decode
+from transformer_mt.decoding import beam_decode, beam_rows
 from transformer_mt.interop import hf_convert
 from transformer_mt.model import setup as run_setup
 from transformer_mt.model.transformer import Transformer
@@ -165,6 +167,11 @@ def time_ours(params, config, sources, reps):
     # No sentence ends before NEW_TOKENS (EOS is outside the vocabulary): a shrinking batch
     # would only compile stages that never run.
     shrink_batch=False,
+    # The reorder users get: decode.cache_reorder's default ("auto") for this device and batch
+    # ("gather" on a GPU or TPU), as the Translator resolves it.
+    cache_reorder=beam_rows.resolve_cache_reorder(
+      defaults.base_config().decode.cache_reorder, batch_size=len(sources)
+    ),
   )
   compiled = beam_decode.beam_decode.lower(params, inputs, **settings).compile()
   outputs = []

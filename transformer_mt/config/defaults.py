@@ -9,7 +9,7 @@ def model_defaults() -> ml_collections.ConfigDict:
   """The model section: every field of `TransformerConfig` except the vocabulary sizes,
   which come from the tokenizer section. Defaults are the paper's Base model."""
   fields = TransformerConfig().to_dict()
-  for derived in ("vocab_size", "target_vocab_size", "deterministic", "decode"):
+  for derived in ("vocab_size", "target_vocab_size", *TransformerConfig.USE_FIELDS):
     fields.pop(derived)
   return ml_collections.ConfigDict(fields)
 

@@ -51,6 +51,7 @@ GROW_CACHE_FROM_BYTES = 16 * 2**20
     "min_batch",
     "smallest_batch",
     "grow_cache_from_bytes",
+    "blocked_top_k",
   ),
 )
 def beam_decode(
@@ -71,6 +72,7 @@ def beam_decode(
   min_batch: int = 1,
   smallest_batch: int = 1,
   grow_cache_from_bytes: int | None = GROW_CACHE_FROM_BYTES,
+  blocked_top_k: bool = True,
 ) -> beam_search.BeamSearchOutput:
   """Beam search with the Transformer for `inputs` int [batch, src_len] (0 = pad).
 
@@ -109,6 +111,8 @@ def beam_decode(
       take at least this many bytes each starts at a quarter of max_len positions, then
       grows to a half and to all of them (beam_search's module docstring, "Growing cache";
       only with stop_check_every 1); None: never. The same results.
+    blocked_top_k: each beam's best tokens through blocks of the vocabulary
+      (`vocab_top_k`), or, False, `jax.lax.top_k` over the whole row. The same results.
 
   An ensemble (`params` a tuple of parameter trees, `config` the tuple of their configs;
   `incremental`'s module docstring) searches over the mean of its members'
@@ -179,4 +183,5 @@ def beam_decode(
     per_sentence_cache=decode.SELF_ATTENTION_LEAVES if reorder == "ancestry" else (),
     cache_positions=positions,
     grow_cache=decode.grow_beams_cache,
+    blocked_top_k=blocked_top_k,
   )

@@ -288,6 +288,7 @@ def beam_search(
   per_sentence_cache: tuple[str, ...] = (),
   cache_positions: tuple[int, ...] = (),
   grow_cache: Callable[[Any, int], Any] | None = None,
+  blocked_top_k: bool = True,
 ) -> BeamSearchOutput:
   """Beam search over `tokens_to_logits`; call it inside `jax.jit` (it traces one loop per
   batch size it shrinks through, and one per size of a cache that grows).
@@ -346,6 +347,9 @@ def beam_search(
       `grow_cache(cache, positions)` makes the cache hold the next one (max_len after the
       last). Empty: `initial_cache` holds max_len positions. Same results; only with
       stop_check_every 1 (a step past the check could write beyond the positions held).
+    blocked_top_k: each beam's best tokens found through blocks of the vocabulary
+      (`vocab_top_k.top_k`); False: `jax.lax.top_k` over the whole row (the device run's
+      comparison). The same result.
 
   Returns:
     BeamSearchOutput: the best hypothesis per sentence and all `beam_size` of them.
@@ -471,7 +475,8 @@ def beam_search(
     # lower token, as a top-k over the flat [beam * vocab] puts them. The per-beam top-k goes
     # through blocks of the vocabulary (vocab_top_k: the same result, ~3x faster on CPU).
     per_beam = min(num_candidates, vocab)
-    beam_top, beam_tokens = vocab_top_k.top_k(masked, per_beam)  # [batch, beam, per_beam]
+    top_k = vocab_top_k.top_k if blocked_top_k else jax.lax.top_k
+    beam_top, beam_tokens = top_k(masked, per_beam)  # [batch, beam, per_beam]
     if normalize:
       row_max = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
       log_sum = jnp.log(jnp.sum(jnp.exp(logits - row_max), axis=-1, keepdims=True))

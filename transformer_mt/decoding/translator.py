@@ -367,7 +367,13 @@ class Translator:
       self.alpha,
       max_lengths,
     )
-    kwargs = dict(
+    return name, beam_decode.beam_decode, args, self.beam_decode_options(rows)
+
+  def beam_decode_options(self, rows: int) -> dict:
+    """beam_decode's keyword arguments for a batch of `rows` sentences under this translator's
+    settings ("auto" resolved for its mesh): what users run, and what
+    benchmarks/accelerator.py's decode section times."""
+    return dict(
       forced_first_id=self.forced_first_id,
       length_penalty=self.length_penalty,
       candidate_pool=self.candidate_pool,
@@ -380,7 +386,6 @@ class Translator:
       min_batch=self.mesh.devices.size,
       smallest_batch=SMALLEST_SHRUNK_BATCH,
     )
-    return name, beam_decode.beam_decode, args, kwargs
 
   def _run_decoder(self, inputs: np.ndarray, max_lengths: np.ndarray, max_len: int, beam: bool):
     """The decoder's output for one padded batch (`padded_batch`), after waiting for its

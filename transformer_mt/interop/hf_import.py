@@ -247,7 +247,7 @@ def run_config(
   )
   # Every TransformerConfig field, vocabulary sizes included (see run_setup.model_config_for).
   fields = model_config.to_dict()
-  for variant in ("deterministic", "decode"):
+  for variant in model_config.USE_FIELDS:
     fields.pop(variant)
   config.model = ml_collections.ConfigDict(fields)
   config.tokenizer = ml_collections.ConfigDict(

@@ -392,9 +392,12 @@ class MultiHeadAttention(nn.Module):
 
   def _decode_keys_transposed(self) -> bool:
     """The decode cache holds this layer's keys transposed, [batch, heads, head_dim, len]
-    (`decode_cache.decode_attention`'s keys_transposed): always the cross-attention keys, and
-    the self-attention keys of a beam search cache kept in place."""
-    return self.is_cross_attention or self.has_variable("cache", decode_cache.ANCESTRY)
+    (`decode_cache.decode_attention`'s keys_transposed): the cross-attention keys (unless
+    `cross_keys_transposed` is off), and the self-attention keys of a beam search cache kept
+    in place."""
+    if self.is_cross_attention:
+      return self.config.cross_keys_transposed
+    return self.has_variable("cache", decode_cache.ANCESTRY)
 
   def _needs_weights(self) -> bool:
     """The probabilities must exist as an array: someone collects them (attention plots
@@ -434,7 +437,8 @@ class MultiHeadAttention(nn.Module):
     def head_major(index):  # projects both (one matmul under fuse_qkv) on the first call
       if not projected:
         projected.extend(self._key_value(encoded))  # each [batch, src_len, heads, head_dim]
-      return jnp.transpose(projected[index], (0, 2, 3, 1) if index == 0 else (0, 2, 1, 3))
+      keys = index == 0 and self.config.cross_keys_transposed
+      return jnp.transpose(projected[index], (0, 2, 3, 1) if keys else (0, 2, 1, 3))
 
     # Initializers run only when the variable does not exist yet, i.e. once per sentence batch.
     key = self.variable("cache", "cross_key", lambda: head_major(0))

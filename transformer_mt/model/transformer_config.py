@@ -119,6 +119,11 @@ class TransformerConfig:
   deterministic: bool = False
   # Set by .replace(): the decoder runs one token at a time against a KV cache.
   decode: bool = False
+  # Set by .replace(): the decode cache holds the cross-attention keys transposed, [batch,
+  # heads, head_dim, src_len] (attention.py's `_cached_cross_key_value`); False keeps them as
+  # the values, [batch, heads, src_len, head_dim] (the device run's comparison). The same
+  # translations.
+  cross_keys_transposed: bool = True
 
   def __post_init__(self):
     if self.dtype == "auto":  # Frozen: the one place the resolved value is written.
@@ -165,6 +170,9 @@ class TransformerConfig:
         problems.append(f"{name}={getattr(self, name)} must be in [0, 1)")
     if problems:
       raise errors.BadValue("Invalid model config: " + "; ".join(problems))
+
+  # The fields set by .replace() for a use of the model, never part of an experiment's config.
+  USE_FIELDS = ("deterministic", "decode", "cross_keys_transposed")
 
   def replace(self, **changes) -> TransformerConfig:
     return dataclasses.replace(self, **changes)
