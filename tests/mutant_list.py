@@ -192,8 +192,8 @@ MUTANTS = (
     "translate-drops-last-batch",
     "translation (translate, evaluate) drops the last partial batch of sentences",
     "transformer_mt/decoding/translator.py",
-    "    batches = [todo[i : i + self.batch_size] for i in range(0, len(todo), self.batch_size)]",
-    "    batches = [todo[i : i + self.batch_size] for i in range(0, len(todo) - self.batch_size "
+    "    return [todo[i : i + self.batch_size] for i in range(0, len(todo), self.batch_size)]",
+    "    return [todo[i : i + self.batch_size] for i in range(0, len(todo) - self.batch_size "
     "+ 1, self.batch_size)]",
     (
       "tests/test_sampling.py::test_same_samples_on_1_and_8_devices_and_any_batch_size",
