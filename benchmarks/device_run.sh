@@ -78,8 +78,12 @@ if [ "${SKIP_REPRODUCE:-0}" != 1 ]; then
   # weighted by steps) and the step rate.
   python3 - <<'PY' 2>&1 | tee -a "$OUT/reproduce.txt"
 import json
-rows = [json.loads(line) for line in open("/tmp/m30k/metrics.jsonl")]
-rows = [r for r in rows if "input_wait_share" in r]
+records = [json.loads(line) for line in open("/tmp/m30k/metrics.jsonl")]
+for r in records:
+    if "compile/programs" in r:  # the run's programs compiled ahead (runtime/ahead_of_time.py)
+        print(f"compiled ahead: {r['compile/programs']:.0f} programs, {r['compile/seconds']:.1f} s; "
+              f"the loop waited {r['compile/waited_after_first_step_s']:.1f} s for them after step 1")
+rows = [r for r in records if "input_wait_share" in r]
 print(f"input wait share {sum(r['input_wait_share'] for r in rows) / max(len(rows), 1):.1%} over "
       f"{len(rows)} steps; median target tokens/s "
       f"{sorted(r['tokens_per_second'] for r in rows)[len(rows) // 2] if rows else 0:,.0f}")

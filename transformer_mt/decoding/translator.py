@@ -1,8 +1,9 @@
 """Lines of text in, the same number of translated lines out.
 
 Sentences are sorted by length and decoded in fixed-size batches padded to a few
-length buckets (so the decoder compiles a handful of times, not once per batch),
-then put back in input order. An empty line gives an empty line; an overlong line
+length buckets (so the decoder compiles a handful of times, not once per batch: every
+program of a call compiles ahead, together, runtime/ahead_of_time.py), then put back in
+input order. An empty line gives an empty line; an overlong line
 is truncated with a warning, never dropped.
 
 `Translator.nbest` returns the K best hypotheses of the beam search per line (`run.py

@@ -1,7 +1,7 @@
 """A persistent JAX compilation cache for every `run.py` command.
 
-Each translate/evaluate process compiles the decoder once per source-length bucket (seconds each
-on CPU), and without a cache every new process pays that again. With the cache, a later process
+Each translate/evaluate process compiles each decoder program once (ahead_of_time.py; seconds
+each on CPU), and without a cache every new process pays that again. With the cache, a later process
 loads the compiled programs from disk instead (docs/performance.md, "Compilation cache", has the
 figures).
 
