@@ -212,6 +212,7 @@ SLOW_FILES = (
   "test_fused_kernels.py",
   "test_mutant_guards.py",
   "test_damaged_checkpoint.py",
+  "test_export_use.py",
   "test_decode.py",
   "test_workdir_lock.py",
   "test_input_pipeline.py",

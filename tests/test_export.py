@@ -1,9 +1,10 @@
 """`run.py export`: our trained models as transformers' MarianMTModel, and as CTranslate2 models
 converted from it, computing what ours compute.
 
-Two models are trained here by the project's own packed training (train.train on the synthetic
-pair, tiny sizes, 100 and 150 steps on 32 pairs, which they memorize: what they write depends on the
-source, and beam search and greedy decoding part ways on the held-out sentences):
+Two models are trained by the project's own packed training (train.train on the synthetic pair,
+tiny sizes, 100 and 150 steps on 32 pairs, which they memorize: what they write depends on the
+source, and beam search and greedy decoding part ways on the held-out sentences; built once per
+session by tests/trained_runs.py, which test_export_use.py shares):
   * "demo": the demo experiment's switches (the paper's interleaved sinusoid, which the export
     writes with d_model reordered into Marian's halves; ReLU; scaled embeddings; no logits
     bias), with Marian's LayerNorm epsilon 1e-5;
@@ -18,6 +19,8 @@ translations. An imported Marian model exports back to itself. The CTranslate2 t
 without the ctranslate2 extra, with the reason) compare token log-probs with ours and BLEU on
 64 sentences at the same beam, length penalty and search
 (CTranslate2's, our candidate pool "fairseq"). Refused and failed exports leave nothing.
+What a user of the export runs as it is (the model card, a plain `generate()`, the card's
+CTranslate2 snippet) is tested in test_export_use.py.
 
 Select with `-m interop`; skipped without transformers or torch (under CI a skip fails:
 tests/conftest.py).
@@ -27,8 +30,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import json
-import os
 import pathlib
 
 import helpers
@@ -38,7 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import sentencepiece
-from helpers import tiny_overrides
+import trained_runs
+from trained_runs import MODELS, SEEN, TRAINING
 
 torch, transformers = hf_fakes.require_interop()
 
@@ -54,48 +56,10 @@ from transformer_mt.interop import hf_export  # noqa: E402
 from transformer_mt.model import setup as run_setup  # noqa: E402
 from transformer_mt.model.transformer import Transformer  # noqa: E402
 from transformer_mt.model.transformer_config import TransformerConfig  # noqa: E402
-from transformer_mt.training import train  # noqa: E402
 from transformer_mt.workdir import checkpointing  # noqa: E402
 
 pytestmark = pytest.mark.interop
 
-# A d_model-64, 1+1-layer model on 32 synthetic pairs: packed updates of 512 target slots (150
-# are ~80 epochs) at a moderate learning rate (peak 8.8e-3), no validation decode. The decoded
-# sentences are half training pairs (SEEN: memorized, each source its own output; a pair longer
-# than data.max_len is not trained on) and half held out (the model unsure: there beam search
-# and greedy decoding part ways). Measured (AMD EPYC): training accuracy 1.0 from step ~70
-# ("demo") and ~115 ("halves"), so each trains STEPS[name] updates, ~30 past that (the rsqrt
-# schedule does not depend on the step count: demo's 100 steps are the first 100 of a longer
-# run); the seen rows' greedy outputs all differ (8 of 8, both models), beam 4 differs from
-# greedy on 11 and 5 of the 16 rows; attention logits stay below ~130.
-# A model trained far longer at a high rate on more pairs (300 steps, peak 3.5e-2, 400 pairs)
-# learned little (training accuracy 0.3: its greedy outputs depended on the CPU's float
-# arithmetic, 5 distinct of 8 on an AMD EPYC) and grew self-attention logits to ~1.3e4, where a
-# near-tie makes every float32 implementation's log-probs ~2e-5 off (transformers' own float32
-# as much as CTranslate2): too ill-conditioned for LOG_PROB_TOLERANCE to mean anything.
-STEPS = {"demo": 100, "halves": 150}
-TRAINING = tiny_overrides(
-  "model.d_model=64",
-  "model.num_heads=4",
-  "model.d_ff=128",
-  "data.num_train=32",
-  "data.num_eval=32",
-  "train.batch_tokens=512",
-  "train.warmup_steps=50",
-  "train.lr_scale=0.5",
-  "train.bleu_every=0",
-  "decode.beam_size=4",
-) + ["model.layer_norm_epsilon=1e-5", "evaluate.test_after_training=False"]
-SEEN = 8  # of the first 16 pairs, the training ones
-MODELS = {
-  "demo": [],
-  "halves": [
-    "model.position_encoding='sinusoidal_halves'",
-    "model.activation='swish'",
-    "model.scale_embeddings=False",
-    "model.logits_bias=True",
-  ],
-}
 # Logits of one float32 computation run by XLA and by PyTorch, op order aside (beyond
 # transformers' own float32 error: test_transformers_logits_equal_ours).
 LOGITS_TOLERANCE = 1e-5
@@ -112,35 +76,9 @@ def _cli(*argv: str) -> None:
   assert cli.main(list(argv)) == 0
 
 
-class _Trained(dict):
-  """name -> (workdir, its Marian export, our model config, our params, 64 pairs: SEEN
-  training pairs, as many held out, then 24 of each), each model trained when first asked
-  for (a test of one model, or a mutant's, trains only that one)."""
-
-  def __init__(self, tmp_path_factory):
-    super().__init__()
-    self.tmp_path_factory = tmp_path_factory
-
-  def __missing__(self, name: str):
-    workdir = str(self.tmp_path_factory.mktemp(name))
-    steps = [f"train.num_steps={STEPS[name]}", f"train.checkpoint_every={STEPS[name]}"]
-    config = registry.load_experiment("demo", TRAINING + MODELS[name] + steps)
-    train.train(config, workdir, progress=False)
-    output = os.path.join(str(self.tmp_path_factory.mktemp(f"{name}_hf")), "export")
-    _cli("export", "--workdir", workdir, "--to", "hf", output)
-    saved, tokenizer, step = checkpointing.read_config(workdir)
-    model_config = run_setup.model_config_for(saved, tokenizer).replace(deterministic=True)
-    params = hf_export.read_params(workdir, step, saved, tokenizer)
-    splits = data_sources.load_pairs(saved.data)
-    seen, unseen = list(splits["train"][:32]), list(splits["test"][:32])
-    pairs = seen[:SEEN] + unseen[:SEEN] + seen[SEEN:] + unseen[SEEN:]
-    self[name] = (workdir, output, model_config, params, pairs)
-    return self[name]
-
-
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-  return _Trained(tmp_path_factory)
+  return trained_runs.ExportModels(tmp_path_factory)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -342,22 +280,6 @@ def test_an_imported_marian_model_exports_back_to_itself(marian_dir, tmp_path):
     ]
   np.testing.assert_array_equal(outputs[0], outputs[1])
   assert np.abs(logits[0] - logits[1]).max() <= LOGITS_TOLERANCE
-
-
-def test_model_card_holds_the_recorded_bleu(exported, tmp_path):
-  workdir, output, config, params, pairs = exported["demo"]
-  _cli("evaluate", "--workdir", workdir, "--beam", "1")
-  second = str(tmp_path / "with_bleu")
-  _cli("export", "--workdir", workdir, "--to", "hf", second)
-  evals = pathlib.Path(workdir) / "eval"
-  report = json.loads(next(evals.glob("*.json")).read_text())
-  card = (pathlib.Path(second) / "README.md").read_text(encoding="utf-8")
-  front, body = card.split("---\n")[1], card.split("---\n", 2)[2]
-  for line in ("language:\n- de\n- en", "tags:\n- translation", "license: unknown", "- bleu"):
-    assert line in front
-  assert f"value: {report['sacrebleu']:.2f}" in front
-  assert f"{report['sacrebleu']:.2f}" in body and "`demo`" in body
-  assert f"steps | {STEPS['demo']}" in body
 
 
 def _error_line(capsys) -> str:

@@ -118,9 +118,14 @@ def export_ctranslate2(
     hf_export.write_export(hf_directory, checked)
     converter = exact_converter(hf_directory, checked.model_config.layer_norm_epsilon)
     converter.convert(staging, quantization=quantization, force=True)
-    reports = model_card.eval_reports(workdir)
+    reports = model_card.eval_reports(workdir, checked.step)
     card = model_card.model_card(
-      checked.config, checked.model_config, checked.step, reports, target="ctranslate2"
+      checked.config,
+      checked.model_config,
+      checked.step,
+      reports,
+      checked.tokenizer,
+      target="ctranslate2",
     )
     with open(os.path.join(staging, model_card.FILENAME), "w", encoding="utf-8") as f:
       f.write(card)

@@ -348,8 +348,10 @@ def write_export(directory: str, checked: Exportable) -> None:
   """The MarianMTModel, its tokenizer and the model card (README.md) into `directory`."""
   params = read_params(checked.workdir, checked.step, checked.config, checked.tokenizer)
   write_marian(directory, params, checked.model_config, checked.tokenizer, checked.config)
-  reports = model_card.eval_reports(checked.workdir)
-  card = model_card.model_card(checked.config, checked.model_config, checked.step, reports)
+  reports = model_card.eval_reports(checked.workdir, checked.step)
+  card = model_card.model_card(
+    checked.config, checked.model_config, checked.step, reports, checked.tokenizer
+  )
   with open(os.path.join(directory, model_card.FILENAME), "w", encoding="utf-8") as f:
     f.write(card)
 

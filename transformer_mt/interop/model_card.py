@@ -3,7 +3,9 @@
 YAML front matter first (the hub's model-card metadata: languages, `translation` tag, license,
 metrics, and a model-index of the recorded scores), then what a reader of the hub page wants:
 the experiment, its training data and steps, the architecture, the scores the workdir's own
-evaluations recorded (WORKDIR/eval/*.json, written by `run.py evaluate`) and how to use it.
+evaluations of the exported checkpoint recorded (WORKDIR/eval/*.json, written by `run.py
+evaluate`) and how to use it: a snippet that decodes as the run does, as far as the target's
+own search can (tests/test_export_use.py runs the card's snippets).
 
 The license is "unknown" unless the config names one: a model trained here is under whatever
 its training data allows, which only the person exporting it knows.
@@ -17,22 +19,33 @@ import os
 
 import ml_collections
 
+from transformer_mt.data.tokenizer import AnyTokenizer
 from transformer_mt.model.transformer_config import TransformerConfig
+from transformer_mt.workdir import checkpointing
 
 FILENAME = "README.md"
 
 
-def eval_reports(workdir: str) -> list[dict]:
-  """The reports of `run.py evaluate` in WORKDIR/eval/ (file names sorted), each with its
-  "file"; reports that are not JSON objects are skipped."""
+def eval_reports(workdir: str, step: int) -> list[dict]:
+  """The reports of `run.py evaluate` on checkpoint `step` of `workdir` (WORKDIR/eval/, file
+  names sorted), each with its "file".
+
+  WORKDIR/eval/ holds every evaluation of the workdir: of other checkpoints (evaluate --step)
+  and of ensembles led by this one, whose scores are not this model's; the report's "step"
+  and "ensemble" say which. An averaged checkpoint directory has its own eval/. Reports that
+  are not JSON objects, or that name no step, are skipped.
+  """
   reports = []
-  for path in sorted(glob.glob(os.path.join(workdir, "eval", "*.json"))):
+  directory = os.path.join(checkpointing.resolve_workdir(workdir), "eval")
+  for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
     try:
       with open(path, encoding="utf-8") as f:
         report = json.load(f)
     except (OSError, ValueError):
       continue
-    if isinstance(report, dict) and "sacrebleu" in report:
+    if not isinstance(report, dict) or "sacrebleu" not in report:
+      continue
+    if report.get("step") == step and not report.get("ensemble"):
       reports.append(dict(report, file=os.path.basename(path)))
   return reports
 
@@ -104,16 +117,19 @@ def model_card(
   model_config: TransformerConfig,
   step: int,
   reports: list[dict],
+  tokenizer: AnyTokenizer,
   target: str = "hf",
 ) -> str:
   """README.md of an export of checkpoint `step` of a run with `config`, to `target` ("hf":
-  a MarianMTModel directory; "ctranslate2": a CTranslate2 model converted from one)."""
+  a MarianMTModel directory; "ctranslate2": a CTranslate2 model converted from one), listing
+  `reports` (`eval_reports` of that checkpoint); `tokenizer` names the special pieces that
+  the CTranslate2 snippet passes."""
   name = _experiment(config, "(an imported model)")
-  source, target = config.data.source_lang, config.data.target_lang
+  pair = f"{config.data.source_lang}→{config.data.target_lang}"
   lines = _front_matter(config, reports)
   lines += [
     "",
-    f"# {name}: {source}→{target} Transformer",
+    f"# {name}: {pair} Transformer",
     "",
     config.description or "",
     "",
@@ -155,7 +171,11 @@ def model_card(
       )
   else:
     lines.append("No evaluation was recorded (`run.py evaluate` writes WORKDIR/eval/*.json).")
-  lines += ["", "## Use", ""] + (_use_ctranslate2 if target == "ctranslate2" else _use_hf)(config)
+  lines += ["", "## Use", ""]
+  if target == "ctranslate2":
+    lines += _use_ctranslate2(config, model_config, tokenizer)
+  else:
+    lines += _use_hf(config)
   return "\n".join(lines)
 
 
@@ -165,9 +185,11 @@ def _decoding(decode: ml_collections.ConfigDict) -> str:
   return (
     f"The run decoded with beam {decode.beam_size} and length penalty alpha {decode.alpha} "
     f"({decode.length_penalty!r}, candidate pool {decode.candidate_pool!r}). transformers' "
-    "`generate` reproduces our beam search token for token with our "
-    'decode.length_penalty="power" (len ** alpha) and decode.candidate_pool="hf"'
-    + ("." if same else "; with this run's settings a few translations may differ.")
+    "`generate` reproduces our translations token for token with our "
+    'decode.length_penalty="power" (len ** alpha) and decode.candidate_pool="hf", but for '
+    f"those ours stops at the source's length + {decode.extra_len} (generate stops every one at "
+    f"{decode.max_len})"
+    + ("." if same else "; with this run's settings a few more translations may differ.")
   )
 
 
@@ -189,20 +211,48 @@ def _use_hf(config: ml_collections.ConfigDict) -> list[str]:
   ]
 
 
-def _use_ctranslate2(config: ml_collections.ConfigDict) -> list[str]:
+def _use_ctranslate2(
+  config: ml_collections.ConfigDict, model_config: TransformerConfig, tokenizer: AnyTokenizer
+) -> list[str]:
+  """The snippet, with every setting that makes CTranslate2 decode as ours: the run's beam and
+  alpha, its length limit, and the pieces ours never emits suppressed (ours masks them before
+  the softmax, as suppress_sequences does)."""
   decode = config.decode
+  eos = tokenizer.pieces([model_config.eos_id])[0]
+  suppressed = [[piece] for piece in tokenizer.pieces(model_config.suppressed_ids)]
   return [
     "```python",
     "import ctranslate2, sentencepiece",
     "",
-    'sp = sentencepiece.SentencePieceProcessor(model_file="PATH/source.spm")',
+    'source = sentencepiece.SentencePieceProcessor(model_file="PATH/source.spm")',
+    'target = sentencepiece.SentencePieceProcessor(model_file="PATH/target.spm")',
     'translator = ctranslate2.Translator("PATH", device="cpu")',
-    'pieces = [sp.encode(line, out_type=str) + ["</s>"] for line in ["..."]]',
-    f"results = translator.translate_batch(pieces, beam_size={decode.beam_size}, "
-    f"length_penalty={decode.alpha})",
-    "print([sp.decode(r.hypotheses[0]) for r in results])",
+    f'pieces = [source.encode(line, out_type=str) + [{json.dumps(eos)}] for line in ["..."]]',
+    "results = translator.translate_batch(",
+    "  pieces,",
+    f"  beam_size={int(decode.beam_size)},",
+    f"  length_penalty={float(decode.alpha)},",
+    f"  max_decoding_length={int(decode.max_len)},",
+    f"  suppress_sequences={json.dumps(suppressed, ensure_ascii=False)},",
+    ")",
+    "print([target.decode(r.hypotheses[0]) for r in results])",
     "```",
     "",
-    "Sources end with EOS (`</s>`), as the model was trained. " + _decoding(decode),
+    f"Sources end with EOS (`{eos}`), as the model was trained. " + _ctranslate2_decoding(decode),
     "",
   ]
+
+
+def _ctranslate2_decoding(decode: ml_collections.ConfigDict) -> str:
+  """What the run's own decoding was, and how close CTranslate2's search comes to it."""
+  same = (decode.length_penalty, decode.candidate_pool) == ("power", "fairseq")
+  return (
+    f"The run decoded with beam {decode.beam_size} and length penalty alpha {decode.alpha} "
+    f"({decode.length_penalty!r}, candidate pool {decode.candidate_pool!r}). CTranslate2's "
+    "search (done once beam_size hypotheses have finished) gives our translations with our "
+    'decode.length_penalty="power" (len ** alpha) and decode.candidate_pool="fairseq", but '
+    f"for those that reach a length limit (max_decoding_length, {decode.max_len}: CTranslate2 "
+    "cuts them there, ours ends them with EOS; ours also stops at the source's length + "
+    f"{decode.extra_len})"
+    + ("." if same else "; with this run's settings a few more translations may differ.")
+  )
