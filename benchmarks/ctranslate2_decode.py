@@ -84,7 +84,7 @@ import jax  # noqa: E402
 from benchmarks.harness import corpus, models  # noqa: E402
 from benchmarks.harness.timing import cpu_name  # noqa: E402
 from transformer_mt.config import registry  # noqa: E402
-from transformer_mt.decoding import translator as translate  # noqa: E402
+from transformer_mt.decoding import loading  # noqa: E402
 from transformer_mt.evaluation import corpus_scores  # noqa: E402
 from transformer_mt.interop import ct2_export  # noqa: E402
 from transformer_mt.runtime import compile_cache, sharding  # noqa: E402
@@ -183,7 +183,7 @@ class Engines:
         f"decode.extra_len={MAX_LEN}",
         *(f"decode.{setting}" for setting in self.decode),
       ]
-      self.ours[batch_size] = translate.load_translator(
+      self.ours[batch_size] = loading.load_translator(
         self.workdir, mesh=self.mesh, beam_size=BEAM, alpha=ALPHA, decode_overrides=settings
       )
     return self.ours[batch_size]

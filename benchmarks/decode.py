@@ -24,7 +24,7 @@ divided by the f32 matmul peak measured here (harness.timing.matmul_peak), with 
 
 Input: the first --sentences lines of news/en-de/newstest2014.en under --data_root (default
 ../shared/data beside the repository; `sacrebleu -t wmt14/full -l en-de --echo src` prints it). With
---workdir, the checkpoint's model and tokenizer (translate.load_translator). Without, a random-init
+--workdir, the checkpoint's model and tokenizer (loading.load_translator). Without, a random-init
 model of --experiment and a SentencePiece vocabulary of its size trained on 20k sentences of its
 training text (~10 s, not timed). A random-init model does not emit EOS (the tables count the
 hypotheses that do), so every sentence is decoded to its maximum length, source length + 50 tokens:
@@ -66,7 +66,10 @@ from transformer_mt.config import registry  # noqa: E402
 from transformer_mt.data import sources as data_sources  # noqa: E402
 from transformer_mt.data.input_pipeline import bucket_length  # noqa: E402
 from transformer_mt.data.tokenizer import EOS_ID, PAD_ID  # noqa: E402
-from transformer_mt.decoding import beam_decode  # noqa: E402
+from transformer_mt.decoding import (
+  beam_decode,  # noqa: E402
+  loading,
+)
 from transformer_mt.decoding import incremental as decode
 from transformer_mt.decoding import translator as translate
 from transformer_mt.decoding.settings import decode_settings  # noqa: E402
@@ -81,7 +84,7 @@ TINY_MODEL = models.TINY_MODEL
 def load_model(args):
   """A Translator (params, model config, tokenizer, mesh, decode settings) and a description."""
   if args.workdir:
-    translator = translate.load_translator(args.workdir)
+    translator = loading.load_translator(args.workdir)
     return translator, f"checkpoint {args.workdir}"
   if args.tiny:
     overrides = [*TINY_MODEL, "data.source='local'", f"data.root={args.data_root!r}"]

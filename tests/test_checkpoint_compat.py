@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 
-from transformer_mt.decoding import translator
+from transformer_mt.decoding import loading
 from transformer_mt.model.setup import model_setup
 from transformer_mt.runtime import sharding
 from transformer_mt.workdir import checkpointing, tokenizer_item
@@ -64,7 +64,7 @@ def test_a_checkpoint_of_main_restores_and_translates(old_workdir):
     "transformer_mt.workdir.checkpointing.TokenizerCheckpointHandler"
   )
   _check(*_restore(old_workdir))
-  (hypothesis,) = translator.load_translator(old_workdir).translate([SENTENCE])
+  (hypothesis,) = loading.load_translator(old_workdir).translate([SENTENCE])
   assert isinstance(hypothesis, str)
 
 

@@ -17,7 +17,7 @@ from transformer_mt import cli
 from transformer_mt.config import registry
 from transformer_mt.data import synthetic
 from transformer_mt.data.tokenizer import train_tokenizer
-from transformer_mt.decoding import translator as translate
+from transformer_mt.decoding import loading
 from transformer_mt.runtime import sharding
 from transformer_mt.training import optimizer, train, train_step
 from transformer_mt.training import setup as run_setup
@@ -70,7 +70,7 @@ def test_load_translator_restores_params_alone(saved, monkeypatch):
     return original_restore(self, step, *args, **kwargs)
 
   monkeypatch.setattr(ocp.CheckpointManager, "restore", recording_restore)
-  translator = translate.load_translator(workdir)
+  translator = loading.load_translator(workdir)
   assert {"params"} in requested
   assert all(keys <= {"params", "config", "tokenizer"} for keys in requested), requested
   # The restored tree is the parameter tree itself, equal to what was saved.
@@ -149,9 +149,9 @@ def test_fsdp8_checkpoint_translates_on_one_device(tmp_path):
   assert result["step"] == 10
   source = tmp_path / "source.txt"
   source.write_text("".join(line + "\n" for line in SOURCES), encoding="utf-8")
-  on_eight = translate.load_translator(workdir).translate(SOURCES)
+  on_eight = loading.load_translator(workdir).translate(SOURCES)
   fsdp_mesh = sharding.make_mesh(config.mesh)
-  assert translate.load_translator(workdir, mesh=fsdp_mesh).translate(SOURCES) == on_eight
+  assert loading.load_translator(workdir, mesh=fsdp_mesh).translate(SOURCES) == on_eight
   env = dict(os.environ, XLA_FLAGS=child_xla_flags(1))
   for mesh_flag in ([], ["--mesh", "data=1,fsdp=1,tensor=1"]):
     output = tmp_path / "out.txt"

@@ -166,7 +166,7 @@ def test_evaluate_takes_decode_overrides(trained, capsys):
   import dataclasses
 
   from transformer_mt.data import sources as data_sources
-  from transformer_mt.decoding.translator import load_translator
+  from transformer_mt.decoding.loading import load_translator
   from transformer_mt.workdir import checkpointing
 
   argv = ["evaluate", "--workdir", trained[0], "--limit", "8", "--beam", "3"]
@@ -200,7 +200,7 @@ def test_translate_takes_decode_overrides(trained, tmp_path, capsys):
   --input) and a setting without its value are one error line each."""
   import dataclasses
 
-  from transformer_mt.decoding.translator import load_translator
+  from transformer_mt.decoding.loading import load_translator
 
   lines = ["the old dog watched these big red apples", "my cats saw a bird", ""]
   source = tmp_path / "source.txt"
@@ -262,7 +262,7 @@ def test_a_model_trained_on_a_gpu_kernel_translates_here(trained, tmp_path, capl
   import shutil
 
   from transformer_mt.data import sources as data_sources
-  from transformer_mt.decoding.translator import load_translator
+  from transformer_mt.decoding.loading import load_translator
   from transformer_mt.workdir import checkpointing
 
   step_dir = tmp_path / "gpu_run" / "checkpoints" / "20"

@@ -25,8 +25,8 @@ from transformer_mt.config import registry
 from transformer_mt.data import sources as data_sources
 from transformer_mt.data import tokenizer as tokenizers
 from transformer_mt.decoding import incremental as decode
+from transformer_mt.decoding import loading
 from transformer_mt.decoding import teacher_forcing as scoring
-from transformer_mt.decoding import translator as translate
 from transformer_mt.model import setup as run_setup
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.workdir import checkpointing
@@ -90,7 +90,7 @@ def test_ensemble_step_is_the_mean_of_the_members_log_probs(members):
   cache key) and compare each position with the mean of the members' log-softmax, each
   from its own full teacher-forced forward pass."""
   workdirs, pairs, _ = members
-  ensemble = translate.load_translator(workdirs)
+  ensemble = loading.load_translator(workdirs)
   assert len(ensemble.members) == 3 and ensemble.members[0] != ensemble.members[2]
   source, target = pairs[0]
   source_ids = np.array(ensemble.tokenizer.encode([source]), np.int32)  # [1, src_len]
@@ -174,7 +174,7 @@ def test_ensemble_nbest_scores_are_what_score_gives_its_hypotheses(members):
   """Beam search over the mean log-probs (not renormalised) against `score`, which sums the
   members' mean token log-probs from full forward passes: the same numbers."""
   workdirs, pairs, _ = members
-  ensemble = translate.load_translator(workdirs)
+  ensemble = loading.load_translator(workdirs)
   config = ensemble.model_config
   sources = ensemble.encode_sources([s for s, _ in pairs[:8]])
   result = ensemble._search_batch(sources)
@@ -193,7 +193,7 @@ def test_ensemble_nbest_scores_are_what_score_gives_its_hypotheses(members):
   # The ensemble's score of a pair is the mean of its members' (sum of means = mean of sums).
   separately = [
     scoring.score_ids(
-      translate.load_translator(w), [s for s, _ in hypotheses[:6]], [t for _, t in hypotheses[:6]]
+      loading.load_translator(w), [s for s, _ in hypotheses[:6]], [t for _, t in hypotheses[:6]]
     )
     for w in workdirs
   ]
@@ -205,7 +205,7 @@ def test_ensemble_nbest_scores_are_what_score_gives_its_hypotheses(members):
   )
   # And it decodes differently from each member alone.
   best = [ids for ids in result.sequences]
-  alone = translate.load_translator(workdirs[0])._search_batch(sources).sequences
+  alone = loading.load_translator(workdirs[0])._search_batch(sources).sequences
   assert not np.array_equal(np.asarray(best), np.asarray(alone))
 
 
@@ -223,7 +223,7 @@ def test_evaluate_an_ensemble(members, tmp_path, capsys):
   assert report_path.startswith(workdirs[0]) and report_path.endswith("-ensemble2.json")
   with open(report_path.replace(".json", ".txt"), encoding="utf-8") as f:
     hypotheses = f.read().splitlines()
-  expected = translate.load_translator(workdirs[:2], beam_size=4).translate([s for s, _ in pairs])
+  expected = loading.load_translator(workdirs[:2], beam_size=4).translate([s for s, _ in pairs])
   assert hypotheses == expected
 
 

@@ -48,9 +48,8 @@ from transformer_mt import cli  # noqa: E402
 from transformer_mt.config import registry  # noqa: E402
 from transformer_mt.data import sources as data_sources  # noqa: E402
 from transformer_mt.data.tokenizer import train_tokenizer  # noqa: E402
-from transformer_mt.decoding import beam_decode  # noqa: E402
+from transformer_mt.decoding import beam_decode, loading  # noqa: E402
 from transformer_mt.decoding import incremental as decode  # noqa: E402
-from transformer_mt.decoding import translator as translate  # noqa: E402
 from transformer_mt.evaluation import corpus_scores  # noqa: E402
 from transformer_mt.interop import hf_export  # noqa: E402
 from transformer_mt.model import setup as run_setup  # noqa: E402
@@ -237,9 +236,9 @@ def test_import_of_the_export_gives_back_the_model(exported, name, tmp_path):
   settings = ["decode.length_penalty='power'", "decode.candidate_pool='hf'", "decode.max_len=24"]
   for beam in (1, BEAM):
     texts = [
-      translate.load_translator(
-        w, beam_size=beam, alpha=ALPHA, decode_overrides=settings
-      ).translate(lines)
+      loading.load_translator(w, beam_size=beam, alpha=ALPHA, decode_overrides=settings).translate(
+        lines
+      )
       for w in (workdir, imported)
     ]
     assert texts[0] == texts[1], beam
@@ -463,7 +462,7 @@ def test_ctranslate2_bleu_is_ours(exported, tmp_path):
     "decode.candidate_pool='fairseq'",
     "decode.max_len=64",
   ]
-  ours = translate.load_translator(
+  ours = loading.load_translator(
     workdir, beam_size=BEAM, alpha=ALPHA, decode_overrides=settings
   ).translate(sources)
   results = translator.translate_batch(

@@ -32,7 +32,7 @@ from trained_runs import SEEN, STEPS
 torch, transformers = hf_fakes.require_interop()
 
 from transformer_mt import cli  # noqa: E402
-from transformer_mt.decoding import translator as translate  # noqa: E402
+from transformer_mt.decoding import loading  # noqa: E402
 
 pytestmark = pytest.mark.interop
 
@@ -100,7 +100,7 @@ def test_a_plain_generate_translates_as_ours(exported):
   plain = _generate(model, batch)
   theirs = tokenizer.batch_decode(plain, skip_special_tokens=True)
   settings = [*SETTINGS, "decode.candidate_pool='hf'"]
-  ours = translate.load_translator(workdir, decode_overrides=settings).translate(lines)
+  ours = loading.load_translator(workdir, decode_overrides=settings).translate(lines)
   assert theirs == ours
   # The file's settings are what made them equal: greedy decoding parts ways on some rows.
   greedy = _generate(model, batch, num_beams=1)
@@ -134,7 +134,7 @@ def test_the_cards_ctranslate2_snippet_translates_as_ours(exported, tmp_path):
   code = _snippet(card).replace("PATH", directory).replace('["..."]', repr(lines))
   theirs, results = _run(code)
   settings = [*SETTINGS, "decode.candidate_pool='fairseq'"]
-  ours = translate.load_translator(workdir, decode_overrides=settings).translate(lines)
+  ours = loading.load_translator(workdir, decode_overrides=settings).translate(lines)
   # The card's one exception: a translation CTranslate2 cut at max_decoding_length.
   limit = int(re.search(r"max_decoding_length=(\d+)", code).group(1))
   ended = [i for i, r in enumerate(results) if len(r.hypotheses[0]) < limit]

@@ -17,7 +17,7 @@ import pytest
 from transformer_mt import cli
 from transformer_mt.config import registry
 from transformer_mt.data.tokenizer import VocabTokenizer
-from transformer_mt.decoding import translator as translate
+from transformer_mt.decoding import loading
 from transformer_mt.training import train
 from transformer_mt.workdir import checkpointing
 
@@ -58,7 +58,7 @@ def test_step_zero_is_the_import_with_a_fresh_optimizer(imported, data_root, tmp
   config = registry.load_experiment("demo", cli_overrides(_overrides(imported, data_root, 0)))
   result = train.train(config, str(tmp_path / "zero"), progress=False)
   state = jax.device_get(result["state"])
-  expected = translate.load_translator(str(imported)).params
+  expected = loading.load_translator(str(imported)).params
   jax.tree.map(np.testing.assert_array_equal, state.params, jax.device_get(expected))
   assert int(state.step) == 0
   for moment in jax.tree.leaves(state.opt_state):
@@ -79,8 +79,8 @@ def test_finetune_learns_resumes_exactly_and_translates(imported, data_root, tmp
     [losses[s] for s in range(1, 6)]
   ), losses
   assert losses_by_step(split) == losses  # bit-identical: the same floats
-  full_params = translate.load_translator(str(full)).params
-  split_params = translate.load_translator(str(split)).params
+  full_params = loading.load_translator(str(full)).params
+  split_params = loading.load_translator(str(split)).params
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(full_params), split_params)
 
   # Self-contained: the imported tokenizer and model section, and where they came from.

@@ -26,7 +26,7 @@ torch, transformers = hf_fakes.require_interop()
 from transformer_mt import cli  # noqa: E402
 from transformer_mt.commands import paths  # noqa: E402
 from transformer_mt.data.tokenizer import VocabTokenizer  # noqa: E402
-from transformer_mt.decoding import translator as translate  # noqa: E402
+from transformer_mt.decoding import loading  # noqa: E402
 from transformer_mt.interop import hf_import  # noqa: E402
 from transformer_mt.workdir import checkpointing  # noqa: E402
 
@@ -102,7 +102,7 @@ def test_imported_workdir_translates_like_generate(marian_dir, tmp_path, capsys)
     "params",
     "tokenizer",
   ]
-  translator = translate.load_translator(str(workdir))
+  translator = loading.load_translator(str(workdir))
   assert isinstance(translator.tokenizer, VocabTokenizer)
   assert "encoder_layers_0" in translator.params
   assert not {"opt_state", "mu", "nu", "step"} & set(translator.params)

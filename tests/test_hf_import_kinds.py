@@ -33,7 +33,7 @@ from transformer_mt import cli  # noqa: E402
 from transformer_mt.config import registry  # noqa: E402
 from transformer_mt.data import input_pipeline  # noqa: E402
 from transformer_mt.data.fsmt_tokenizer import FsmtTokenizer  # noqa: E402
-from transformer_mt.decoding import translator as translate  # noqa: E402
+from transformer_mt.decoding import loading  # noqa: E402
 from transformer_mt.model import setup as run_setup  # noqa: E402
 from transformer_mt.training import finetune  # noqa: E402
 from transformer_mt.workdir import checkpointing  # noqa: E402
@@ -124,7 +124,7 @@ def test_fsmt_import_translates_like_generate(fsmt_dir, fsmt_import, tmp_path, c
   ours = output.read_text(encoding="utf-8").splitlines()
 
   # The checkpoint restores the FSMT tokenizer, and the model's two vocabularies are its.
-  translator = translate.load_translator(str(fsmt_import))
+  translator = loading.load_translator(str(fsmt_import))
   assert isinstance(translator.tokenizer, FsmtTokenizer)
   assert (translator.tokenizer.source_lang, translator.tokenizer.target_lang) == ("en", "de")
   config = translator.model_config
@@ -227,8 +227,8 @@ def test_finetuning_resumes_bit_identically(imports, finetuned, data_root, tmp_p
   _train(split, _overrides(kind, imported, data_root, STEPS))
   full = finetuned(kind)
   assert losses_by_step(split) == losses_by_step(full)
-  full_params = translate.load_translator(str(full)).params
-  split_params = translate.load_translator(str(split)).params
+  full_params = loading.load_translator(str(full)).params
+  split_params = loading.load_translator(str(split)).params
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(full_params), split_params)
 
 

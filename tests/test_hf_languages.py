@@ -32,9 +32,8 @@ from hf_kinds import KINDS, MAX_NEW_TOKENS, build_and_import, translated_lines  
 
 from transformer_mt import cli  # noqa: E402
 from transformer_mt.data import multilingual_tokenizers as hf_tokenizers  # noqa: E402
-from transformer_mt.decoding import beam_decode  # noqa: E402
+from transformer_mt.decoding import beam_decode, loading  # noqa: E402
 from transformer_mt.decoding import incremental as decode  # noqa: E402
-from transformer_mt.decoding import translator as translate  # noqa: E402
 from transformer_mt.workdir import checkpointing  # noqa: E402
 
 pytestmark = pytest.mark.interop
@@ -119,7 +118,7 @@ def test_imported_workdir_translates_like_generate(imported, beam, tmp_path, cap
   assert rc == 0, capsys.readouterr().err
   ours = output.read_text(encoding="utf-8").splitlines()
 
-  translator = translate.load_translator(str(workdir))
+  translator = loading.load_translator(str(workdir))
   config = translator.model_config
   target_id = translator.tokenizer.language_id(KINDS[kind][4])
   if kind == "mbart":
@@ -146,7 +145,7 @@ def test_imported_workdir_translates_like_generate(imported, beam, tmp_path, cap
 def test_forced_first_token_beam_one_equals_greedy(imported):
   """beam_decode forces the same first token as greedy decoding, at no cost: beam 1 == greedy."""
   _, _, workdir = imported
-  translator = translate.load_translator(str(workdir))
+  translator = loading.load_translator(str(workdir))
   forced = translator.forced_first_id
   inputs = jnp.asarray(
     translator.padded_batch(translator.tokenizer.encode(hf_fakes.news_lines("en", 2600, 2604)))[0]
@@ -208,9 +207,9 @@ def test_language_errors_are_one_line(imported, tmp_path, capsys):
 
 def test_models_without_tags_take_no_languages():
   plain = types.SimpleNamespace()  # our tokenizers and Marian's have no `languages`
-  assert translate.with_languages(plain, None, None, None, "w") == (plain, None, None)
+  assert loading.with_languages(plain, None, None, None, "w") == (plain, None, None)
   with pytest.raises(ValueError, match="--tgt_lang: the model in w has no language tags"):
-    translate.with_languages(plain, None, None, "de", "w")
+    loading.with_languages(plain, None, None, "de", "w")
 
 
 @pytest.mark.parametrize("imported", ["nllb"], indirect=True)  # an m2m_100 model only

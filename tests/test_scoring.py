@@ -25,8 +25,8 @@ from transformer_mt import cli
 from transformer_mt.config import registry
 from transformer_mt.data import sources as data_sources
 from transformer_mt.data import tokenizer as tokenizers
+from transformer_mt.decoding import loading
 from transformer_mt.decoding import teacher_forcing as scoring
-from transformer_mt.decoding import translator as translate
 from transformer_mt.model import setup as run_setup
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.workdir import checkpointing
@@ -56,7 +56,7 @@ def model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def translator(model):
-  return translate.load_translator(model[0])
+  return loading.load_translator(model[0])
 
 
 REFERENCE_LEN = 48  # > any target here (at most 24 generated tokens; test targets < 40)
@@ -213,7 +213,7 @@ def test_nbest_and_score_commands(model, tmp_path, capsys):
   assert cli.main([*args, "--output", str(scored)]) == 0
   score_rows = _rows(scored)
   assert [int(r[0]) for r in score_rows] == list(range(len(rows)))
-  tokenizer = translate.load_translator(workdir).tokenizer
+  tokenizer = loading.load_translator(workdir).tokenizer
   checked = 0
   for nbest_row, score_row in zip(rows, score_rows):
     text = nbest_row[4]

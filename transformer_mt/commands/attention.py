@@ -21,10 +21,10 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> None:
-  from transformer_mt.decoding import translator as translate
+  from transformer_mt.decoding import loading
   from transformer_mt.evaluation import plots
 
-  translator = translate.load_translator(
+  translator = loading.load_translator(
     args.workdir, args.step, flags.inference_mesh(args), beam_size=1
   )
   layer = args.layer if args.layer in (None, "mean") else int(args.layer)

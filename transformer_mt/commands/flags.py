@@ -113,10 +113,10 @@ def inference_mesh(args):
 def load_from_flags(args, beam_size: int | None = None, decode_overrides=()):
   """The Translator (or ensemble) named by the flags `translate` and `score` share: --workdir
   (repeatable), --step, --mesh, --alpha, --src_lang, --tgt_lang; and translate's
-  decode.KEY=VALUE overrides (checked by `translator.load_translator`)."""
-  from transformer_mt.decoding import translator as translate
+  decode.KEY=VALUE overrides (checked by `loading.load_translator`)."""
+  from transformer_mt.decoding import loading
 
-  return translate.load_translator(
+  return loading.load_translator(
     args.workdir,
     args.step,
     inference_mesh(args),

@@ -30,7 +30,7 @@ the model translates the source as nothing.
 
 Pairs are sorted by length and scored in batches of the decode batch size, padded to
 length buckets (few compilations) and sharded over the inference mesh's data axis, like
-translation; only the checkpoint's parameters are restored (`translate.load_translator`).
+translation; only the checkpoint's parameters are restored (`loading.load_translator`).
 """
 
 from __future__ import annotations

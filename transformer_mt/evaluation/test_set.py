@@ -23,7 +23,7 @@ from jax.sharding import Mesh
 
 from transformer_mt.data import sources as data_sources
 from transformer_mt.data import text_files
-from transformer_mt.decoding.translator import load_translator
+from transformer_mt.decoding.loading import load_translator
 from transformer_mt.evaluation import corpus_scores as evaluation
 from transformer_mt.runtime import errors
 from transformer_mt.workdir import checkpointing
@@ -56,7 +56,7 @@ def evaluate(
 
   Args:
     workdir: a training workdir or an averaged checkpoint directory; several make an
-      ensemble (`translate.load_translator`), evaluated on the first one's split and
+      ensemble (`loading.load_translator`), evaluated on the first one's split and
       written to the first one's eval/ directory, the report listing every member.
     source_file, reference_file: evaluate on these line-aligned files instead of `split`.
     limit: only the first `limit` sentences (for quick checks; the report says so).
@@ -64,7 +64,7 @@ def evaluate(
     source_lang, target_lang: language codes of a multilingual import (default: its config's).
     bleu: "sacrebleu" or "tokenized" (default: the checkpoint's `evaluate.bleu`).
     decode_overrides: "decode.KEY=VALUE" settings on top of the checkpoint's decode section
-      (`translator.load_translator`); named in the report and its file name.
+      (`loading.load_translator`); named in the report and its file name.
 
   Returns:
     The report as written to WORKDIR/eval/SPLIT-stepN-beamB-alphaA[-firstL].json (the

@@ -372,7 +372,7 @@ def import_pretrained(
   tokenizer, tokenizer_config = read_tokenizer(directory, hf_config["model_type"])
   if has_language_tags(tokenizer) and hf_config.get("decoder_start_token_id") is None:
     # mBART-cc25's config names no decoder start: it is the target language code, set at
-    # translate time (translate.with_languages); EOS stands in until then.
+    # translate time (loading.with_languages); EOS stands in until then.
     hf_config = {**hf_config, "decoder_start_token_id": hf_config.get("eos_token_id")}
   model_config = hf_convert.config_from_hf(hf_config)
   _check_tokenizer_fits(tokenizer, model_config)
