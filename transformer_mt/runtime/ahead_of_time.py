@@ -160,9 +160,10 @@ class Programs:
     )
 
   def close(self) -> None:
-    """Waits for the compilations under way and ends the threads; those not started are
-    dropped."""
+    """Drops the compilations not started and lets the threads end after those under way,
+    without waiting for them: a run that stopped early (preempted, pruned) needs none of
+    them."""
     with self._lock:
       self._closed = True
     if self._pool is not None:
-      self._pool.shutdown(wait=True, cancel_futures=True)
+      self._pool.shutdown(wait=False, cancel_futures=True)
