@@ -59,7 +59,8 @@ def loop_compilations(monkeypatch):
 
 def test_no_program_compiles_on_the_loop_path_after_the_first_step(tmp_path, loop_compilations):
   """A short run with two validations (loss and beam-search BLEU) and a final test decode:
-  each program compiles once, ahead, off the main thread; the run's metrics record them."""
+  each program is listed before the first step and compiles once, ahead, off the main
+  thread; the run's metrics record them."""
   config = registry.load_experiment(
     "demo",
     tiny_overrides(
@@ -76,6 +77,8 @@ def test_no_program_compiles_on_the_loop_path_after_the_first_step(tmp_path, loo
   assert result["bleu"] is not None
   assert loop_compilations == []
   row = next(r for r in metrics.read_metrics(str(tmp_path)) if "compile/programs" in r)
+  # Each program was listed before the first step: none waited for in the loop's path only.
+  assert row["compile/late_programs"] == 0
   # The train step, an eval step and a beam search at least.
   assert row["compile/programs"] >= 3
   assert row["compile/seconds"] > 0

@@ -56,6 +56,7 @@ class Programs:
     self._closed = False
     self.waited_s = 0.0  # seconds `wait` blocked after `loop_started`
     self._loop_started = False
+    self.late: list[str] = []  # programs first listed after `loop_started`: missed ahead
 
   def __enter__(self) -> Programs:
     return self
@@ -73,6 +74,8 @@ class Programs:
     when it is done; otherwise it waits for `start`."""
     if name in self._futures:
       return
+    if self._loop_started:
+      self.late.append(name)
     future: Future = Future()
     self._futures[name] = future
     if first:
@@ -141,22 +144,25 @@ class Programs:
 
   def summary(self) -> dict[str, Any]:
     """{"programs": {name: compile seconds} of those done, "compile_s": their sum,
-    "waited_after_first_step_s": `waited_s`}."""
+    "waited_after_first_step_s": `waited_s`, "late": the programs listed only after the
+    loop's first step (a run's list missed them)}."""
     seconds = {n: self._seconds[n] for n in self._futures if n in self._seconds}
     return {
       "programs": seconds,
       "compile_s": sum(seconds.values()),
       "waited_after_first_step_s": self.waited_s,
+      "late": list(self.late),
     }
 
   def describe(self) -> str:
     """One line: the programs, their compile seconds and the loop's wait after step 1."""
     summary = self.summary()
     each = ", ".join(f"{n} {s:.1f} s" for n, s in summary["programs"].items())
+    late = f"; listed late: {', '.join(summary['late'])}" if summary["late"] else ""
     return (
       f"Compiled ahead {len(summary['programs'])} programs in {summary['compile_s']:.1f} s "
       f"({each}); the loop waited {summary['waited_after_first_step_s']:.1f} s for "
-      "compilation after its first step."
+      f"compilation after its first step{late}."
     )
 
   def close(self) -> None:

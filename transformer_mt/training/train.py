@@ -129,6 +129,7 @@ def _report_compilation(run: RunSetup, programs: ahead_of_time.Programs, step: i
       "compile/programs": len(summary["programs"]),
       "compile/seconds": summary["compile_s"],
       "compile/waited_after_first_step_s": summary["waited_after_first_step_s"],
+      "compile/late_programs": len(summary["late"]),
     },
   )
 
