@@ -64,10 +64,6 @@ class Programs:
   def __exit__(self, *exc) -> None:
     self.close()
 
-  def names(self) -> list[str]:
-    """The programs listed so far, in the order they were added."""
-    return list(self._futures)
-
   def add(self, name: str, lower: Lowering, first: bool = False) -> None:
     """Lists the program `name` (a second `add` of a name is ignored: one program, one
     compilation). `first`: compile it now, on a thread of its own, and start the others only
@@ -128,14 +124,14 @@ class Programs:
     if future is None:
       logging.debug("Program %s was not compiled ahead.", name)
       return False
-    if not future.done():
-      if not self._started:
-        self.start()
-      start = time.perf_counter()
-      future.result()
+    if not self._started:
+      self.start()
+    start = time.perf_counter()
+    try:
+      future.result()  # raises a failed compilation here
+    finally:
       if self._loop_started:
         self.waited_s += time.perf_counter() - start
-    future.result()  # raises a failed compilation here
     return True
 
   def loop_started(self) -> None:

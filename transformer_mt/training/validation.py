@@ -39,13 +39,13 @@ def validation_fn(pairs, tokenizer, model, mesh, shardings, config):
 
   # One program per padded batch shape [1, rows, bucket].
   names = [f"eval_step[{b['inputs'].shape[1]}x{b['inputs'].shape[2]}]" for b in batches]
-  ahead: list[Programs] = []  # where list_programs put them: wait there before each call
+  ahead: Programs | None = None  # where list_programs put them: wait there before each call
 
   def validate(params):
     totals = []
     for name, batch in zip(names, batches):
-      if ahead:
-        ahead[0].wait(name)
+      if ahead is not None:
+        ahead.wait(name)
       totals.append(eval_step(params, sharding.global_batch_from_host(batch, mesh, batch_dim=1)))
     sums = {k: sum(float(t[k]) for t in totals) for k in totals[0]}
     tokens = max(sums["num_tokens"], 1.0)
@@ -56,7 +56,8 @@ def validation_fn(pairs, tokenizer, model, mesh, shardings, config):
 
   def list_programs(programs: Programs, abstract_params) -> None:
     """Adds the eval step of every batch shape to `programs` (runtime/ahead_of_time.py)."""
-    ahead[:] = [programs]
+    nonlocal ahead
+    ahead = programs
     for name, batch in zip(names, batches):
       placed = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(
