@@ -179,16 +179,16 @@ def model_card(
   return "\n".join(lines)
 
 
-def _decoding(decode: ml_collections.ConfigDict) -> str:
-  """What the run's own decoding was, and how close `generate` and CTranslate2 come to it."""
-  same = (decode.length_penalty, decode.candidate_pool) == ("power", "hf")
+def _decoding(decode: ml_collections.ConfigDict, engine: str, pool: str, unless: str) -> str:
+  """What the run's own decoding was, and how close an export's `engine` comes to it: our
+  translations under decode.length_penalty="power" and decode.candidate_pool=`pool`, but for
+  the ones `unless` names."""
+  same = (decode.length_penalty, decode.candidate_pool) == ("power", pool)
   return (
     f"The run decoded with beam {decode.beam_size} and length penalty alpha {decode.alpha} "
-    f"({decode.length_penalty!r}, candidate pool {decode.candidate_pool!r}). transformers' "
-    "`generate` reproduces our translations token for token with our "
-    'decode.length_penalty="power" (len ** alpha) and decode.candidate_pool="hf", but for '
-    f"those ours stops at the source's length + {decode.extra_len} (generate stops every one at "
-    f"{decode.max_len})"
+    f"({decode.length_penalty!r}, candidate pool {decode.candidate_pool!r}). {engine} with our "
+    f'decode.length_penalty="power" (len ** alpha) and decode.candidate_pool="{pool}", but '
+    f"for {unless}"
     + ("." if same else "; with this run's settings a few more translations may differ.")
   )
 
@@ -206,7 +206,7 @@ def _use_hf(config: ml_collections.ConfigDict) -> list[str]:
     "",
     f"generation_config.json holds beam {config.decode.beam_size} and length_penalty "
     f"{config.decode.alpha}, with EOS never forced and PAD and the decoder start token "
-    "suppressed, as ours never emits them. " + _decoding(config.decode),
+    "suppressed, as ours never emits them. " + _generate_decoding(config.decode),
     "",
   ]
 
@@ -243,16 +243,22 @@ def _use_ctranslate2(
   ]
 
 
+def _generate_decoding(decode: ml_collections.ConfigDict) -> str:
+  return _decoding(
+    decode,
+    "transformers' `generate` reproduces our translations token for token",
+    "hf",
+    f"those ours stops at the source's length + {decode.extra_len} (generate stops every one "
+    f"at {decode.max_len})",
+  )
+
+
 def _ctranslate2_decoding(decode: ml_collections.ConfigDict) -> str:
-  """What the run's own decoding was, and how close CTranslate2's search comes to it."""
-  same = (decode.length_penalty, decode.candidate_pool) == ("power", "fairseq")
-  return (
-    f"The run decoded with beam {decode.beam_size} and length penalty alpha {decode.alpha} "
-    f"({decode.length_penalty!r}, candidate pool {decode.candidate_pool!r}). CTranslate2's "
-    "search (done once beam_size hypotheses have finished) gives our translations with our "
-    'decode.length_penalty="power" (len ** alpha) and decode.candidate_pool="fairseq", but '
-    f"for those that reach a length limit (max_decoding_length, {decode.max_len}: CTranslate2 "
+  return _decoding(
+    decode,
+    "CTranslate2's search (done once beam_size hypotheses have finished) gives our translations",
+    "fairseq",
+    f"those that reach a length limit (max_decoding_length, {decode.max_len}: CTranslate2 "
     "cuts them there, ours ends them with EOS; ours also stops at the source's length + "
-    f"{decode.extra_len})"
-    + ("." if same else "; with this run's settings a few more translations may differ.")
+    f"{decode.extra_len})",
   )
