@@ -228,12 +228,12 @@ class Translator:
         f"--nbest {k}: must be between 1 and the beam size ({self.beam_size}); pass "
         f"--beam {max(k, 1)} or more, or a smaller --nbest."
       )
-    empty_slot = Hypothesis("", float("-inf"), float("-inf"))
-    # An empty line: beam search's empty hypothesis (score 0) then empty slots.
-    outputs = [[Hypothesis("", 0.0, 0.0)] + [empty_slot] * (k - 1) for _ in lines]
     if self.ahead is None:  # as in `translate`
       with Programs() as programs:
         return dataclasses.replace(self, ahead=programs).nbest(lines, k, progress)
+    empty_slot = Hypothesis("", float("-inf"), float("-inf"))
+    # An empty line: beam search's empty hypothesis (score 0) then empty slots.
+    outputs = [[Hypothesis("", 0.0, 0.0)] + [empty_slot] * (k - 1) for _ in lines]
     batches = self.source_batches(lines)
     shapes = self.program_shapes(batches)
     self._add_programs(shapes, beam=True)
